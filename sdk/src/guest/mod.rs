@@ -1,0 +1,203 @@
+//! The guest side: generated bindings (private), the `Driver` trait and `export_driver!`.
+
+mod connection;
+mod connector;
+mod error;
+mod model;
+
+#[doc(hidden)]
+pub mod __bindings {
+    wit_bindgen::generate!({
+        world: "storage-driver",
+        path: "../wit/driver@0.1.0",
+        pub_export_macro: true,
+        export_macro_name: "__export_storage_driver",
+        default_bindings_module: "berth_driver_sdk::__bindings",
+        runtime_path: "berth_driver_sdk::__wit_bindgen::rt",
+        additional_derives: [Clone, PartialEq],
+    });
+}
+
+#[doc(hidden)]
+pub use wit_bindgen as __wit_bindgen;
+
+pub use __bindings::berth::driver::types::{
+    AccessMode, Attachment, Capabilities, Connection, ConnectionInfo, Connector, DriverError, DriverInfo,
+    InvalidConnector, ModelUpdate, Protocol, Termination, Value, Volume, VolumeField,
+};
+pub use connection::ConnectionInfoBuilder;
+pub use connector::same_initiator;
+
+/// What every driver call returns.
+pub type DriverResult<T> = Result<T, DriverError>;
+
+/// Logging into the host's log, attributed to this driver and the current call.
+pub mod log {
+    pub use crate::__bindings::berth::driver::log::Level;
+    use crate::__bindings::berth::driver::log::log;
+
+    pub fn trace(message: &str) {
+        log(Level::Trace, message)
+    }
+    pub fn debug(message: &str) {
+        log(Level::Debug, message)
+    }
+    pub fn info(message: &str) {
+        log(Level::Info, message)
+    }
+    pub fn warn(message: &str) {
+        log(Level::Warn, message)
+    }
+    pub fn error(message: &str) {
+        log(Level::Error, message)
+    }
+}
+
+/// The operator's settings for this backend.
+pub mod config {
+    pub use crate::__bindings::berth::driver::config::{entries, get};
+
+    /// A setting, or `default` when the operator did not set it.
+    pub fn get_or(key: &str, default: &str) -> String {
+        get(key).unwrap_or_else(|| default.to_string())
+    }
+}
+
+/// Sparse image files kept by the host for volumes (must be granted to the driver).
+pub mod backing_store {
+    pub use crate::__bindings::berth::driver::backing_store::*;
+}
+
+/// The host's iSCSI target service (must be granted to the driver).
+pub mod iscsi {
+    pub use crate::__bindings::berth::driver::iscsi_target::*;
+}
+
+/// Everything a driver module usually needs.
+pub mod prelude {
+    pub use crate::{
+        AccessMode, Attachment, Capabilities, Connection, ConnectionInfo, ConnectionInfoBuilder, Connector,
+        Driver, DriverError, DriverInfo, DriverResult, ModelUpdate, Protocol, Termination, Value, Volume,
+        VolumeField, export_driver,
+    };
+}
+
+/// A storage driver. Implement `info` and `initialize_connection`; every other call has a
+/// default.
+///
+/// Drivers are stateless: each call runs in a fresh instance and gets the volume record as the
+/// host stores it. Keep what must survive in a [`ModelUpdate`]. Every call that changes something
+/// must be idempotent (see the WIT contract, `wit/driver@0.1.0/driver.wit`).
+pub trait Driver {
+    /// Who the driver is and what it supports.
+    fn info() -> DriverInfo;
+
+    /// Grants the connector access to the exported volume and returns connection information.
+    fn initialize_connection(volume: &Volume, connector: &Connector) -> DriverResult<Connection>;
+
+    /// Checks the connector. Default: every connector is acceptable.
+    fn validate_connector(_connector: &Connector) -> DriverResult<()> {
+        Ok(())
+    }
+
+    /// Allocates storage for a new volume. Default: unsupported.
+    fn create_volume(_volume: &Volume) -> DriverResult<ModelUpdate> {
+        Err(DriverError::unsupported("create-volume"))
+    }
+
+    /// Releases a volume's storage. Default: unsupported.
+    fn delete_volume(_volume: &Volume) -> DriverResult<()> {
+        Err(DriverError::unsupported("delete-volume"))
+    }
+
+    /// Makes the volume exportable. Default: unsupported, which the host treats as "nothing to
+    /// export" for drivers whose `initialize_connection` does all the work.
+    fn create_export(_volume: &Volume, _connector: Option<&Connector>) -> DriverResult<ModelUpdate> {
+        Err(DriverError::unsupported("create-export"))
+    }
+
+    /// Removes the volume's export. Default: unsupported (nothing to remove).
+    fn remove_export(_volume: &Volume) -> DriverResult<ModelUpdate> {
+        Err(DriverError::unsupported("remove-export"))
+    }
+
+    /// Revokes a connector's access (all access when `None`). Default: unsupported (nothing to
+    /// revoke).
+    fn terminate_connection(
+        _volume: &Volume,
+        _connector: Option<&Connector>,
+        _others: &[Attachment],
+    ) -> DriverResult<Termination> {
+        Err(DriverError::unsupported("terminate-connection"))
+    }
+
+    /// Which attachments share `connector`'s connection. Default: all of them, the safe answer
+    /// for a driver that cannot tell.
+    fn shared_connections(
+        _volume: &Volume,
+        _connector: &Connector,
+        attachments: &[Attachment],
+    ) -> DriverResult<Vec<String>> {
+        Ok(attachments.iter().map(|a| a.id.clone()).collect())
+    }
+}
+
+/// Exports a [`Driver`] implementation as the component's `berth:driver/driver` interface.
+/// Use it once per driver crate.
+#[macro_export]
+macro_rules! export_driver {
+    ($driver:ty) => {
+        // Component exports exist only on wasm32; on other targets the driver crate still
+        // compiles (for `cargo clippy`, tests and native benchmarks of its logic).
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            struct __BerthDriverExport;
+
+            impl $crate::__bindings::exports::berth::driver::driver::Guest for __BerthDriverExport {
+                fn info() -> $crate::DriverInfo {
+                    <$driver as $crate::Driver>::info()
+                }
+                fn validate_connector(connector: $crate::Connector) -> $crate::DriverResult<()> {
+                    <$driver as $crate::Driver>::validate_connector(&connector)
+                }
+                fn create_volume(volume: $crate::Volume) -> $crate::DriverResult<$crate::ModelUpdate> {
+                    <$driver as $crate::Driver>::create_volume(&volume)
+                }
+                fn delete_volume(volume: $crate::Volume) -> $crate::DriverResult<()> {
+                    <$driver as $crate::Driver>::delete_volume(&volume)
+                }
+                fn create_export(
+                    volume: $crate::Volume,
+                    connector: Option<$crate::Connector>,
+                ) -> $crate::DriverResult<$crate::ModelUpdate> {
+                    <$driver as $crate::Driver>::create_export(&volume, connector.as_ref())
+                }
+                fn remove_export(volume: $crate::Volume) -> $crate::DriverResult<$crate::ModelUpdate> {
+                    <$driver as $crate::Driver>::remove_export(&volume)
+                }
+                fn initialize_connection(
+                    volume: $crate::Volume,
+                    connector: $crate::Connector,
+                ) -> $crate::DriverResult<$crate::Connection> {
+                    <$driver as $crate::Driver>::initialize_connection(&volume, &connector)
+                }
+                fn terminate_connection(
+                    volume: $crate::Volume,
+                    connector: Option<$crate::Connector>,
+                    others: Vec<$crate::Attachment>,
+                ) -> $crate::DriverResult<$crate::Termination> {
+                    <$driver as $crate::Driver>::terminate_connection(&volume, connector.as_ref(), &others)
+                }
+                fn shared_connections(
+                    volume: $crate::Volume,
+                    connector: $crate::Connector,
+                    attachments: Vec<$crate::Attachment>,
+                ) -> $crate::DriverResult<Vec<String>> {
+                    <$driver as $crate::Driver>::shared_connections(&volume, &connector, &attachments)
+                }
+            }
+
+    $crate::__export_storage_driver_impl!(__BerthDriverExport with_types_in $crate::__bindings);
+        };
+    };
+}
