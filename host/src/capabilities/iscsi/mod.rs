@@ -1,0 +1,251 @@
+//! `berth:driver/iscsi-target`: typed operations on one iSCSI target service.
+//!
+//! Every argument is a validated newtype ([`Iqn`], [`Lun`], [`ChapUser`], a CHAP [`Secret`])
+//! before it reaches a [`TargetService`], so no implementation can be handed a hostile string.
+//! Two implementations: [`tgt::Tgtd`] drives Linux's tgtd through `tgtadm`, and
+//! [`model::TargetModel`] is an in-memory model that records every call (for the conformance
+//! suite and tests).
+
+pub mod model;
+pub mod tgt;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use berth_driver_sdk::names::{MAX_CHAP_FIELD, check_chap_secret, check_chap_username, check_iscsi_name};
+
+use super::backing::BackingStores;
+use super::secret::Secret;
+
+/// A validated iSCSI name (RFC 3720; see `berth_driver_sdk::names::check_iscsi_name`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Iqn(String);
+
+impl Iqn {
+    pub fn parse(name: &str) -> Result<Self, TargetError> {
+        check_iscsi_name(name).map_err(|e| TargetError::InvalidArgument(e.to_string()))?;
+        Ok(Iqn(name.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Iqn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A LUN that can carry a backing store: 1 to 255 (LUN 0 is the target's controller).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Lun(u32);
+
+impl Lun {
+    pub fn new(lun: u32) -> Result<Self, TargetError> {
+        if !(1..=255).contains(&lun) {
+            return Err(TargetError::InvalidArgument(format!(
+                "LUN {lun} is out of range: use 1 to 255 (LUN 0 is the controller)"
+            )));
+        }
+        Ok(Lun(lun))
+    }
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+/// A validated CHAP user name (`[A-Za-z0-9]{1,64}`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ChapUser(String);
+
+impl ChapUser {
+    pub fn parse(user: &str) -> Result<Self, TargetError> {
+        check_chap_username(user).map_err(|e| TargetError::InvalidArgument(e.to_string()))?;
+        Ok(ChapUser(user.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Validated incoming CHAP credentials. The secret never prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChapCredentials {
+    pub user: ChapUser,
+    pub secret: Secret,
+}
+
+impl ChapCredentials {
+    pub fn parse(user: &str, secret: &str) -> Result<Self, TargetError> {
+        check_chap_secret(secret).map_err(|e| TargetError::InvalidArgument(e.to_string()))?;
+        Ok(ChapCredentials { user: ChapUser::parse(user)?, secret: Secret::new(secret) })
+    }
+}
+
+/// A target as the service reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TargetState {
+    pub iqn: String,
+    pub tid: u32,
+    /// LUNs with a backing store and the store's host path (LUN 0 excluded).
+    pub luns: Vec<(u32, String)>,
+    /// Initiator names in the ACL.
+    pub initiators: Vec<String>,
+    /// Bound incoming CHAP user names.
+    pub chap_users: Vec<String>,
+    /// Logged-in sessions.
+    pub sessions: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    /// Refused before any command ran.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The service did not answer in time; the operation may or may not have happened.
+    #[error("timeout: {0}")]
+    Timeout(String),
+    #[error("failed: {0}")]
+    Failed(String),
+}
+
+/// Where initiators connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Portal {
+    pub address: String,
+    pub port: u16,
+}
+
+/// An iSCSI target service. Every operation is idempotent and touches one target only.
+#[async_trait]
+pub trait TargetService: Send + Sync {
+    async fn show(&self, iqn: &Iqn) -> Result<Option<TargetState>, TargetError>;
+    async fn create_target(&self, iqn: &Iqn) -> Result<TargetState, TargetError>;
+    /// Deletes the target, closing its sessions, and the CHAP accounts bound to it.
+    async fn delete_target(&self, iqn: &Iqn) -> Result<(), TargetError>;
+    /// Exposes the file at `path` (a host path the capability resolved) as `lun`.
+    async fn add_lun(&self, iqn: &Iqn, lun: Lun, path: &str) -> Result<(), TargetError>;
+    async fn remove_lun(&self, iqn: &Iqn, lun: Lun) -> Result<(), TargetError>;
+    async fn allow_initiator(&self, iqn: &Iqn, initiator: &Iqn) -> Result<(), TargetError>;
+    async fn deny_initiator(&self, iqn: &Iqn, initiator: &Iqn) -> Result<(), TargetError>;
+    async fn set_chap(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError>;
+    /// Every target, for the host's own drift report.
+    async fn list(&self) -> Result<Vec<TargetState>, TargetError>;
+}
+
+/// How the host generates CHAP credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChapPolicy {
+    pub username_length: usize,
+    pub secret_length: usize,
+}
+
+/// 17 characters of a 62-symbol alphabet carry 101 bits; 16 would carry only 95.
+pub const MIN_SECRET_LENGTH: usize = 17;
+
+impl Default for ChapPolicy {
+    fn default() -> Self {
+        ChapPolicy { username_length: 20, secret_length: 20 }
+    }
+}
+
+impl ChapPolicy {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(MIN_SECRET_LENGTH..=MAX_CHAP_FIELD).contains(&self.secret_length) {
+            return Err(format!(
+                "chap secret length {} is out of range {MIN_SECRET_LENGTH}..={MAX_CHAP_FIELD} \
+                 (at least 96 bits of entropy are required)",
+                self.secret_length
+            ));
+        }
+        if !(8..=MAX_CHAP_FIELD).contains(&self.username_length) {
+            return Err(format!(
+                "chap username length {} is out of range 8..={MAX_CHAP_FIELD}",
+                self.username_length
+            ));
+        }
+        Ok(())
+    }
+
+    /// Fresh credentials from the operating system's CSPRNG.
+    pub fn generate(&self) -> ChapCredentials {
+        let user = random_alphanumeric(self.username_length);
+        let secret = random_alphanumeric(self.secret_length);
+        ChapCredentials { user: ChapUser(user), secret: Secret::new(secret) }
+    }
+}
+
+/// `len` characters drawn uniformly from `[A-Za-z0-9]` with the OS CSPRNG, by rejection
+/// sampling (no modulo bias).
+pub fn random_alphanumeric(len: usize) -> String {
+    const ALPHABET: &[u8; 62] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut out = String::with_capacity(len);
+    let mut buf = [0u8; 64];
+    while out.len() < len {
+        getrandom::fill(&mut buf).expect("the operating system's random number generator failed");
+        for &b in &buf {
+            // 248 = 4 * 62: bytes at or above it would bias the result.
+            if b < 248 && out.len() < len {
+                out.push(ALPHABET[(b % 62) as usize] as char);
+            }
+        }
+    }
+    out
+}
+
+/// The iSCSI capability as granted to one driver: the service, the portals it advertises, the
+/// CHAP policy, and the backing stores that LUNs may expose.
+#[derive(Clone)]
+pub struct IscsiCapability {
+    pub service: Arc<dyn TargetService>,
+    pub portals: Vec<Portal>,
+    pub chap: ChapPolicy,
+    pub stores: Arc<BackingStores>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_credentials_are_valid_distinct_and_sized() {
+        let policy = ChapPolicy::default();
+        let a = policy.generate();
+        let b = policy.generate();
+        assert_eq!(a.user.as_str().len(), 20);
+        assert_eq!(a.secret.expose().len(), 20);
+        assert_ne!(a.secret, b.secret);
+        ChapCredentials::parse(a.user.as_str(), a.secret.expose()).unwrap();
+    }
+
+    #[test]
+    fn short_secrets_are_refused_by_policy() {
+        assert!(ChapPolicy { username_length: 20, secret_length: 16 }.validate().is_err());
+        assert!(ChapPolicy { username_length: 20, secret_length: 17 }.validate().is_ok());
+    }
+
+    #[test]
+    fn generated_characters_cover_the_alphabet_evenly() {
+        let sample = random_alphanumeric(62 * 200);
+        let mut counts = std::collections::HashMap::new();
+        for c in sample.chars() {
+            *counts.entry(c).or_insert(0u32) += 1;
+        }
+        assert_eq!(counts.len(), 62);
+        assert!(counts.values().all(|&n| (100..=320).contains(&n)), "{counts:?}");
+    }
+
+    #[test]
+    fn luns_are_bounded() {
+        assert!(Lun::new(0).is_err());
+        assert!(Lun::new(256).is_err());
+        assert_eq!(Lun::new(1).unwrap().get(), 1);
+    }
+}
