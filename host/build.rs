@@ -1,0 +1,75 @@
+//! Builds the driver crates in `drivers/` into wasm32-wasip2 components (profile `driver`), so
+//! that the `berth` binary embeds the shipped drivers and tests find the fixtures.
+//!
+//! The components land in `<target>/drivers/<name>.wasm`; `BERTH_DRIVER_DIR` points there at
+//! compile time. The nested cargo uses its own target directory, so it never waits on the outer
+//! build's lock.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// (file name, package) of every driver crate.
+const DRIVERS: &[(&str, &str)] = &[
+    ("tgt-iscsi", "berth-driver-tgt-iscsi"),
+    ("fake", "berth-driver-fake"),
+    ("misbehaving", "berth-driver-misbehaving"),
+    ("sneaky", "berth-driver-sneaky"),
+];
+
+fn main() {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root = manifest.parent().expect("host/ is inside the workspace").to_path_buf();
+    for watched in ["sdk", "wit", "drivers", "Cargo.lock", "Cargo.toml"] {
+        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+    }
+    println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
+
+    let target = env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let target = if target.is_absolute() { target } else { root.join(target) };
+    let wasm_target = target.join("wasm-drivers");
+    let out = target.join("drivers");
+
+    let mut cmd = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(&root)
+        .args(["build", "--profile", "driver", "--target", "wasm32-wasip2", "--target-dir"])
+        .arg(&wasm_target);
+    for (_, package) in DRIVERS {
+        cmd.args(["-p", package]);
+    }
+    // The outer build's flags and wrappers (clippy's, a host target-cpu) must not reach the
+    // wasm build.
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_BUILD_TARGET",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_RUSTFLAGS",
+    ] {
+        cmd.env_remove(var);
+    }
+    let status = cmd.status().expect("cannot run cargo to build the drivers");
+    if !status.success() {
+        panic!(
+            "building the drivers for wasm32-wasip2 failed ({status}); if the target is missing, run \
+             `rustup target add wasm32-wasip2` (rust-toolchain.toml asks rustup for it)"
+        );
+    }
+
+    std::fs::create_dir_all(&out).expect("cannot create the drivers output directory");
+    for (name, package) in DRIVERS {
+        let built =
+            wasm_target.join("wasm32-wasip2/driver").join(format!("{}.wasm", package.replace('-', "_")));
+        copy_if_changed(&built, &out.join(format!("{name}.wasm")));
+    }
+    println!("cargo:rustc-env=BERTH_DRIVER_DIR={}", out.display());
+}
+
+fn copy_if_changed(from: &Path, to: &Path) {
+    let bytes = std::fs::read(from).unwrap_or_else(|e| panic!("cannot read {}: {e}", from.display()));
+    if std::fs::read(to).ok().as_deref() != Some(&bytes[..]) {
+        std::fs::write(to, &bytes).unwrap_or_else(|e| panic!("cannot write {}: {e}", to.display()));
+    }
+}

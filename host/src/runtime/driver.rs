@@ -1,0 +1,544 @@
+//! A loaded driver, and the one place that calls into it.
+//!
+//! Every call runs in a fresh store and instance (so a driver cannot keep state between calls,
+//! and a trapped instance is never reused), with the driver's memory limit, a CPU-time budget
+//! enforced by epoch callbacks, a wall-time timeout, and a cap on the size of its result. Any
+//! failure fails that call only and names the driver, its version and the call.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::Component;
+use wasmtime::{Engine, Store, Trap, UpdateDeadline};
+
+use super::bindings::StorageDriverPre;
+use super::bindings::berth::driver::types::{
+    Attachment, Connection, Connector, DriverError, DriverInfo, ModelUpdate, Termination, Volume,
+};
+use super::bindings::exports::berth::driver::driver::Guest;
+use super::cache::Provenance;
+use super::error::{CallError, CallErrorKind};
+use super::limits::{CpuTimeExceeded, Limits};
+use super::size::WireSize;
+use super::state::{CallScope, HostState, InjectedFault};
+use crate::capabilities::DriverCapabilities;
+use crate::capabilities::log::sanitize;
+use crate::capabilities::secret::Redactor;
+
+/// The calls of the contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Call {
+    Info,
+    ValidateConnector,
+    CreateVolume,
+    DeleteVolume,
+    CreateExport,
+    RemoveExport,
+    InitializeConnection,
+    TerminateConnection,
+    SharedConnections,
+}
+
+impl Call {
+    /// The WIT name of the call.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Call::Info => "info",
+            Call::ValidateConnector => "validate-connector",
+            Call::CreateVolume => "create-volume",
+            Call::DeleteVolume => "delete-volume",
+            Call::CreateExport => "create-export",
+            Call::RemoveExport => "remove-export",
+            Call::InitializeConnection => "initialize-connection",
+            Call::TerminateConnection => "terminate-connection",
+            Call::SharedConnections => "shared-connections",
+        }
+    }
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A call with its arguments.
+#[derive(Debug, Clone)]
+pub enum Request {
+    Info,
+    ValidateConnector(Connector),
+    CreateVolume(Volume),
+    DeleteVolume(Volume),
+    CreateExport(Volume, Option<Connector>),
+    RemoveExport(Volume),
+    InitializeConnection(Volume, Connector),
+    TerminateConnection(Volume, Option<Connector>, Vec<Attachment>),
+    SharedConnections(Volume, Connector, Vec<Attachment>),
+}
+
+impl Request {
+    pub fn call(&self) -> Call {
+        match self {
+            Request::Info => Call::Info,
+            Request::ValidateConnector(_) => Call::ValidateConnector,
+            Request::CreateVolume(_) => Call::CreateVolume,
+            Request::DeleteVolume(_) => Call::DeleteVolume,
+            Request::CreateExport(..) => Call::CreateExport,
+            Request::RemoveExport(_) => Call::RemoveExport,
+            Request::InitializeConnection(..) => Call::InitializeConnection,
+            Request::TerminateConnection(..) => Call::TerminateConnection,
+            Request::SharedConnections(..) => Call::SharedConnections,
+        }
+    }
+
+    fn volume(&self) -> Option<&Volume> {
+        match self {
+            Request::Info | Request::ValidateConnector(_) => None,
+            Request::CreateVolume(v)
+            | Request::DeleteVolume(v)
+            | Request::CreateExport(v, _)
+            | Request::RemoveExport(v)
+            | Request::InitializeConnection(v, _)
+            | Request::TerminateConnection(v, ..)
+            | Request::SharedConnections(v, ..) => Some(v),
+        }
+    }
+}
+
+/// What a successful call returned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Response {
+    Info(DriverInfo),
+    Unit,
+    ModelUpdate(ModelUpdate),
+    Connection(Connection),
+    Termination(Termination),
+    Ids(Vec<String>),
+}
+
+/// Extra behaviour for a call, used by the conformance suite.
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    /// Record every capability call (arguments with secrets redacted).
+    pub record: bool,
+    /// Trap at the n-th capability call (1-based), as if the driver had crashed there.
+    pub trap_at_capability_call: Option<u32>,
+    /// Meter the call with this much fuel (the runtime must have been built with fuel).
+    pub fuel: Option<u64>,
+}
+
+/// One capability call made by a driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapabilityCall {
+    pub interface: &'static str,
+    pub op: &'static str,
+    pub args: Vec<String>,
+    /// `ok`, or the error.
+    pub outcome: String,
+}
+
+/// What a call cost.
+#[derive(Debug, Clone, Default)]
+pub struct CallStats {
+    pub wall: Duration,
+    pub guest_time: Duration,
+    /// Fuel consumed, when the call was metered.
+    pub fuel: Option<u64>,
+    /// Peak linear memory in bytes.
+    pub peak_memory: usize,
+    pub capability_calls: Vec<CapabilityCall>,
+    /// The guest's captured stdout/stderr.
+    pub output: String,
+}
+
+/// The result of a call together with what it cost.
+#[derive(Debug)]
+pub struct Outcome<T> {
+    pub result: Result<T, CallError>,
+    pub stats: CallStats,
+}
+
+/// A loaded driver. Cheap to clone.
+#[derive(Clone)]
+pub struct Driver {
+    inner: Arc<Inner>,
+}
+
+/// What the loader hands over to make a [`Driver`].
+pub(crate) struct Parts {
+    pub(crate) backend: String,
+    pub(crate) digest: String,
+    pub(crate) provenance: Provenance,
+    pub(crate) engine: Engine,
+    pub(crate) component: Component,
+    pub(crate) pre: StorageDriverPre<HostState>,
+    pub(crate) limits: Limits,
+    pub(crate) caps: DriverCapabilities,
+    pub(crate) fuel_enabled: bool,
+}
+
+struct Inner {
+    backend: Arc<str>,
+    info: DriverInfo,
+    digest: String,
+    provenance: Provenance,
+    engine: Engine,
+    component: Component,
+    pre: StorageDriverPre<HostState>,
+    limits: Limits,
+    caps: DriverCapabilities,
+    fuel_enabled: bool,
+}
+
+impl Driver {
+    /// Runs `info()` on a freshly prepared driver and wraps it. Used by the loader.
+    pub(crate) async fn prepare(parts: Parts) -> Result<Driver, CallError> {
+        let placeholder = DriverInfo {
+            name: parts.backend.clone(),
+            version: "(loading)".into(),
+            vendor: String::new(),
+            description: String::new(),
+            protocols: Vec::new(),
+            capabilities: super::bindings::berth::driver::types::Capabilities {
+                multiattach: false,
+                shared_targets: true,
+            },
+        };
+        let mut driver = Driver {
+            inner: Arc::new(Inner {
+                backend: parts.backend.as_str().into(),
+                info: placeholder,
+                digest: parts.digest,
+                provenance: parts.provenance,
+                engine: parts.engine,
+                component: parts.component,
+                pre: parts.pre,
+                limits: parts.limits,
+                caps: parts.caps,
+                fuel_enabled: parts.fuel_enabled,
+            }),
+        };
+        let info = match driver.invoke(&Request::Info, &CallOptions::default()).await.result? {
+            Response::Info(info) => info,
+            other => unreachable!("info() answered {other:?}"),
+        };
+        let inner = Arc::get_mut(&mut driver.inner).expect("not shared yet");
+        inner.info = info;
+        Ok(driver)
+    }
+
+    /// The backend this driver serves.
+    pub fn backend(&self) -> &str {
+        &self.inner.backend
+    }
+
+    /// What the driver said about itself at load time.
+    pub fn info(&self) -> &DriverInfo {
+        &self.inner.info
+    }
+
+    /// sha256 of the `.wasm`, hex.
+    pub fn digest(&self) -> &str {
+        &self.inner.digest
+    }
+
+    /// Whether the component was compiled at load or came from the artifact cache.
+    pub fn provenance(&self) -> Provenance {
+        self.inner.provenance
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.inner.limits
+    }
+
+    /// The imports of the component, as `namespace:package/interface@version` names.
+    pub fn imports(&self) -> Vec<String> {
+        self.inner
+            .component
+            .component_type()
+            .imports(&self.inner.engine)
+            .map(|(n, _)| n.to_string())
+            .collect()
+    }
+
+    /// Runs one call in a fresh instance.
+    pub async fn invoke(&self, request: &Request, options: &CallOptions) -> Outcome<Response> {
+        let inner = &*self.inner;
+        let call = request.call();
+        let started = Instant::now();
+        let mut redactor = Redactor::default();
+        if let Some(auth) = request.volume().and_then(|v| v.provider_auth.as_deref()) {
+            redactor.add_provider_auth(auth);
+        }
+        let scope = CallScope {
+            driver: inner.backend.clone(),
+            call,
+            caps: inner.caps.clone(),
+            redactor,
+            log_limit: inner.limits.log_messages,
+            logs: 0,
+            dropped_logs: 0,
+            options: options.clone(),
+            capability_calls: Vec::new(),
+            started: 0,
+        };
+        let mut store = Store::new(&inner.engine, HostState::new(scope, inner.limits.memory_bytes()));
+        store.limiter(|s| &mut s.memory);
+        store.call_hook(|mut ctx, hook| {
+            ctx.data_mut().clock.hook(hook);
+            Ok(())
+        });
+        let cpu = inner.limits.cpu();
+        let parked = store.data().clock.parked();
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |ctx| {
+            if ctx.data().clock.guest_time() > cpu {
+                return Err(wasmtime::Error::new(CpuTimeExceeded));
+            }
+            // Yield to the executor at every tick, and do not count the time spent parked.
+            let parked = parked.clone();
+            Ok(UpdateDeadline::YieldCustom(
+                1,
+                Box::pin(async move {
+                    let t = Instant::now();
+                    tokio::task::yield_now().await;
+                    parked.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }),
+            ))
+        });
+        let fuel = options.fuel.filter(|_| inner.fuel_enabled);
+        if inner.fuel_enabled {
+            // A metered engine needs fuel even for unmetered calls.
+            let _ = store.set_fuel(fuel.unwrap_or(u64::MAX / 2));
+        }
+
+        let run = async {
+            let instance = inner.pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
+            dispatch(instance.berth_driver_driver(), &mut store, request).await.map_err(|e| (false, e))
+        };
+        let raw = tokio::time::timeout(inner.limits.timeout(), run).await;
+
+        let state = store.data();
+        let stats = CallStats {
+            wall: started.elapsed(),
+            guest_time: state.clock.guest_time(),
+            fuel: fuel.map(|f| f.saturating_sub(store.get_fuel().unwrap_or(0))),
+            peak_memory: state.memory.peak,
+            capability_calls: state.scope.capability_calls.clone(),
+            output: state.stderr.text(),
+        };
+        if state.scope.dropped_logs > 0 {
+            tracing::warn!(
+                driver = %inner.backend, call = call.as_str(),
+                "dropped {} log messages beyond the limit of {}", state.scope.dropped_logs, inner.limits.log_messages
+            );
+        }
+        let kind = match raw {
+            Err(_elapsed) => Err(CallErrorKind::Timeout(inner.limits.timeout())),
+            Ok(Err((instantiating, e))) => {
+                Err(classify(&e, instantiating, state, &inner.limits, fuel, &stats.output))
+            }
+            Ok(Ok(Err(driver_error))) => {
+                Err(CallErrorKind::Driver(clean(driver_error, &state.scope.redactor)))
+            }
+            Ok(Ok(Ok(response))) => {
+                let size = response.wire_size();
+                if size > inner.limits.output_bytes() {
+                    Err(CallErrorKind::OutputTooLarge { size, limit: inner.limits.output_bytes() })
+                } else {
+                    Ok(response)
+                }
+            }
+        };
+        let result = kind.map_err(|kind| {
+            let error = CallError {
+                driver: inner.backend.to_string(),
+                version: inner.info.version.clone(),
+                call,
+                kind,
+            };
+            if !matches!(error.kind, CallErrorKind::Driver(_)) {
+                tracing::warn!(driver = %inner.backend, call = call.as_str(), "{error}");
+            }
+            error
+        });
+        Outcome { result, stats }
+    }
+}
+
+async fn dispatch(
+    g: &Guest,
+    store: &mut Store<HostState>,
+    request: &Request,
+) -> wasmtime::Result<Result<Response, DriverError>> {
+    let s = &mut *store;
+    Ok(match request {
+        Request::Info => Ok(Response::Info(g.call_info(s).await?)),
+        Request::ValidateConnector(c) => g.call_validate_connector(s, c).await?.map(|()| Response::Unit),
+        Request::CreateVolume(v) => g.call_create_volume(s, v).await?.map(Response::ModelUpdate),
+        Request::DeleteVolume(v) => g.call_delete_volume(s, v).await?.map(|()| Response::Unit),
+        Request::CreateExport(v, c) => {
+            g.call_create_export(s, v, c.as_ref()).await?.map(Response::ModelUpdate)
+        }
+        Request::RemoveExport(v) => g.call_remove_export(s, v).await?.map(Response::ModelUpdate),
+        Request::InitializeConnection(v, c) => {
+            g.call_initialize_connection(s, v, c).await?.map(Response::Connection)
+        }
+        Request::TerminateConnection(v, c, others) => {
+            g.call_terminate_connection(s, v, c.as_ref(), others).await?.map(Response::Termination)
+        }
+        Request::SharedConnections(v, c, all) => {
+            g.call_shared_connections(s, v, c, all).await?.map(Response::Ids)
+        }
+    })
+}
+
+/// Sorts a trap into the runtime's error kinds.
+fn classify(
+    e: &wasmtime::Error,
+    instantiating: bool,
+    state: &HostState,
+    limits: &Limits,
+    fuel: Option<u64>,
+    output: &str,
+) -> CallErrorKind {
+    if let Some(asked) = state.memory.refused {
+        return CallErrorKind::Memory { limit: limits.memory_bytes(), asked };
+    }
+    if e.downcast_ref::<CpuTimeExceeded>().is_some() {
+        return CallErrorKind::CpuTime(limits.cpu());
+    }
+    if let Some(InjectedFault(n)) = e.downcast_ref::<InjectedFault>() {
+        return CallErrorKind::Injected(*n);
+    }
+    if let (Some(Trap::OutOfFuel), Some(fuel)) = (e.downcast_ref::<Trap>(), fuel) {
+        return CallErrorKind::Fuel(fuel);
+    }
+    let mut message = match e.downcast_ref::<Trap>() {
+        Some(trap) => trap.to_string(),
+        None => format!("{e}"),
+    };
+    // A Rust guest's panic message is on its stderr.
+    if let Some(panic) = output.lines().find(|l| l.contains("panicked at")) {
+        let next = output.lines().skip_while(|l| !l.contains("panicked at")).nth(1).unwrap_or("");
+        message = format!("{message} ({} {})", panic.trim(), next.trim());
+    }
+    let message = sanitize(&message, 1024, &state.scope.redactor);
+    if instantiating { CallErrorKind::Instantiate(message) } else { CallErrorKind::Trap(message) }
+}
+
+/// Bounds and redacts the messages of a typed driver error.
+fn clean(e: DriverError, redactor: &Redactor) -> DriverError {
+    let s = |m: String| sanitize(&m, 1024, redactor);
+    match e {
+        DriverError::InvalidConnector(mut c) => {
+            c.reason = s(c.reason);
+            c.missing.truncate(16);
+            c.missing = c.missing.into_iter().map(|k| sanitize(&k, 64, redactor)).collect();
+            DriverError::InvalidConnector(c)
+        }
+        DriverError::NotFound(m) => DriverError::NotFound(s(m)),
+        DriverError::Incompatible(m) => DriverError::Incompatible(s(m)),
+        DriverError::Retryable(m) => DriverError::Retryable(s(m)),
+        DriverError::Unsupported(m) => DriverError::Unsupported(s(m)),
+        DriverError::Backend(m) => DriverError::Backend(s(m)),
+    }
+}
+
+/// Typed wrappers over [`Driver::invoke`] for the service, which does not need the stats.
+impl Driver {
+    async fn expect<T>(
+        &self,
+        request: Request,
+        pick: impl FnOnce(Response) -> Option<T>,
+    ) -> Result<T, CallError> {
+        let call = request.call();
+        let response = self.invoke(&request, &CallOptions::default()).await.result?;
+        pick(response).ok_or_else(|| CallError {
+            driver: self.backend().to_string(),
+            version: self.info().version.clone(),
+            call,
+            kind: CallErrorKind::InvalidOutput("unexpected response type".into()),
+        })
+    }
+
+    pub async fn validate_connector(&self, connector: &Connector) -> Result<(), CallError> {
+        self.expect(Request::ValidateConnector(connector.clone()), |r| {
+            matches!(r, Response::Unit).then_some(())
+        })
+        .await
+    }
+
+    pub async fn create_volume(&self, volume: &Volume) -> Result<ModelUpdate, CallError> {
+        self.expect(Request::CreateVolume(volume.clone()), model_update).await
+    }
+
+    pub async fn delete_volume(&self, volume: &Volume) -> Result<(), CallError> {
+        self.expect(Request::DeleteVolume(volume.clone()), |r| matches!(r, Response::Unit).then_some(()))
+            .await
+    }
+
+    pub async fn create_export(
+        &self,
+        volume: &Volume,
+        connector: Option<&Connector>,
+    ) -> Result<ModelUpdate, CallError> {
+        self.expect(Request::CreateExport(volume.clone(), connector.cloned()), model_update).await
+    }
+
+    pub async fn remove_export(&self, volume: &Volume) -> Result<ModelUpdate, CallError> {
+        self.expect(Request::RemoveExport(volume.clone()), model_update).await
+    }
+
+    pub async fn initialize_connection(
+        &self,
+        volume: &Volume,
+        connector: &Connector,
+    ) -> Result<Connection, CallError> {
+        self.expect(Request::InitializeConnection(volume.clone(), connector.clone()), |r| match r {
+            Response::Connection(c) => Some(c),
+            _ => None,
+        })
+        .await
+    }
+
+    pub async fn terminate_connection(
+        &self,
+        volume: &Volume,
+        connector: Option<&Connector>,
+        others: &[Attachment],
+    ) -> Result<Termination, CallError> {
+        self.expect(Request::TerminateConnection(volume.clone(), connector.cloned(), others.to_vec()), |r| {
+            match r {
+                Response::Termination(t) => Some(t),
+                _ => None,
+            }
+        })
+        .await
+    }
+
+    pub async fn shared_connections(
+        &self,
+        volume: &Volume,
+        connector: &Connector,
+        attachments: &[Attachment],
+    ) -> Result<Vec<String>, CallError> {
+        self.expect(
+            Request::SharedConnections(volume.clone(), connector.clone(), attachments.to_vec()),
+            |r| match r {
+                Response::Ids(ids) => Some(ids),
+                _ => None,
+            },
+        )
+        .await
+    }
+}
+
+fn model_update(r: Response) -> Option<ModelUpdate> {
+    match r {
+        Response::ModelUpdate(m) => Some(m),
+        _ => None,
+    }
+}

@@ -1,0 +1,114 @@
+//! Errors of the runtime: loading a driver, and calling one. A call error always names the
+//! driver, its version and the call, and keeps three things apart (STYLE habit 4): a typed error
+//! the driver returned, a crash (trap, limit), and a timeout. The last two are *uncertain*: the
+//! call may have partly happened.
+
+use std::time::Duration;
+
+use super::bindings::berth::driver::types::DriverError;
+use super::driver::Call;
+
+/// Why one driver call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("driver {driver} {version}, call {call}: {kind}")]
+pub struct CallError {
+    pub driver: String,
+    pub version: String,
+    pub call: Call,
+    pub kind: CallErrorKind,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallErrorKind {
+    /// The driver returned one of the contract's error cases.
+    #[error("{}", describe(.0))]
+    Driver(DriverError),
+    /// The guest trapped (a panic, `unreachable`, a stack overflow, ...).
+    #[error("the driver crashed: {0}")]
+    Trap(String),
+    /// The guest used more CPU time than its limit.
+    #[error("the driver exceeded its CPU time limit of {0:?}")]
+    CpuTime(Duration),
+    /// The call took longer than its wall-time limit.
+    #[error("the call exceeded its time limit of {0:?}")]
+    Timeout(Duration),
+    /// The guest tried to grow its memory beyond the limit.
+    #[error("the driver exceeded its memory limit of {limit} bytes (it asked for {asked})")]
+    Memory { limit: usize, asked: usize },
+    /// The guest used up the fuel the caller gave it (conformance runs only).
+    #[error("the driver used up its fuel budget of {0}")]
+    Fuel(u64),
+    /// The result was larger than the output limit.
+    #[error("the driver returned {size} bytes, more than the limit of {limit}")]
+    OutputTooLarge { size: usize, limit: usize },
+    /// The result broke the contract (e.g. invalid JSON in a `json` value).
+    #[error("the driver returned an invalid result: {0}")]
+    InvalidOutput(String),
+    /// A fault injected by the conformance suite.
+    #[error("fault injected at capability call {0}")]
+    Injected(u32),
+    /// The instance could not be created.
+    #[error("the driver could not be instantiated: {0}")]
+    Instantiate(String),
+}
+
+fn describe(e: &DriverError) -> String {
+    match e {
+        DriverError::InvalidConnector(c) => format!("invalid connector: {}", c.reason),
+        DriverError::NotFound(m) => format!("not found: {m}"),
+        DriverError::Incompatible(m) => format!("incompatible: {m}"),
+        DriverError::Retryable(m) => format!("retryable failure: {m}"),
+        DriverError::Unsupported(m) => format!("unsupported: {m}"),
+        DriverError::Backend(m) => format!("backend failure: {m}"),
+    }
+}
+
+impl CallError {
+    /// The typed driver error, if the driver returned one.
+    pub fn driver_error(&self) -> Option<&DriverError> {
+        match &self.kind {
+            CallErrorKind::Driver(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Whether the call may have partly happened: anything but a final typed error. The host
+    /// never records an uncertain detach as done.
+    pub fn is_uncertain(&self) -> bool {
+        !matches!(
+            &self.kind,
+            CallErrorKind::Driver(
+                DriverError::InvalidConnector(_)
+                    | DriverError::NotFound(_)
+                    | DriverError::Incompatible(_)
+                    | DriverError::Unsupported(_)
+            )
+        )
+    }
+
+    pub fn is_unsupported(&self) -> bool {
+        matches!(&self.kind, CallErrorKind::Driver(DriverError::Unsupported(_)))
+    }
+}
+
+/// Why a driver could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("driver {driver}: cannot read {path}: {message}")]
+    Read { driver: String, path: String, message: String },
+    #[error("driver {driver}: not a valid WebAssembly component: {message}")]
+    Compile { driver: String, message: String },
+    #[error(
+        "driver {driver}: imports `{import}`, which is not granted to this driver \
+         (the operator can add \"{grant}\" to the backend's grants)"
+    )]
+    NotGranted { driver: String, import: String, grant: String },
+    #[error("driver {driver}: imports `{import}`, which is refused: {reason}")]
+    Forbidden { driver: String, import: String, reason: String },
+    #[error("driver {driver}: {message}")]
+    Contract { driver: String, message: String },
+    #[error("driver {driver}: its info() call failed: {error}")]
+    Info { driver: String, error: Box<CallError> },
+    #[error("runtime: {0}")]
+    Engine(String),
+}

@@ -1,0 +1,269 @@
+//! The host side of the contract's imports: glue from WIT calls to `capabilities/`.
+//!
+//! Each function returns `wasmtime::Result<T>`: the outer error is a trap (an injected fault, or a
+//! capability used without a grant, which the loader makes impossible), the inner `result` is the
+//! typed error the guest sees. Arguments are validated by the capability newtypes before any
+//! service runs.
+
+use super::bindings::berth::driver::{backing_store, config, iscsi_target, log, types};
+use super::state::HostState;
+use crate::capabilities::backing::{BackingStores, StoreError, StoreInfo};
+use crate::capabilities::iscsi::{ChapCredentials, Iqn, IscsiCapability, Lun, TargetError, TargetState};
+use crate::capabilities::log as caplog;
+
+impl types::Host for HostState {}
+
+impl log::Host for HostState {
+    async fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+        let scope = &mut self.scope;
+        if scope.logs >= scope.log_limit {
+            scope.dropped_logs += 1;
+            return Ok(());
+        }
+        scope.logs += 1;
+        let level = match level {
+            log::Level::Trace => caplog::Level::Trace,
+            log::Level::Debug => caplog::Level::Debug,
+            log::Level::Info => caplog::Level::Info,
+            log::Level::Warn => caplog::Level::Warn,
+            log::Level::Error => caplog::Level::Error,
+        };
+        caplog::emit(&scope.driver, scope.call.as_str(), level, &message, &scope.redactor);
+        Ok(())
+    }
+}
+
+impl config::Host for HostState {
+    async fn get(&mut self, key: String) -> wasmtime::Result<Option<String>> {
+        Ok(self.scope.caps.settings.get(&key).cloned())
+    }
+
+    async fn entries(&mut self) -> wasmtime::Result<Vec<(String, String)>> {
+        Ok(self.scope.caps.settings.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+    }
+}
+
+fn not_granted(what: &str) -> wasmtime::Error {
+    wasmtime::Error::msg(format!("the driver used {what} without a grant"))
+}
+
+impl HostState {
+    fn stores(&self) -> wasmtime::Result<std::sync::Arc<BackingStores>> {
+        self.scope.caps.backing.clone().ok_or_else(|| not_granted("backing-store"))
+    }
+
+    fn iscsi(&self) -> wasmtime::Result<IscsiCapability> {
+        self.scope.caps.iscsi.clone().ok_or_else(|| not_granted("iscsi-target"))
+    }
+
+    fn store_result<T>(&mut self, r: Result<T, StoreError>) -> Result<T, backing_store::StoreError> {
+        self.scope.outcome(|| match &r {
+            Ok(_) => "ok".into(),
+            Err(e) => e.to_string(),
+        });
+        r.map_err(|e| match e {
+            StoreError::InvalidArgument(m) => backing_store::StoreError::InvalidArgument(m),
+            StoreError::NotFound(m) => backing_store::StoreError::NotFound(m),
+            StoreError::Conflict(m) => backing_store::StoreError::Conflict(m),
+            StoreError::NoSpace(m) => backing_store::StoreError::NoSpace(m),
+            StoreError::Failed(m) => backing_store::StoreError::Failed(m),
+        })
+    }
+
+    fn target_result<T>(&mut self, r: Result<T, TargetError>) -> Result<T, iscsi_target::TargetError> {
+        self.scope.outcome(|| match &r {
+            Ok(_) => "ok".into(),
+            Err(e) => e.to_string(),
+        });
+        r.map_err(|e| {
+            let redacted = |m: String| self.scope.redactor.redact(&m);
+            match e {
+                TargetError::InvalidArgument(m) => iscsi_target::TargetError::InvalidArgument(redacted(m)),
+                TargetError::NotFound(m) => iscsi_target::TargetError::NotFound(redacted(m)),
+                TargetError::Timeout(m) => iscsi_target::TargetError::Timeout(redacted(m)),
+                TargetError::Failed(m) => iscsi_target::TargetError::Failed(redacted(m)),
+            }
+        })
+    }
+}
+
+fn store_info(i: StoreInfo) -> backing_store::StoreInfo {
+    backing_store::StoreInfo { name: i.name, size_bytes: i.size_bytes, allocated_bytes: i.allocated_bytes }
+}
+
+fn target(t: TargetState) -> iscsi_target::Target {
+    iscsi_target::Target {
+        iqn: t.iqn,
+        tid: t.tid,
+        luns: t.luns.into_iter().map(|(l, _)| l).collect(),
+        initiators: t.initiators,
+        chap_users: t.chap_users,
+        sessions: t.sessions,
+    }
+}
+
+impl backing_store::Host for HostState {
+    async fn create(
+        &mut self,
+        name: String,
+        size_bytes: u64,
+    ) -> wasmtime::Result<Result<backing_store::StoreInfo, backing_store::StoreError>> {
+        self.scope.enter("backing-store", "create", &[&name, &size_bytes.to_string()])?;
+        let r = self.stores()?.create(&name, size_bytes).await.map(store_info);
+        Ok(self.store_result(r))
+    }
+
+    async fn resize(
+        &mut self,
+        name: String,
+        size_bytes: u64,
+    ) -> wasmtime::Result<Result<backing_store::StoreInfo, backing_store::StoreError>> {
+        self.scope.enter("backing-store", "resize", &[&name, &size_bytes.to_string()])?;
+        let r = self.stores()?.resize(&name, size_bytes).await.map(store_info);
+        Ok(self.store_result(r))
+    }
+
+    async fn delete(&mut self, name: String) -> wasmtime::Result<Result<(), backing_store::StoreError>> {
+        self.scope.enter("backing-store", "delete", &[&name])?;
+        let r = self.stores()?.delete(&name).await;
+        Ok(self.store_result(r))
+    }
+
+    async fn info(
+        &mut self,
+        name: String,
+    ) -> wasmtime::Result<Result<Option<backing_store::StoreInfo>, backing_store::StoreError>> {
+        self.scope.enter("backing-store", "info", &[&name])?;
+        let r = self.stores()?.info(&name).await.map(|i| i.map(store_info));
+        Ok(self.store_result(r))
+    }
+}
+
+impl iscsi_target::Host for HostState {
+    async fn portals(&mut self) -> wasmtime::Result<Vec<iscsi_target::Portal>> {
+        Ok(self
+            .iscsi()?
+            .portals
+            .into_iter()
+            .map(|p| iscsi_target::Portal { address: p.address, port: p.port })
+            .collect())
+    }
+
+    async fn generate_chap_credentials(&mut self) -> wasmtime::Result<iscsi_target::ChapCredentials> {
+        let generated = self.iscsi()?.chap.generate();
+        self.scope.redactor.add(generated.secret.expose());
+        Ok(iscsi_target::ChapCredentials {
+            username: generated.user.as_str().to_string(),
+            secret: generated.secret.expose().to_string(),
+        })
+    }
+
+    async fn show_target(
+        &mut self,
+        iqn: String,
+    ) -> wasmtime::Result<Result<Option<iscsi_target::Target>, iscsi_target::TargetError>> {
+        self.scope.enter("iscsi-target", "show-target", &[&iqn])?;
+        let service = self.iscsi()?.service;
+        let r = match Iqn::parse(&iqn) {
+            Ok(iqn) => service.show(&iqn).await.map(|t| t.map(target)),
+            Err(e) => Err(e),
+        };
+        Ok(self.target_result(r))
+    }
+
+    async fn create_target(
+        &mut self,
+        iqn: String,
+    ) -> wasmtime::Result<Result<iscsi_target::Target, iscsi_target::TargetError>> {
+        self.scope.enter("iscsi-target", "create-target", &[&iqn])?;
+        let service = self.iscsi()?.service;
+        let r = match Iqn::parse(&iqn) {
+            Ok(iqn) => service.create_target(&iqn).await.map(target),
+            Err(e) => Err(e),
+        };
+        Ok(self.target_result(r))
+    }
+
+    async fn delete_target(
+        &mut self,
+        iqn: String,
+    ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
+        self.scope.enter("iscsi-target", "delete-target", &[&iqn])?;
+        let service = self.iscsi()?.service;
+        let r = match Iqn::parse(&iqn) {
+            Ok(iqn) => service.delete_target(&iqn).await,
+            Err(e) => Err(e),
+        };
+        Ok(self.target_result(r))
+    }
+
+    async fn add_lun(
+        &mut self,
+        iqn: String,
+        lun: u32,
+        store: String,
+    ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
+        self.scope.enter("iscsi-target", "add-lun", &[&iqn, &lun.to_string(), &store])?;
+        let cap = self.iscsi()?;
+        let r = async {
+            let iqn = Iqn::parse(&iqn)?;
+            let lun = Lun::new(lun)?;
+            let path = cap.stores.path(&store).map_err(|e| TargetError::InvalidArgument(e.to_string()))?;
+            if !path.exists() {
+                return Err(TargetError::NotFound(format!("no backing store named {store}")));
+            }
+            cap.service.add_lun(&iqn, lun, &path.to_string_lossy()).await
+        }
+        .await;
+        Ok(self.target_result(r))
+    }
+
+    async fn remove_lun(
+        &mut self,
+        iqn: String,
+        lun: u32,
+    ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
+        self.scope.enter("iscsi-target", "remove-lun", &[&iqn, &lun.to_string()])?;
+        let service = self.iscsi()?.service;
+        let r = async { service.remove_lun(&Iqn::parse(&iqn)?, Lun::new(lun)?).await }.await;
+        Ok(self.target_result(r))
+    }
+
+    async fn allow_initiator(
+        &mut self,
+        iqn: String,
+        initiator: String,
+    ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
+        self.scope.enter("iscsi-target", "allow-initiator", &[&iqn, &initiator])?;
+        let service = self.iscsi()?.service;
+        let r = async { service.allow_initiator(&Iqn::parse(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
+        Ok(self.target_result(r))
+    }
+
+    async fn deny_initiator(
+        &mut self,
+        iqn: String,
+        initiator: String,
+    ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
+        self.scope.enter("iscsi-target", "deny-initiator", &[&iqn, &initiator])?;
+        let service = self.iscsi()?.service;
+        let r = async { service.deny_initiator(&Iqn::parse(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
+        Ok(self.target_result(r))
+    }
+
+    async fn set_chap(
+        &mut self,
+        iqn: String,
+        credentials: iscsi_target::ChapCredentials,
+    ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
+        self.scope.redactor.add(&credentials.secret);
+        self.scope.enter("iscsi-target", "set-chap", &[&iqn, &credentials.username])?;
+        let service = self.iscsi()?.service;
+        let r = async {
+            let creds = ChapCredentials::parse(&credentials.username, &credentials.secret)?;
+            service.set_chap(&Iqn::parse(&iqn)?, &creds).await
+        }
+        .await;
+        Ok(self.target_result(r))
+    }
+}

@@ -1,0 +1,247 @@
+//! Loading a driver: read the `.wasm`, check every import against the operator's grants (before
+//! anything is instantiated), compile or load from the cache, check the contract version, and
+//! ask the driver who it is.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use super::Runtime;
+use super::bindings::StorageDriverPre;
+use super::cache::{Provenance, digest};
+use super::driver::{Driver, Parts};
+use super::error::LoadError;
+use super::limits::Limits;
+use crate::capabilities::{DriverCapabilities, Grant};
+
+/// The contract version this host implements; drivers built for any `0.1.x` are accepted.
+pub const CONTRACT: &str = "berth:driver@0.1.0";
+const EXPORT: &str = "berth:driver/driver@0.1.0";
+
+/// Where a driver's component comes from.
+#[derive(Debug, Clone)]
+pub enum WasmSource {
+    File(PathBuf),
+    /// A shipped driver embedded in the `berth` binary.
+    Embedded {
+        name: &'static str,
+        bytes: &'static [u8],
+    },
+}
+
+/// Everything needed to load one driver for one backend.
+#[derive(Clone)]
+pub struct DriverSpec {
+    /// The backend name (used in errors and logs).
+    pub backend: String,
+    pub wasm: WasmSource,
+    pub grants: BTreeSet<Grant>,
+    pub limits: Limits,
+    pub capabilities: DriverCapabilities,
+}
+
+/// WASI interfaces a language runtime needs to start; the context behind them is empty (no
+/// environment, no arguments, empty stdin, captured stdout/stderr).
+const WASI_BASELINE: &[&str] = &[
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    "wasi:cli/environment",
+    "wasi:cli/exit",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/stderr",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:cli/terminal-stderr",
+    "wasi:clocks/monotonic-clock",
+    "wasi:clocks/wall-clock",
+    "wasi:random/random",
+    "wasi:random/insecure",
+    "wasi:random/insecure-seed",
+];
+
+/// Why one import is or is not admitted.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ImportVerdict {
+    Allowed,
+    NeedsGrant(Grant),
+    Forbidden(String),
+}
+
+/// The import policy, as a pure function of the import's name.
+pub(crate) fn judge_import(name: &str) -> ImportVerdict {
+    let (interface, version) = name.split_once('@').unwrap_or((name, ""));
+    if interface.starts_with("berth:driver/") {
+        if !version.starts_with("0.1.") {
+            return ImportVerdict::Forbidden(format!(
+                "this host implements {CONTRACT}; the driver was built for version {version}"
+            ));
+        }
+        return match interface {
+            "berth:driver/types" | "berth:driver/log" | "berth:driver/config" => ImportVerdict::Allowed,
+            "berth:driver/iscsi-target" => ImportVerdict::NeedsGrant(Grant::IscsiTarget),
+            "berth:driver/backing-store" => ImportVerdict::NeedsGrant(Grant::BackingStore),
+            _ => ImportVerdict::Forbidden(format!("{interface} is not part of {CONTRACT}")),
+        };
+    }
+    if WASI_BASELINE.contains(&interface) {
+        return if version.starts_with("0.2.") {
+            ImportVerdict::Allowed
+        } else {
+            ImportVerdict::Forbidden(format!("only WASI 0.2 is supported, not {version}"))
+        };
+    }
+    if interface.starts_with("wasi:filesystem/") {
+        return ImportVerdict::Forbidden(
+            "drivers never get filesystem access (the backing-store capability provides volume storage)"
+                .into(),
+        );
+    }
+    if interface.starts_with("wasi:sockets/") || interface.starts_with("wasi:http/") {
+        return ImportVerdict::Forbidden("drivers never get network access".into());
+    }
+    ImportVerdict::Forbidden("the host does not provide it to drivers".into())
+}
+
+impl Runtime {
+    /// Loads a driver. Refuses it, naming the import, if it imports anything not granted.
+    pub async fn load(&self, spec: DriverSpec) -> Result<Driver, LoadError> {
+        let backend = spec.backend.clone();
+        let (bytes, label): (std::borrow::Cow<'static, [u8]>, String) = match &spec.wasm {
+            WasmSource::File(path) => {
+                let bytes = tokio::fs::read(path).await.map_err(|e| LoadError::Read {
+                    driver: backend.clone(),
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })?;
+                (bytes.into(), path.display().to_string())
+            }
+            WasmSource::Embedded { name, bytes } => ((*bytes).into(), format!("(embedded {name})")),
+        };
+        spec.limits.validate().map_err(|message| LoadError::Contract { driver: backend.clone(), message })?;
+        let digest = digest(&bytes);
+        let engine = self.engine.clone();
+        let cache = self.cache.clone();
+        let (component, provenance) = {
+            let digest = digest.clone();
+            let engine = engine.clone();
+            tokio::task::spawn_blocking(move || match cache {
+                Some(cache) => cache.load(&engine, &bytes, &digest),
+                None => {
+                    wasmtime::component::Component::new(&engine, &bytes).map(|c| (c, Provenance::Compiled))
+                }
+            })
+            .await
+            .map_err(|e| LoadError::Engine(e.to_string()))?
+            .map_err(|e| LoadError::Compile { driver: backend.clone(), message: format!("{e:#}") })?
+        };
+        tracing::debug!(driver = %backend, source = %label, ?provenance, "component ready");
+
+        for (name, _) in component.component_type().imports(&engine) {
+            match judge_import(name) {
+                ImportVerdict::Allowed => {}
+                ImportVerdict::NeedsGrant(grant)
+                    if spec.grants.contains(&grant) && spec.capabilities.granted(grant) => {}
+                ImportVerdict::NeedsGrant(grant) => {
+                    return Err(LoadError::NotGranted {
+                        driver: backend,
+                        import: name.to_string(),
+                        grant: grant.name().to_string(),
+                    });
+                }
+                ImportVerdict::Forbidden(reason) => {
+                    return Err(LoadError::Forbidden { driver: backend, import: name.to_string(), reason });
+                }
+            }
+        }
+        if component.get_export_index(None, EXPORT).is_none() {
+            let exports: Vec<String> =
+                component.component_type().exports(&engine).map(|(n, _)| n.to_string()).collect();
+            return Err(LoadError::Contract {
+                driver: backend,
+                message: format!(
+                    "it does not export {EXPORT} (it exports {exports:?}); this host implements {CONTRACT}"
+                ),
+            });
+        }
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .and_then(StorageDriverPre::new)
+            .map_err(|e| LoadError::Contract { driver: backend.clone(), message: format!("{e:#}") })?;
+        let capabilities = DriverCapabilities {
+            iscsi: spec.capabilities.iscsi.filter(|_| spec.grants.contains(&Grant::IscsiTarget)),
+            backing: spec.capabilities.backing.filter(|_| spec.grants.contains(&Grant::BackingStore)),
+            settings: spec.capabilities.settings,
+        };
+        let driver = Driver::prepare(Parts {
+            backend: backend.clone(),
+            digest,
+            provenance,
+            engine,
+            component,
+            pre,
+            limits: spec.limits,
+            caps: capabilities,
+            fuel_enabled: self.fuel,
+        })
+        .await
+        .map_err(|error| LoadError::Info { driver: backend.clone(), error: Box::new(error) })?;
+        check_info(&driver).map_err(|message| LoadError::Contract { driver: backend.clone(), message })?;
+        tracing::info!(
+            backend = %backend, driver = %driver.info().name, version = %driver.info().version,
+            source = %label, ?provenance, "driver loaded"
+        );
+        Ok(driver)
+    }
+}
+
+fn check_info(driver: &Driver) -> Result<(), String> {
+    let info = driver.info();
+    for (field, value, max) in [
+        ("name", &info.name, 64),
+        ("version", &info.version, 64),
+        ("vendor", &info.vendor, 128),
+        ("description", &info.description, 1024),
+    ] {
+        if value.len() > max || value.chars().any(char::is_control) {
+            return Err(format!("info().{field} must be at most {max} bytes without control characters"));
+        }
+    }
+    if info.name.is_empty() || info.version.is_empty() {
+        return Err("info().name and info().version must not be empty".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_import_policy_admits_the_baseline_and_grants_only() {
+        assert_eq!(judge_import("wasi:cli/stdout@0.2.6"), ImportVerdict::Allowed);
+        assert_eq!(judge_import("berth:driver/log@0.1.0"), ImportVerdict::Allowed);
+        assert_eq!(
+            judge_import("berth:driver/iscsi-target@0.1.3"),
+            ImportVerdict::NeedsGrant(Grant::IscsiTarget)
+        );
+        assert_eq!(
+            judge_import("berth:driver/backing-store@0.1.0"),
+            ImportVerdict::NeedsGrant(Grant::BackingStore)
+        );
+        for refused in [
+            "wasi:filesystem/types@0.2.6",
+            "wasi:filesystem/preopens@0.2.6",
+            "wasi:sockets/tcp@0.2.6",
+            "wasi:http/outgoing-handler@0.2.6",
+            "berth:driver/log@0.2.0",
+            "berth:driver/secret-stuff@0.1.0",
+            "acme:evil/backdoor@1.0.0",
+        ] {
+            assert!(matches!(judge_import(refused), ImportVerdict::Forbidden(_)), "{refused}");
+        }
+    }
+}

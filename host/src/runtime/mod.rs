@@ -1,0 +1,122 @@
+//! The runtime: the only room that touches wasmtime. It loads drivers shipped as `.wasm`
+//! components, checks their imports against the operator's grants, caches their compiled form,
+//! and runs every call in a fresh, bounded instance (`driver.rs`). It knows nothing of HTTP or
+//! SQL.
+
+mod bindings;
+mod cache;
+mod driver;
+mod error;
+mod host;
+pub mod json;
+mod limits;
+mod loader;
+mod size;
+mod state;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+pub use cache::Provenance;
+pub use driver::Call;
+pub use driver::{CallOptions, CallStats, CapabilityCall, Driver, Outcome, Request, Response};
+pub use error::{CallError, CallErrorKind, LoadError};
+pub use limits::Limits;
+pub use loader::{CONTRACT, DriverSpec, WasmSource};
+
+use cache::ArtifactCache;
+use state::HostState;
+
+/// The contract's types, as the rest of the host uses them.
+pub mod contract {
+    pub use super::bindings::berth::driver::types::{
+        AccessMode, Attachment, Capabilities, Connection, ConnectionInfo, Connector, DriverError, DriverInfo,
+        InvalidConnector, ModelUpdate, Protocol, Termination, Value, Volume, VolumeField,
+    };
+}
+
+/// How to build a runtime.
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    /// Where compiled drivers are cached; `None` compiles on every load.
+    pub cache_dir: Option<PathBuf>,
+    /// Interval of the epoch ticker, the granularity of CPU-time limits.
+    pub tick: Duration,
+    /// Meter calls with fuel (deterministic CPU accounting, used by the conformance suite).
+    pub fuel: bool,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        RuntimeOptions { cache_dir: None, tick: Duration::from_millis(10), fuel: false }
+    }
+}
+
+/// A wasmtime engine configured for drivers, with its linker and artifact cache.
+#[derive(Clone)]
+pub struct Runtime {
+    engine: Engine,
+    linker: Arc<Linker<HostState>>,
+    cache: Option<ArtifactCache>,
+    fuel: bool,
+    tick: Duration,
+}
+
+impl Runtime {
+    pub fn new(options: RuntimeOptions) -> Result<Self, LoadError> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        config.consume_fuel(options.fuel);
+        config.max_wasm_stack(512 * 1024);
+        config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+        let engine = Engine::new(&config).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+
+        let mut linker = Linker::<HostState>::new(&engine);
+        // All of WASI p2 is linked, but the context is empty and the loader refuses any driver
+        // that imports more than the baseline (see `loader::judge_import`).
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        bindings::StorageDriver::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+
+        let cache = match options.cache_dir {
+            Some(dir) => Some(ArtifactCache::new(&dir).map_err(|e| {
+                LoadError::Engine(format!("cannot use cache directory {}: {e}", dir.display()))
+            })?),
+            None => None,
+        };
+        start_ticker(&engine, options.tick);
+        Ok(Runtime { engine, linker: Arc::new(linker), cache, fuel: options.fuel, tick: options.tick })
+    }
+
+    /// The epoch tick: CPU-time limits are enforced to within one tick.
+    pub fn tick(&self) -> Duration {
+        self.tick
+    }
+
+    pub fn fuel_enabled(&self) -> bool {
+        self.fuel
+    }
+}
+
+/// Advances the engine's epoch every `tick` until the engine is dropped.
+fn start_ticker(engine: &Engine, tick: Duration) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("berth-epoch".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(tick);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => return,
+                }
+            }
+        })
+        .expect("cannot start the epoch ticker thread");
+}
