@@ -1,0 +1,157 @@
+//! `fake`: a scriptable driver for API and state-machine tests. It is a test tool, not the
+//! product: it answers like an iSCSI backend without touching anything.
+//!
+//! What each call does is scripted by a directive, looked up first in the volume's metadata
+//! (`fake.<call>`, e.g. `fake.initialize-connection`) and then in the backend's settings (same
+//! key). Directives:
+//!
+//! - `ok` (the default)
+//! - an error case: `invalid-connector`, `not-found`, `incompatible`, `retryable`,
+//!   `unsupported`, `backend`, optionally followed by `:<message>`
+//! - `delay:<ms>`: sleep that long (in a host call, as a slow backend would), then succeed
+//! - `panic`: crash
+//!
+//! `validate-connector`, which has no volume, reads only the settings.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+
+use berth_driver_sdk::prelude::*;
+use berth_driver_sdk::{config, same_initiator};
+
+pub struct Fake;
+
+const PREFIX: &str = "iqn.2010-10.org.openstack:";
+
+/// Applies the directive for `call`, if any.
+fn script(call: &str, volume: Option<&Volume>) -> DriverResult<()> {
+    let key = format!("fake.{call}");
+    let directive = volume.and_then(|v| v.metadata(&key).map(str::to_string)).or_else(|| config::get(&key));
+    let Some(directive) = directive else { return Ok(()) };
+    let (word, message) = directive.split_once(':').unwrap_or((directive.as_str(), ""));
+    let message = if message.is_empty() { format!("{call} failed as scripted") } else { message.to_string() };
+    match word {
+        "ok" => Ok(()),
+        "invalid-connector" => Err(DriverError::invalid_connector(message)),
+        "not-found" => Err(DriverError::NotFound(message)),
+        "incompatible" => Err(DriverError::Incompatible(message)),
+        "retryable" => Err(DriverError::Retryable(message)),
+        "unsupported" => Err(DriverError::Unsupported(message)),
+        "backend" => Err(DriverError::Backend(message)),
+        "delay" => {
+            let ms: u64 = message.parse().unwrap_or(0);
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            Ok(())
+        }
+        "panic" => panic!("{call} panicked as scripted"),
+        other => Err(DriverError::Backend(format!("unknown fake directive {other:?}"))),
+    }
+}
+
+/// Random alphanumeric characters (std's hasher seeds come from the host's CSPRNG).
+fn random_word(len: usize) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    (0..len)
+        .map(|i| ALPHABET[(RandomState::new().hash_one(i) % ALPHABET.len() as u64) as usize] as char)
+        .collect()
+}
+
+fn iqn(volume: &Volume) -> String {
+    format!("{PREFIX}{}", volume.name)
+}
+
+impl Driver for Fake {
+    fn info() -> DriverInfo {
+        DriverInfo {
+            name: "fake".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            vendor: "Berth".into(),
+            description: "Scriptable test driver; answers like an iSCSI backend without touching anything"
+                .into(),
+            protocols: vec![Protocol::Iscsi],
+            capabilities: Capabilities { multiattach: true, shared_targets: false },
+        }
+    }
+
+    fn validate_connector(connector: &Connector) -> DriverResult<()> {
+        script("validate-connector", None)?;
+        if connector.initiator.is_none() {
+            return Err(DriverError::missing("initiator"));
+        }
+        Ok(())
+    }
+
+    fn create_volume(volume: &Volume) -> DriverResult<ModelUpdate> {
+        script("create-volume", Some(volume))?;
+        Ok(ModelUpdate::none().id(format!("fake-{}", volume.id)))
+    }
+
+    fn delete_volume(volume: &Volume) -> DriverResult<()> {
+        script("delete-volume", Some(volume))
+    }
+
+    fn create_export(volume: &Volume, _connector: Option<&Connector>) -> DriverResult<ModelUpdate> {
+        script("create-export", Some(volume))?;
+        let auth = volume
+            .provider_auth
+            .clone()
+            .unwrap_or_else(|| format!("CHAP {} {}", random_word(20), random_word(20)));
+        Ok(ModelUpdate::none().location(format!("127.0.0.1:3260,1 {} 1", iqn(volume))).auth(auth))
+    }
+
+    fn remove_export(volume: &Volume) -> DriverResult<ModelUpdate> {
+        script("remove-export", Some(volume))?;
+        Ok(ModelUpdate::none())
+    }
+
+    fn initialize_connection(volume: &Volume, connector: &Connector) -> DriverResult<Connection> {
+        script("initialize-connection", Some(volume))?;
+        let Some(auth) = volume.provider_auth.as_deref() else {
+            return Err(DriverError::NotFound(format!("volume {} is not exported", volume.id)));
+        };
+        let mut words = auth.split_whitespace().skip(1);
+        let (user, secret) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
+        let mut info = ConnectionInfoBuilder::new("iscsi")
+            .boolean("target_discovered", false)
+            .text("target_portal", "127.0.0.1:3260")
+            .text("target_iqn", iqn(volume))
+            .integer("target_lun", 1)
+            .text("volume_id", volume.id.clone())
+            .text("auth_method", "CHAP")
+            .text("auth_username", user)
+            .text("auth_password", secret)
+            .text("access_mode", connector.mode.as_str())
+            .boolean("encrypted", false);
+        if connector.multipath {
+            info = info
+                .text_list("target_portals", vec!["127.0.0.1:3260".into()])
+                .text_list("target_iqns", vec![iqn(volume)])
+                .integer_list("target_luns", vec![1]);
+        }
+        Ok(info.connection())
+    }
+
+    fn terminate_connection(
+        volume: &Volume,
+        _connector: Option<&Connector>,
+        others: &[Attachment],
+    ) -> DriverResult<Termination> {
+        script("terminate-connection", Some(volume))?;
+        Ok(Termination { export_in_use: !others.is_empty(), update: ModelUpdate::none() })
+    }
+
+    fn shared_connections(
+        volume: &Volume,
+        connector: &Connector,
+        attachments: &[Attachment],
+    ) -> DriverResult<Vec<String>> {
+        script("shared-connections", Some(volume))?;
+        Ok(attachments
+            .iter()
+            .filter(|a| a.connector.as_ref().is_some_and(|c| same_initiator(c, connector)))
+            .map(|a| a.id.clone())
+            .collect())
+    }
+}
+
+export_driver!(Fake);

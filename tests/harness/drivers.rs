@@ -1,0 +1,65 @@
+//! Loading driver components (shipped drivers and test fixtures) into a runtime.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use berth::capabilities::{DriverCapabilities, Grant};
+use berth::runtime::contract::Volume;
+use berth::runtime::{Driver, DriverSpec, Limits, LoadError, Runtime, RuntimeOptions, WasmSource};
+
+/// A component built by `host/build.rs`: `tgt-iscsi`, `fake`, `misbehaving`, `sneaky`, ...
+pub fn component(name: &str) -> PathBuf {
+    PathBuf::from(berth::shipped::BUILD_DIR).join(format!("{name}.wasm"))
+}
+
+/// A runtime whose compiled artifacts are cached under `target/`, shared by every test.
+pub fn runtime() -> Runtime {
+    Runtime::new(RuntimeOptions { cache_dir: Some(shared_cache()), ..Default::default() }).expect("runtime")
+}
+
+pub fn shared_cache() -> PathBuf {
+    PathBuf::from(berth::shipped::BUILD_DIR).join("../test-artifact-cache")
+}
+
+/// A spec for a component with no grants and default limits.
+pub fn spec(name: &str) -> DriverSpec {
+    DriverSpec {
+        backend: name.to_string(),
+        wasm: WasmSource::File(component(name)),
+        grants: BTreeSet::new(),
+        limits: Limits::default(),
+        capabilities: DriverCapabilities::default(),
+    }
+}
+
+pub fn with_settings(mut spec: DriverSpec, settings: &[(&str, &str)]) -> DriverSpec {
+    let map: BTreeMap<String, String> =
+        settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    spec.capabilities.settings = Arc::new(map);
+    spec
+}
+
+pub fn with_grants(mut spec: DriverSpec, grants: &[Grant]) -> DriverSpec {
+    spec.grants = grants.iter().copied().collect();
+    spec
+}
+
+pub async fn load(spec: DriverSpec) -> Result<Driver, LoadError> {
+    runtime().load(spec).await
+}
+
+/// A volume record as the host would pass it.
+pub fn volume(id: &str, metadata: &[(&str, &str)]) -> Volume {
+    Volume {
+        id: id.to_string(),
+        name: format!("volume-{id}"),
+        size_gib: 1,
+        multiattach: false,
+        provider_location: None,
+        provider_auth: None,
+        provider_id: None,
+        driver_data: Vec::new(),
+        metadata: metadata.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    }
+}

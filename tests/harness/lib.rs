@@ -1,0 +1,3 @@
+//! Shared helpers for Berth's integration tests and benchmarks.
+
+pub mod drivers;

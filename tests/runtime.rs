@@ -1,0 +1,283 @@
+//! The sandbox's guarantees, each proven against a real `.wasm` component: a driver that loops,
+//! hogs memory, traps, floods, or returns too much fails that one call, names itself, and the
+//! next call works; a driver that imports anything not granted never loads.
+
+use std::time::{Duration, Instant};
+
+use berth::capabilities::Grant;
+use berth::capabilities::iscsi::model::TargetModel;
+use berth::runtime::contract::DriverError;
+use berth::runtime::{
+    CallErrorKind, CallOptions, Limits, LoadError, Provenance, Request, Response, Runtime, RuntimeOptions,
+};
+use berth_tests::drivers::{component, load, spec, volume, with_grants, with_settings};
+
+const TICK: Duration = Duration::from_millis(10);
+
+fn limits(f: impl FnOnce(&mut Limits)) -> Limits {
+    let mut l = Limits::default();
+    f(&mut l);
+    l
+}
+
+async fn create(driver: &berth::runtime::Driver, behave: &str) -> berth::runtime::Outcome<Response> {
+    driver
+        .invoke(
+            &Request::CreateVolume(volume("11111111-2222-3333-4444-555555555555", &[("behave", behave)])),
+            &CallOptions::default(),
+        )
+        .await
+}
+
+fn location(outcome: berth::runtime::Outcome<Response>) -> String {
+    match outcome.result.expect("call should succeed") {
+        Response::ModelUpdate(u) => u.provider_location.expect("location"),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_looping_driver_fails_within_its_cpu_limit_plus_one_tick_and_the_next_call_succeeds() {
+    let mut s = spec("misbehaving");
+    s.limits = limits(|l| l.cpu_ms = 300);
+    let driver = load(s).await.unwrap();
+    let started = Instant::now();
+    let outcome = create(&driver, "loop").await;
+    let wall = started.elapsed();
+    let error = outcome.result.unwrap_err();
+    assert!(matches!(error.kind, CallErrorKind::CpuTime(d) if d == Duration::from_millis(300)), "{error}");
+    assert_eq!(error.driver, "misbehaving");
+    assert!(error.to_string().contains("create-volume"), "the error names the call: {error}");
+    assert!(outcome.stats.guest_time >= Duration::from_millis(300), "{:?}", outcome.stats.guest_time);
+    // One tick of granularity; a second tick of slack for the ticker thread on a loaded machine.
+    assert!(
+        outcome.stats.guest_time <= Duration::from_millis(300) + 2 * TICK,
+        "{:?}",
+        outcome.stats.guest_time
+    );
+    assert!(wall >= Duration::from_millis(300));
+    assert_eq!(location(create(&driver, "ok").await), "ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_calls_keep_running_while_one_driver_loops() {
+    let mut s = spec("misbehaving");
+    s.limits = limits(|l| l.cpu_ms = 1_000);
+    let looper = load(s).await.unwrap();
+    let healthy = load(spec("fake")).await.unwrap();
+    let looping = tokio::spawn(async move { create(&looper, "loop").await.result.unwrap_err().kind });
+    let mut served = 0;
+    while !looping.is_finished() {
+        let v = volume("aaaaaaaa-2222-3333-4444-555555555555", &[]);
+        healthy.create_volume(&v).await.expect("the healthy driver keeps serving");
+        served += 1;
+    }
+    let kind = looping.await.unwrap();
+    assert!(matches!(kind, CallErrorKind::CpuTime(_)), "{kind}");
+    assert!(served > 10, "only {served} calls were served while the other driver looped");
+}
+
+#[tokio::test]
+async fn a_memory_hog_fails_at_its_limit_and_host_memory_stays_bounded() {
+    let mut s = spec("misbehaving");
+    s.limits = limits(|l| l.memory_mib = 32);
+    let driver = load(s).await.unwrap();
+    let before = resident_bytes();
+    for _ in 0..5 {
+        let outcome = create(&driver, "hog").await;
+        let error = outcome.result.unwrap_err();
+        assert!(
+            matches!(error.kind, CallErrorKind::Memory { limit, asked } if limit == 32 << 20 && asked > limit),
+            "{error}"
+        );
+        assert!(outcome.stats.peak_memory <= 32 << 20, "peak {}", outcome.stats.peak_memory);
+    }
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(grown < 64 << 20, "host memory grew by {} MiB over five 32 MiB hogs", grown >> 20);
+    assert_eq!(location(create(&driver, "ok").await), "ok");
+}
+
+fn resident_bytes() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+#[tokio::test]
+async fn a_trap_gives_a_typed_error_naming_the_driver_and_the_next_call_works() {
+    let driver = load(spec("misbehaving")).await.unwrap();
+    let error = create(&driver, "trap").await.result.unwrap_err();
+    match &error.kind {
+        CallErrorKind::Trap(message) => {
+            assert!(message.contains("panicked on purpose"), "the panic message is kept: {message}")
+        }
+        other => panic!("expected a trap, got {other}"),
+    }
+    assert_eq!(error.driver, "misbehaving");
+    assert_eq!(error.version, "0.1.0");
+    assert!(error.is_uncertain());
+    assert_eq!(location(create(&driver, "ok").await), "ok");
+}
+
+#[tokio::test]
+async fn a_stack_overflow_is_contained() {
+    let driver = load(spec("misbehaving")).await.unwrap();
+    let error = create(&driver, "recurse").await.result.unwrap_err();
+    assert!(matches!(error.kind, CallErrorKind::Trap(_)), "{error}");
+    assert_eq!(location(create(&driver, "ok").await), "ok");
+}
+
+#[tokio::test]
+async fn oversize_output_is_refused() {
+    let driver = load(spec("misbehaving")).await.unwrap();
+    let error = create(&driver, "oversize").await.result.unwrap_err();
+    assert!(
+        matches!(error.kind, CallErrorKind::OutputTooLarge { size, limit } if size > 8 << 20 && limit == 1 << 20),
+        "{error}"
+    );
+    assert_eq!(location(create(&driver, "ok").await), "ok");
+}
+
+#[tokio::test]
+async fn log_and_stderr_floods_are_bounded_and_do_not_fail_the_call() {
+    let driver = load(spec("misbehaving")).await.unwrap();
+    let outcome = create(&driver, "log-flood").await;
+    assert!(outcome.stats.output.len() <= 16 * 1024, "captured {} bytes", outcome.stats.output.len());
+    assert_eq!(location(outcome), "flooded");
+}
+
+#[tokio::test]
+async fn every_call_runs_in_a_fresh_instance() {
+    let driver = load(spec("misbehaving")).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(location(create(&driver, "count").await), "1", "state leaked from an earlier call");
+    }
+}
+
+#[tokio::test]
+async fn a_call_stuck_in_a_host_call_fails_at_its_wall_time_limit() {
+    let mut s = with_settings(spec("fake"), &[("fake.create-volume", "delay:5000")]);
+    s.limits = limits(|l| l.timeout_ms = 200);
+    let driver = load(s).await.unwrap();
+    let error = driver.create_volume(&volume("bbbbbbbb-2222-3333-4444-555555555555", &[])).await.unwrap_err();
+    assert!(matches!(error.kind, CallErrorKind::Timeout(d) if d == Duration::from_millis(200)), "{error}");
+}
+
+#[tokio::test]
+async fn time_blocked_in_host_calls_does_not_count_against_the_cpu_limit() {
+    let mut s = with_settings(spec("fake"), &[("fake.create-volume", "delay:300")]);
+    s.limits = limits(|l| l.cpu_ms = 100);
+    let driver = load(s).await.unwrap();
+    driver
+        .create_volume(&volume("cccccccc-2222-3333-4444-555555555555", &[]))
+        .await
+        .expect("sleeping is not computing");
+}
+
+#[tokio::test]
+async fn a_driver_importing_an_ungranted_capability_is_refused_at_load_naming_the_import() {
+    let error = load(spec("tgt-iscsi")).await.err().expect("must be refused");
+    match &error {
+        LoadError::NotGranted { driver, import, grant } => {
+            assert_eq!(driver, "tgt-iscsi");
+            assert!(
+                import.starts_with("berth:driver/backing-store@0.1")
+                    || import.starts_with("berth:driver/iscsi-target@0.1")
+            );
+            assert!(grant == "backing-store" || grant == "iscsi-target");
+        }
+        other => panic!("expected NotGranted, got {other}"),
+    }
+    assert!(error.to_string().contains("not granted"), "{error}");
+
+    // Granting one of the two is not enough either.
+    let dir = tempfile::tempdir().unwrap();
+    let stores = std::sync::Arc::new(
+        berth::capabilities::backing::BackingStores::new(dir.path().join("volumes"), Duration::from_secs(5))
+            .unwrap(),
+    );
+    let mut half = with_grants(spec("tgt-iscsi"), &[Grant::BackingStore]);
+    half.capabilities.backing = Some(stores.clone());
+    let error = load(half).await.err().expect("must be refused");
+    assert!(
+        matches!(&error, LoadError::NotGranted { import, .. } if import.starts_with("berth:driver/iscsi-target@")),
+        "{error}"
+    );
+
+    // With both granted it loads.
+    let mut full = with_grants(spec("tgt-iscsi"), &[Grant::BackingStore, Grant::IscsiTarget]);
+    full.capabilities.backing = Some(stores.clone());
+    full.capabilities.iscsi = Some(berth::capabilities::iscsi::IscsiCapability {
+        service: std::sync::Arc::new(TargetModel::new()),
+        portals: vec![],
+        chap: Default::default(),
+        stores,
+    });
+    let driver = load(full).await.expect("granted driver loads");
+    assert_eq!(driver.info().name, "tgt-iscsi");
+}
+
+#[tokio::test]
+async fn a_driver_importing_the_filesystem_is_refused_at_load_whatever_it_is_granted() {
+    let all = with_grants(spec("sneaky"), &Grant::ALL);
+    let error = load(all).await.err().expect("must be refused");
+    match &error {
+        LoadError::Forbidden { import, reason, .. } => {
+            assert!(import.starts_with("wasi:filesystem/"), "{import}");
+            assert!(reason.contains("filesystem"), "{reason}");
+        }
+        other => panic!("expected Forbidden, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_cached_driver_loads_without_recompiling() {
+    let cache = tempfile::tempdir().unwrap();
+    let options = RuntimeOptions { cache_dir: Some(cache.path().to_path_buf()), ..Default::default() };
+    let first = Runtime::new(options.clone()).unwrap().load(spec("fake")).await.unwrap();
+    assert_eq!(first.provenance(), Provenance::Compiled);
+    // A new runtime, as after a restart.
+    let second = Runtime::new(options).unwrap().load(spec("fake")).await.unwrap();
+    assert_eq!(second.provenance(), Provenance::Cached);
+    assert_eq!(first.digest(), second.digest());
+}
+
+#[tokio::test]
+async fn scripted_driver_errors_arrive_as_typed_variants() {
+    let driver = load(spec("fake")).await.unwrap();
+    let cases: [(&str, fn(&DriverError) -> bool); 6] = [
+        ("invalid-connector", |e| matches!(e, DriverError::InvalidConnector(_))),
+        ("not-found", |e| matches!(e, DriverError::NotFound(_))),
+        ("incompatible", |e| matches!(e, DriverError::Incompatible(_))),
+        ("retryable", |e| matches!(e, DriverError::Retryable(_))),
+        ("unsupported", |e| matches!(e, DriverError::Unsupported(_))),
+        ("backend", |e| matches!(e, DriverError::Backend(_))),
+    ];
+    for (directive, is) in cases {
+        let v = volume("dddddddd-2222-3333-4444-555555555555", &[("fake.create-volume", directive)]);
+        let error = driver.create_volume(&v).await.unwrap_err();
+        assert!(error.driver_error().is_some_and(is), "{directive}: {error}");
+    }
+}
+
+#[tokio::test]
+async fn driver_error_messages_never_carry_the_volumes_secrets() {
+    let driver = load(spec("fake")).await.unwrap();
+    let mut v = volume(
+        "eeeeeeee-2222-3333-4444-555555555555",
+        &[("fake.create-export", "backend:login as chapUser01 with s3cretS3cretS3cret failed\n\x1b[31m")],
+    );
+    v.provider_auth = Some("CHAP chapUser01 s3cretS3cretS3cret".into());
+    let error = driver.create_export(&v, None).await.unwrap_err();
+    let text = error.to_string();
+    assert!(!text.contains("s3cretS3cretS3cret") && !text.contains("chapUser01"), "{text}");
+    assert!(!text.contains('\n') && !text.contains('\x1b'), "{text:?}");
+    assert!(text.contains("login as *** with *** failed"), "{text}");
+}
+
+#[test]
+fn the_fixture_components_exist() {
+    for name in ["tgt-iscsi", "fake", "misbehaving", "sneaky"] {
+        assert!(component(name).exists(), "{name}.wasm was not built");
+    }
+}
