@@ -1,0 +1,128 @@
+//! Volume types and the backends behind them, as the operator configured them. As in Cinder, a
+//! volume's type picks its backend, and the type's extra spec `multiattach="<is> True"` makes its
+//! volumes multiattach.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::runtime::Driver;
+
+/// A namespace for Berth's name-based UUIDs (volume type ids, backend service ids).
+const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6f1c_58a2_9e0b_4d52_b1e4_2d8a_7c3b_9f10);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeType {
+    /// Stable across restarts: a UUID derived from the name.
+    pub id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub backend: String,
+    pub extra_specs: BTreeMap<String, String>,
+}
+
+impl VolumeType {
+    pub fn new(
+        name: &str,
+        backend: &str,
+        description: Option<String>,
+        extra_specs: BTreeMap<String, String>,
+    ) -> Self {
+        VolumeType {
+            id: uuid::Uuid::new_v5(&NAMESPACE, format!("volume-type:{name}").as_bytes()).to_string(),
+            name: name.to_string(),
+            description,
+            backend: backend.to_string(),
+            extra_specs,
+        }
+    }
+
+    /// Cinder's test: `extra_specs['multiattach'] == '<is> True'`.
+    pub fn multiattach(&self) -> bool {
+        self.extra_specs.get("multiattach").is_some_and(|v| v.trim().eq_ignore_ascii_case("<is> true"))
+    }
+}
+
+/// A configured backend: its name and the loaded driver.
+#[derive(Clone)]
+pub struct Backend {
+    pub name: String,
+    pub driver: Driver,
+    /// Cinder's `service_uuid`: a stable identity clients lock on for shared targets.
+    pub service_uuid: String,
+}
+
+impl Backend {
+    pub fn new(name: &str, driver: Driver) -> Self {
+        Backend {
+            name: name.to_string(),
+            service_uuid: uuid::Uuid::new_v5(&NAMESPACE, format!("backend:{name}").as_bytes()).to_string(),
+            driver,
+        }
+    }
+}
+
+/// Every volume type and backend.
+#[derive(Clone)]
+pub struct Catalog {
+    pub types: Vec<VolumeType>,
+    pub default_type: String,
+    pub backends: HashMap<String, Backend>,
+}
+
+impl Catalog {
+    /// Checks that every type names a loaded backend, that the default type exists, and that a
+    /// multiattach type's driver supports multiattach.
+    pub fn new(
+        types: Vec<VolumeType>,
+        default_type: String,
+        backends: Vec<Backend>,
+    ) -> Result<Catalog, String> {
+        let backends: HashMap<String, Backend> = backends.into_iter().map(|b| (b.name.clone(), b)).collect();
+        for t in &types {
+            let Some(backend) = backends.get(&t.backend) else {
+                return Err(format!(
+                    "volume type {} names backend {}, which is not configured",
+                    t.name, t.backend
+                ));
+            };
+            if t.multiattach() && !backend.driver.info().capabilities.multiattach {
+                return Err(format!(
+                    "volume type {} is multiattach but driver {} of backend {} does not support multiattach",
+                    t.name,
+                    backend.driver.info().name,
+                    t.backend
+                ));
+            }
+        }
+        if !types.iter().any(|t| t.name == default_type) {
+            return Err(format!("the default volume type {default_type} is not configured"));
+        }
+        Ok(Catalog { types, default_type, backends })
+    }
+
+    /// A type by name or id; the default type when `None`.
+    pub fn volume_type(&self, name_or_id: Option<&str>) -> Option<&VolumeType> {
+        let wanted = name_or_id.unwrap_or(&self.default_type);
+        self.types.iter().find(|t| t.name == wanted || t.id == wanted)
+    }
+
+    pub fn backend(&self, name: &str) -> Option<&Backend> {
+        self.backends.get(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_ids_are_stable_and_multiattach_follows_the_extra_spec() {
+        let a = VolumeType::new("gold", "tgt", None, BTreeMap::new());
+        let b = VolumeType::new("gold", "tgt", None, BTreeMap::new());
+        assert_eq!(a.id, b.id);
+        assert!(!a.multiattach());
+        let spec = |v: &str| BTreeMap::from([("multiattach".to_string(), v.to_string())]);
+        assert!(VolumeType::new("m", "tgt", None, spec("<is> True")).multiattach());
+        assert!(!VolumeType::new("m", "tgt", None, spec("True")).multiattach());
+        assert!(!VolumeType::new("m", "tgt", None, spec("<is> False")).multiattach());
+    }
+}

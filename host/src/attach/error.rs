@@ -1,0 +1,39 @@
+//! The attach service's errors. Mapped to HTTP in one place: `api/error.rs`.
+
+use crate::runtime::CallError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The volume, attachment or volume type does not exist for the caller.
+    #[error("{0}")]
+    NotFound(String),
+    /// The volume is not in a state that allows the request (Cinder's `InvalidVolume`).
+    #[error("Invalid volume: {0}")]
+    InvalidVolume(String),
+    /// The attachment is not in a state that allows the request.
+    #[error("Invalid attachment: {0}")]
+    InvalidAttachment(String),
+    /// The request is malformed in a way only the service can see (Cinder's `InvalidInput`).
+    #[error("Invalid input received: {0}")]
+    InvalidInput(String),
+    /// The request conflicts with the resource's state (Cinder's `ResourceConflict`).
+    #[error("Resource conflict: {0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Forbidden(String),
+    /// No driver serves the volume's backend (a configuration change removed it).
+    #[error("backend {0} is not available")]
+    BackendUnavailable(String),
+    /// A driver call failed. `api/error.rs` documents the status for each kind.
+    #[error(transparent)]
+    Driver(#[from] CallError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for AttachError {
+    fn from(e: sqlx::Error) -> Self {
+        AttachError::Store(StoreError::from_db(e))
+    }
+}
