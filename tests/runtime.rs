@@ -245,7 +245,8 @@ async fn a_cached_driver_loads_without_recompiling() {
 #[tokio::test]
 async fn scripted_driver_errors_arrive_as_typed_variants() {
     let driver = load(spec("fake")).await.unwrap();
-    let cases: [(&str, fn(&DriverError) -> bool); 6] = [
+    type Is = fn(&DriverError) -> bool;
+    let cases: [(&str, Is); 6] = [
         ("invalid-connector", |e| matches!(e, DriverError::InvalidConnector(_))),
         ("not-found", |e| matches!(e, DriverError::NotFound(_))),
         ("incompatible", |e| matches!(e, DriverError::Incompatible(_))),

@@ -63,3 +63,34 @@ pub fn volume(id: &str, metadata: &[(&str, &str)]) -> Volume {
         metadata: metadata.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
     }
 }
+
+/// A connector with just an initiator.
+pub fn connector(initiator: &str) -> berth::runtime::contract::Connector {
+    let json = serde_json::json!({ "initiator": initiator, "host": "bench-host" });
+    berth::runtime::json::connector_from_json(
+        json.as_object().unwrap(),
+        berth::runtime::contract::AccessMode::Rw,
+    )
+    .unwrap()
+}
+
+/// A spec for a component with every grant, backed by an in-memory target model and backing
+/// stores in a temporary directory (kept for the life of the process).
+pub fn granted_spec(name: &str) -> DriverSpec {
+    use berth::capabilities::backing::BackingStores;
+    use berth::capabilities::iscsi::model::TargetModel;
+    use berth::capabilities::iscsi::{IscsiCapability, Portal};
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| tempfile::tempdir().unwrap());
+    let stores =
+        Arc::new(BackingStores::new(dir.path().join("volumes"), std::time::Duration::from_secs(10)).unwrap());
+    let mut spec = with_grants(spec(name), &Grant::ALL);
+    spec.capabilities.backing = Some(stores.clone());
+    spec.capabilities.iscsi = Some(IscsiCapability {
+        service: Arc::new(TargetModel::new()),
+        portals: vec![Portal { address: "127.0.0.1".into(), port: 3260 }],
+        chap: Default::default(),
+        stores,
+    });
+    spec
+}

@@ -37,6 +37,16 @@ pub mod contract {
         AccessMode, Attachment, Capabilities, Connection, ConnectionInfo, Connector, DriverError, DriverInfo,
         InvalidConnector, ModelUpdate, Protocol, Termination, Value, Volume, VolumeField,
     };
+
+    impl AccessMode {
+        /// `rw` or `ro`, as Cinder and os-brick spell it.
+        pub fn as_str(self) -> &'static str {
+            match self {
+                AccessMode::Rw => "rw",
+                AccessMode::Ro => "ro",
+            }
+        }
+    }
 }
 
 /// How to build a runtime.

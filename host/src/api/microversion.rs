@@ -1,0 +1,159 @@
+//! Microversions (`OpenStack-API-Version: volume X.Y`), as Cinder negotiates them
+//! (`cinder/api/openstack/wsgi.py`, `Request.set_api_version_request`): no header means 3.0,
+//! `latest` means the maximum, a malformed value is a 400, one outside the range a 406, and a call
+//! below its minimum a 404. Every v3 response says which version answered, and `Vary`.
+
+use std::fmt;
+
+use axum::extract::Request;
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+
+pub const HEADER: HeaderName = HeaderName::from_static("openstack-api-version");
+
+/// A microversion `3.minor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Version {
+    pub const fn new(major: u32, minor: u32) -> Self {
+        Version { major, minor }
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The lowest version served.
+pub const MIN: Version = Version::new(3, 0);
+/// The highest version whose behaviour Berth implements for volumes and attachments: the
+/// attachments API (3.27), `os-complete` (3.44), `shared_targets`/`service_uuid` (3.48) and the
+/// attachment `mode` (3.54).
+pub const MAX: Version = Version::new(3, 54);
+
+/// Versions where behaviour changes.
+pub const NEW_ATTACH: Version = Version::new(3, 27);
+pub const RESOURCE_FILTER: Version = Version::new(3, 31);
+pub const NEW_ATTACH_COMPLETION: Version = Version::new(3, 44);
+pub const VOLUME_LIST_COUNT: Version = Version::new(3, 45);
+pub const SHARED_TARGETS: Version = Version::new(3, 48);
+pub const ATTACHMENT_CREATE_MODE: Version = Version::new(3, 54);
+pub const GROUP_ID: Version = Version::new(3, 13);
+pub const PROVIDER_ID: Version = Version::new(3, 21);
+
+/// Parses the header's value; `Ok(None)` when it has no `volume` entry (the caller treats a
+/// missing entry as a bad request, as Cinder does).
+pub fn parse(header_value: &str) -> Result<Version, ApiError> {
+    let Some(entry) = header_value.split(',').map(str::trim).find(|e| e.contains("volume")) else {
+        return Err(ApiError::bad_request(format!(
+            "OpenStack-API-Version header {header_value:?} has no \"volume X.Y\" entry."
+        )));
+    };
+    let mut words = entry.split_whitespace();
+    let (service, value) = (words.next(), words.next());
+    if service != Some("volume") || words.next().is_some() {
+        return Err(invalid_format(entry));
+    }
+    let value = value.ok_or_else(|| invalid_format(entry))?;
+    if value == "latest" {
+        return Ok(MAX);
+    }
+    let (major, minor) = value.split_once('.').ok_or_else(|| invalid_format(value))?;
+    let number = |s: &str, zero_ok: bool| -> Option<u32> {
+        let valid = !s.is_empty()
+            && s.bytes().all(|b| b.is_ascii_digit())
+            && (s == "0" && zero_ok || !s.starts_with('0'))
+            && s.len() <= 6;
+        valid.then(|| s.parse().ok()).flatten()
+    };
+    match (number(major, false), number(minor, true)) {
+        (Some(major), Some(minor)) => Ok(Version::new(major, minor)),
+        _ => Err(invalid_format(value)),
+    }
+}
+
+fn invalid_format(value: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "API Version String {value} is of invalid format. Must be of format MajorNum.MinorNum."
+    ))
+}
+
+/// Middleware for `/v3`: negotiates the version, stores it in the request, and stamps the
+/// response with it.
+pub async fn negotiate(mut request: Request, next: Next) -> Response {
+    let version = match request.headers().get(HEADER) {
+        None => MIN,
+        Some(value) => match value.to_str().map_err(|_| invalid_format("(not text)")).and_then(parse) {
+            Ok(v) => v,
+            Err(e) => return e.into_response(),
+        },
+    };
+    if version < MIN || version > MAX {
+        let mut response = ApiError::new(
+            StatusCode::NOT_ACCEPTABLE,
+            format!("Version {version} is not supported by the API. Minimum is {MIN} and maximum is {MAX}."),
+        )
+        .into_response();
+        stamp(&mut response, version);
+        return response;
+    }
+    request.extensions_mut().insert(version);
+    let mut response = next.run(request).await;
+    stamp(&mut response, version);
+    response
+}
+
+fn stamp(response: &mut Response, version: Version) {
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&format!("volume {version}")) {
+        headers.insert(HEADER, value);
+    }
+    headers.insert(header::VARY, HeaderValue::from_static("OpenStack-API-Version"));
+}
+
+impl Version {
+    /// Fails with a 404 when the request's version is below `min` (the call does not exist).
+    pub fn require(self, min: Version) -> Result<(), ApiError> {
+        if self < min { Err(ApiError::no_such_resource()) } else { Ok(()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_are_parsed_as_cinder_does() {
+        assert_eq!(parse("volume 3.27").unwrap(), Version::new(3, 27));
+        assert_eq!(parse("volume 3.0").unwrap(), Version::new(3, 0));
+        assert_eq!(parse("volume latest").unwrap(), MAX);
+        assert_eq!(parse("compute 2.1, volume 3.44").unwrap(), Version::new(3, 44));
+        for bad in [
+            "volume 3",
+            "volume 3.x",
+            "volume 03.1",
+            "volume 3.01",
+            "volume",
+            "volume 3.1 extra",
+            "volume -3.1",
+        ] {
+            assert_eq!(parse(bad).unwrap_err().status, StatusCode::BAD_REQUEST, "{bad}");
+        }
+        assert_eq!(parse("compute 2.1").unwrap_err().status, StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn versions_order_numerically() {
+        assert!(Version::new(3, 9) < Version::new(3, 27));
+        assert!(Version::new(3, 54) < Version::new(4, 0));
+    }
+}

@@ -1,0 +1,103 @@
+//! The HTTP API: Cinder's Block Storage v3 shapes and microversions. One router per resource,
+//! merged in [`router`]; one error type mapped to HTTP in `error.rs`. Handlers only translate
+//! between HTTP and the attach service.
+
+pub mod attachments;
+pub mod auth;
+pub mod body;
+pub mod error;
+pub mod microversion;
+pub mod query;
+pub mod types;
+pub mod versions;
+pub mod views;
+pub mod volumes;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::HeaderValue;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::get;
+
+use crate::attach::Service;
+use auth::Auth;
+use error::ApiError;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub service: Arc<Service>,
+    pub auth: Arc<Auth>,
+    /// The URL clients use to reach this service, for links; the request's Host when unset.
+    pub public_endpoint: Option<String>,
+}
+
+/// The routes, without the project-stripping rewrite (see [`app`]).
+pub fn router(state: AppState) -> Router {
+    let v3 = Router::new()
+        .merge(attachments::routes())
+        .merge(volumes::routes())
+        .merge(types::routes())
+        .route_layer(middleware::from_fn_with_state(state.auth.clone(), auth::authenticate));
+    Router::new()
+        .route("/", get(versions::root))
+        .route("/healthcheck", get(versions::healthcheck))
+        .route("/v3", get(versions::v3_redirect))
+        .route("/v3/", get(versions::v3))
+        .nest("/v3", v3)
+        .fallback(|| async { ApiError::no_such_resource() })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "The method is not allowed for this resource.",
+            )
+        })
+        .layer(middleware::from_fn(microversion::negotiate))
+        .layer(DefaultBodyLimit::max(body::MAX_BODY))
+        .layer(middleware::from_fn(request_log))
+        .with_state(state)
+}
+
+/// The complete service: both URL forms (`/v3/{project_id}/...` and `/v3/...`) reach the same
+/// routes, because the project segment is taken out before routing. Tests call it without a
+/// socket.
+pub type App = tower::util::MapRequest<Router, fn(Request) -> Request>;
+
+pub fn app(state: AppState) -> App {
+    tower::ServiceBuilder::new()
+        .map_request(auth::strip_project as fn(Request) -> Request)
+        .service(router(state))
+}
+
+/// Adds `x-openstack-request-id` and logs each request (method, path, status, time; never
+/// headers or bodies, which carry tokens and CHAP secrets).
+async fn request_log(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let id = format!("req-{}", uuid::Uuid::new_v4());
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let mut response = next.run(request).await;
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-openstack-request-id", value);
+    }
+    let status = response.status();
+    let micros = started.elapsed().as_micros();
+    if status.is_server_error() {
+        tracing::warn!(request_id = %id, %method, %path, status = status.as_u16(), micros, "request failed");
+    } else {
+        tracing::debug!(request_id = %id, %method, %path, status = status.as_u16(), micros, "request");
+    }
+    response
+}
+
+/// Parses a UUID path or body value (any form `uuid` accepts), as lower-case hyphenated text.
+pub fn uuid_param(field: &str, value: &str) -> Result<String, ApiError> {
+    uuid::Uuid::parse_str(value).map(|u| u.hyphenated().to_string()).map_err(|_| {
+        ApiError::bad_request(format!(
+            "Invalid input for field/attribute {field}. Value: {value}. '{value}' is not a 'uuid'"
+        ))
+    })
+}

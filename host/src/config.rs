@@ -1,0 +1,256 @@
+//! The host's configuration: a TOML file (`--config`), overridden by command-line flags. With no
+//! file at all, Berth runs its embedded default: SQLite in the data directory, the shipped
+//! `tgt-iscsi` driver on a local tgtd, and two volume types (`__DEFAULT__` and `multiattach`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::capabilities::Grant;
+use crate::runtime::Limits;
+use crate::store::Synchronous;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where the API listens (default `127.0.0.1:8776`).
+    pub listen: SocketAddr,
+    /// Where Berth keeps its database, compiled drivers and volume images.
+    pub data_dir: Option<PathBuf>,
+    /// `sqlite://...` or `postgres://...`; default: `berth.db` in the data directory.
+    pub database_url: Option<String>,
+    /// SQLite durability (`full` or `normal`).
+    pub sqlite_synchronous: Synchronous,
+    /// Database connections (PostgreSQL) or SQLite readers.
+    pub max_connections: u32,
+    /// The URL clients use to reach this service, for links in responses.
+    pub public_endpoint: Option<String>,
+    /// The volume type used when a request names none (default: the first configured type).
+    pub default_volume_type: Option<String>,
+    pub auth: AuthConfig,
+    pub runtime: RuntimeConfig,
+    pub tgt: TgtConfig,
+    pub backends: Vec<BackendConfig>,
+    pub volume_types: Vec<VolumeTypeConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:8776".parse().expect("static address"),
+            data_dir: None,
+            database_url: None,
+            sqlite_synchronous: Synchronous::Full,
+            max_connections: 16,
+            public_endpoint: None,
+            default_volume_type: None,
+            auth: AuthConfig::default(),
+            runtime: RuntimeConfig::default(),
+            tgt: TgtConfig::default(),
+            backends: Vec::new(),
+            volume_types: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthStrategy {
+    /// cinderclient's noauth (`X-Auth-Token: user:project`); loopback listeners only.
+    #[default]
+    Noauth,
+    /// Static tokens from `tokens_file`.
+    Token,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub strategy: AuthStrategy,
+    pub tokens_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Compiled-driver cache; default: `cache/` in the data directory.
+    pub cache_dir: Option<PathBuf>,
+    /// The epoch tick in milliseconds: the granularity of CPU limits.
+    pub tick_ms: u64,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig { cache_dir: None, tick_ms: 10 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TgtConfig {
+    /// The portal initiators connect to, `address:port`.
+    pub portal: String,
+    /// More portals to advertise (multipath).
+    pub extra_portals: Vec<String>,
+    /// tgtd's control port (`tgtd -C`).
+    pub control_port: u16,
+    /// Start tgtd on the portal when it does not answer.
+    pub start: bool,
+    pub tgtadm: PathBuf,
+    pub tgtd: PathBuf,
+    pub command_timeout_ms: u64,
+    pub chap_username_length: usize,
+    pub chap_secret_length: usize,
+}
+
+impl Default for TgtConfig {
+    fn default() -> Self {
+        TgtConfig {
+            portal: "127.0.0.1:3260".into(),
+            extra_portals: Vec::new(),
+            control_port: 0,
+            start: true,
+            tgtadm: "/usr/sbin/tgtadm".into(),
+            tgtd: "/usr/sbin/tgtd".into(),
+            command_timeout_ms: 10_000,
+            chap_username_length: 20,
+            chap_secret_length: 20,
+        }
+    }
+}
+
+/// One backend: a driver and its settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub name: String,
+    /// A shipped driver (`tgt-iscsi`, `fake`)...
+    #[serde(default)]
+    pub driver: Option<String>,
+    /// ...or a component file.
+    #[serde(default)]
+    pub wasm: Option<PathBuf>,
+    /// The capabilities granted to the driver.
+    #[serde(default)]
+    pub grants: BTreeSet<Grant>,
+    /// The driver's settings (read through `berth:driver/config`).
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeTypeConfig {
+    pub name: String,
+    pub backend: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub extra_specs: BTreeMap<String, String>,
+}
+
+impl Config {
+    /// Reads a configuration file.
+    pub fn load(path: &Path) -> Result<Config, String> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Fills in the embedded default backend and types when none are configured.
+    pub fn with_defaults(mut self) -> Config {
+        if self.backends.is_empty() {
+            self.backends.push(BackendConfig {
+                name: "tgt".into(),
+                driver: Some("tgt-iscsi".into()),
+                wasm: None,
+                grants: Grant::ALL.into_iter().collect(),
+                settings: BTreeMap::new(),
+                limits: Limits::default(),
+            });
+        }
+        if self.volume_types.is_empty() {
+            let backend = self.backends[0].name.clone();
+            self.volume_types.push(VolumeTypeConfig {
+                name: "__DEFAULT__".into(),
+                backend: backend.clone(),
+                description: Some("Default Volume Type".into()),
+                extra_specs: BTreeMap::new(),
+            });
+            self.volume_types.push(VolumeTypeConfig {
+                name: "multiattach".into(),
+                backend,
+                description: Some("Volumes that several hosts may attach at once".into()),
+                extra_specs: BTreeMap::from([("multiattach".into(), "<is> True".into())]),
+            });
+        }
+        self
+    }
+
+    /// The data directory: as configured, else `$XDG_STATE_HOME/berth` or `~/.local/state/berth`.
+    pub fn data_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.data_dir {
+            return dir.clone();
+        }
+        if let Some(state) = std::env::var_os("XDG_STATE_HOME").filter(|s| !s.is_empty()) {
+            return PathBuf::from(state).join("berth");
+        }
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/lib"));
+        home.join(".local/state/berth")
+    }
+
+    pub fn database_url(&self) -> String {
+        self.database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", self.data_dir().join("berth.db").display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_configuration_gets_the_embedded_default() {
+        let c: Config = toml::from_str("").unwrap();
+        let c = c.with_defaults();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8776");
+        assert_eq!(c.backends[0].driver.as_deref(), Some("tgt-iscsi"));
+        assert_eq!(
+            c.volume_types.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            ["__DEFAULT__", "multiattach"]
+        );
+    }
+
+    #[test]
+    fn a_full_configuration_parses_and_unknown_keys_are_refused() {
+        let c: Config = toml::from_str(
+            r#"
+            listen = "127.0.0.1:9000"
+            database_url = "postgres://berth@127.0.0.1/berth"
+            [auth]
+            strategy = "token"
+            tokens_file = "/etc/berth/tokens.toml"
+            [[backends]]
+            name = "fake"
+            driver = "fake"
+            grants = ["backing-store"]
+            settings = { "fake.create-volume" = "ok" }
+            limits = { memory_mib = 32 }
+            [[volume_types]]
+            name = "shared"
+            backend = "fake"
+            extra_specs = { multiattach = "<is> True" }
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.auth.strategy, AuthStrategy::Token);
+        assert_eq!(c.backends[0].limits.memory_mib, 32);
+        assert!(c.backends[0].grants.contains(&Grant::BackingStore));
+        assert!(toml::from_str::<Config>("lisen = \"x\"").is_err());
+    }
+}

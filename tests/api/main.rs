@@ -1,0 +1,10 @@
+//! The Cinder-compatible API against a real service, on SQLite and on PostgreSQL: every endpoint,
+//! status code and transition, bad input, driver failures, and concurrency.
+
+mod attachments;
+mod bad_input;
+mod concurrency;
+mod driver_failures;
+mod identity;
+mod versions;
+mod volumes;

@@ -1,0 +1,115 @@
+//! Volumes: create, show, list, list detail, delete, metadata, and the view per microversion.
+
+use berth_tests::both_databases;
+use berth_tests::server::connector;
+use serde_json::json;
+
+both_databases! {
+    async fn a_volume_is_created_shown_listed_and_deleted(s) {
+        let c = s.client("p1");
+        let r = c.post("/volumes", json!({"volume": {"size": 2, "name": "data", "description": "d",
+            "metadata": {"k": "v"}}})).await.expect(202);
+        let v = &r.body["volume"];
+        assert_eq!((v["status"].as_str(), v["size"].as_i64(), v["name"].as_str()), (Some("available"), Some(2), Some("data")));
+        assert_eq!((v["volume_type"].as_str(), v["multiattach"].as_bool()), (Some("__DEFAULT__"), Some(false)));
+        assert_eq!(v["metadata"], json!({"k": "v"}));
+        assert_eq!(v["attachments"], json!([]));
+        assert_eq!(v["os-vol-tenant-attr:tenant_id"], "p1");
+        let id = v["id"].as_str().unwrap();
+
+        let shown = c.get(&format!("/volumes/{id}")).await.expect(200);
+        assert_eq!(shown.body["volume"]["id"], json!(id));
+        let list = c.get("/volumes").await.expect(200);
+        assert_eq!(list.body["volumes"][0].as_object().unwrap().keys().collect::<Vec<_>>(), ["id", "links", "name"]);
+        let detail = c.get("/volumes/detail").await.expect(200);
+        assert_eq!(detail.body["volumes"][0]["size"], 2);
+
+        c.delete(&format!("/volumes/{id}")).await.expect(202);
+        c.get(&format!("/volumes/{id}")).await.fault(404, "itemNotFound");
+        assert_eq!(c.get("/volumes").await.expect(200).body["volumes"], json!([]));
+    }
+
+    async fn a_volume_types_extra_spec_makes_its_volumes_multiattach(s) {
+        let c = s.client("p1");
+        let types = c.get("/types").await.expect(200);
+        let names: Vec<&str> = types.body["volume_types"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["__DEFAULT__", "multiattach"]);
+        let multi = &types.body["volume_types"][1];
+        assert_eq!(multi["extra_specs"], json!({"multiattach": "<is> True"}));
+        let by_id = c.get(&format!("/types/{}", multi["id"].as_str().unwrap())).await.expect(200);
+        assert_eq!(by_id.body["volume_type"]["name"], "multiattach");
+        let v = c.post("/volumes", json!({"volume": {"size": 1, "volume_type": "multiattach"}})).await.expect(202);
+        assert_eq!(v.body["volume"]["multiattach"], true);
+        let v = c.post("/volumes", json!({"volume": {"size": 1, "volume_type": multi["id"]}})).await.expect(202);
+        assert_eq!(v.body["volume"]["volume_type"], "multiattach");
+        let message = c.post("/volumes", json!({"volume": {"size": 1, "volume_type": "gold"}})).await.fault(404, "itemNotFound");
+        assert_eq!(message, "Volume type with name gold could not be found.");
+        c.get("/types/nope").await.fault(404, "itemNotFound");
+        c.post("/volumes", json!({"volume": {"size": 1, "multiattach": true}})).await.fault(400, "badRequest");
+    }
+
+    async fn shared_targets_and_service_uuid_appear_from_3_48(s) {
+        let c = s.client("p1");
+        let id = c.create_volume(json!({"size": 1})).await;
+        let old = c.at("3.47").get(&format!("/volumes/{id}")).await.expect(200);
+        assert!(old.body["volume"].get("shared_targets").is_none());
+        let new = c.at("3.48").get(&format!("/volumes/{id}")).await.expect(200);
+        assert_eq!(new.body["volume"]["shared_targets"], false, "the fake driver does not share targets");
+        assert!(new.body["volume"]["service_uuid"].as_str().is_some_and(|u| u.len() == 36));
+        assert!(old.body["volume"].get("group_id").is_some(), "group_id exists from 3.13");
+        assert!(c.get(&format!("/volumes/{id}")).await.body["volume"].get("group_id").is_none());
+    }
+
+    async fn volume_lists_page_sort_filter_and_count(s) {
+        let c = s.client("p1");
+        for name in ["e", "c", "a", "d", "b"] {
+            c.create_volume(json!({"size": 1, "name": name})).await;
+        }
+        let names = |r: &berth_tests::server::Resp| -> Vec<String> {
+            r.body["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap().to_string()).collect()
+        };
+        let sorted = c.get("/volumes?sort=name:asc").await.expect(200);
+        assert_eq!(names(&sorted), ["a", "b", "c", "d", "e"]);
+        let page1 = c.get("/volumes?sort=name:asc&limit=2").await.expect(200);
+        assert_eq!(names(&page1), ["a", "b"]);
+        let marker = page1.body["volumes"][1]["id"].as_str().unwrap();
+        let page2 = c.get(&format!("/volumes?sort=name:asc&limit=2&marker={marker}")).await.expect(200);
+        assert_eq!(names(&page2), ["c", "d"]);
+        let offset = c.get("/volumes?sort=name:desc&offset=3").await.expect(200);
+        assert_eq!(names(&offset), ["b", "a"]);
+        assert_eq!(names(&c.get("/volumes?name=c").await.expect(200)), ["c"]);
+        let counted = c.at("3.45").get("/volumes?with_count=true&limit=1").await.expect(200);
+        assert_eq!((counted.body["count"].as_i64(), counted.body["volumes"].as_array().unwrap().len()), (Some(5), 1));
+        assert!(c.at("3.44").get("/volumes?with_count=true").await.expect(200).body.get("count").is_none());
+        c.get("/volumes?sort=size_gib:sideways").await.fault(400, "badRequest");
+        c.get("/volumes?limit=-1").await.fault(400, "badRequest");
+        c.get(&format!("/volumes?marker={}", uuid::Uuid::new_v4())).await.fault(404, "itemNotFound");
+        c.at("3.31").get("/volumes?colour=red").await.fault(400, "badRequest");
+    }
+
+    async fn a_volume_with_attachments_cannot_be_deleted(s) {
+        let c = s.client("p1");
+        let id = c.create_volume(json!({"size": 1})).await;
+        let a = c.attach(&id, Some(connector("iqn.1993-08.org.debian:01:aa", "h1"))).await.expect(200);
+        let message = c.delete(&format!("/volumes/{id}")).await.fault(400, "badRequest");
+        assert!(message.starts_with("Invalid volume: Volume status must be available or error or error_deleting"), "{message}");
+        assert_eq!(c.volume_status(&id).await, "attaching");
+        let att = a.body["attachment"]["id"].as_str().unwrap();
+        c.at("3.27").delete(&format!("/attachments/{att}")).await.expect(200);
+        c.delete(&format!("/volumes/{id}")).await.expect(202);
+    }
+
+    async fn volume_metadata_can_be_read_merged_replaced_and_deleted(s) {
+        let c = s.client("p1");
+        let id = c.create_volume(json!({"size": 1, "metadata": {"a": "1"}})).await;
+        let merged = c.post(&format!("/volumes/{id}/metadata"), json!({"metadata": {"b": "2"}})).await.expect(200);
+        assert_eq!(merged.body["metadata"], json!({"a": "1", "b": "2"}));
+        let item = c.get(&format!("/volumes/{id}/metadata/b")).await.expect(200);
+        assert_eq!(item.body, json!({"meta": {"b": "2"}}));
+        let replaced = c.put(&format!("/volumes/{id}/metadata"), json!({"metadata": {"c": "3"}})).await.expect(200);
+        assert_eq!(replaced.body["metadata"], json!({"c": "3"}));
+        c.delete(&format!("/volumes/{id}/metadata/c")).await.expect(200);
+        c.delete(&format!("/volumes/{id}/metadata/c")).await.fault(404, "itemNotFound");
+        assert_eq!(c.get(&format!("/volumes/{id}/metadata")).await.expect(200).body, json!({"metadata": {}}));
+    }
+}
