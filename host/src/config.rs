@@ -79,11 +79,13 @@ pub struct RuntimeConfig {
     pub cache_dir: Option<PathBuf>,
     /// The epoch tick in milliseconds: the granularity of CPU limits.
     pub tick_ms: u64,
+    /// Driver calls that may run at once (each holds a preallocated instance slot).
+    pub max_concurrent_calls: u32,
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        RuntimeConfig { cache_dir: None, tick_ms: 10 }
+        RuntimeConfig { cache_dir: None, tick_ms: 10, max_concurrent_calls: 128 }
     }
 }
 

@@ -65,6 +65,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         cache_dir: Some(config.runtime.cache_dir.clone().unwrap_or_else(|| data_dir.join("cache"))),
         tick: Duration::from_millis(config.runtime.tick_ms.max(1)),
         fuel: false,
+        max_concurrent_calls: config.runtime.max_concurrent_calls,
     })?;
 
     let stores = Arc::new(BackingStores::new(data_dir.join("volumes"), Duration::from_secs(60))?);

@@ -2,5 +2,7 @@
 
 pub mod drivers;
 pub mod pg;
+pub mod process;
+pub mod python;
 pub mod server;
 pub mod stats;

@@ -177,6 +177,7 @@ pub(crate) struct Parts {
     pub(crate) limits: Limits,
     pub(crate) caps: DriverCapabilities,
     pub(crate) fuel_enabled: bool,
+    pub(crate) slots: Arc<tokio::sync::Semaphore>,
 }
 
 struct Inner {
@@ -190,6 +191,7 @@ struct Inner {
     limits: Limits,
     caps: DriverCapabilities,
     fuel_enabled: bool,
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Driver {
@@ -218,6 +220,7 @@ impl Driver {
                 limits: parts.limits,
                 caps: parts.caps,
                 fuel_enabled: parts.fuel_enabled,
+                slots: parts.slots,
             }),
         };
         let info = match driver.invoke(&Request::Info, &CallOptions::default()).await.result? {
@@ -268,6 +271,9 @@ impl Driver {
         let inner = &*self.inner;
         let call = request.call();
         let started = Instant::now();
+        // Waiting for a slot is part of the call's wall time but not of its CPU time. Declared
+        // before the store, so the instance is gone before the slot is released.
+        let _slot = inner.slots.acquire().await.expect("the semaphore is never closed");
         let mut redactor = Redactor::default();
         if let Some(auth) = request.volume().and_then(|v| v.provider_auth.as_deref()) {
             redactor.add_provider_auth(auth);

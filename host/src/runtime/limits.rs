@@ -33,6 +33,9 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// The largest memory limit a driver may be given.
+    pub const MAX_MEMORY_MIB: u64 = 4096;
+
     pub fn memory_bytes(&self) -> usize {
         (self.memory_mib as usize) << 20
     }
@@ -47,8 +50,8 @@ impl Limits {
     }
 
     pub fn validate(&self) -> Result<(), String> {
-        if self.memory_mib == 0 || self.memory_mib > 4096 {
-            return Err(format!("memory_mib {} must be 1..=4096", self.memory_mib));
+        if self.memory_mib == 0 || self.memory_mib > Self::MAX_MEMORY_MIB {
+            return Err(format!("memory_mib {} must be 1..={}", self.memory_mib, Self::MAX_MEMORY_MIB));
         }
         if self.cpu_ms == 0 || self.timeout_ms == 0 || self.output_kib == 0 {
             return Err("cpu_ms, timeout_ms and output_kib must be positive".into());

@@ -186,6 +186,7 @@ impl Runtime {
             limits: spec.limits,
             caps: capabilities,
             fuel_enabled: self.fuel,
+            slots: self.slots.clone(),
         })
         .await
         .map_err(|error| LoadError::Info { driver: backend.clone(), error: Box::new(error) })?;

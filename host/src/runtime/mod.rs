@@ -58,11 +58,19 @@ pub struct RuntimeOptions {
     pub tick: Duration,
     /// Meter calls with fuel (deterministic CPU accounting, used by the conformance suite).
     pub fuel: bool,
+    /// Driver calls that may run at once; more wait. With the pooling allocator each has a
+    /// preallocated instance slot and fiber stacks, which makes a fresh instance per call cheap.
+    pub max_concurrent_calls: u32,
 }
 
 impl Default for RuntimeOptions {
     fn default() -> Self {
-        RuntimeOptions { cache_dir: None, tick: Duration::from_millis(10), fuel: false }
+        RuntimeOptions {
+            cache_dir: None,
+            tick: Duration::from_millis(10),
+            fuel: false,
+            max_concurrent_calls: 64,
+        }
     }
 }
 
@@ -74,17 +82,39 @@ pub struct Runtime {
     cache: Option<ArtifactCache>,
     fuel: bool,
     tick: Duration,
+    /// One permit per concurrent call.
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Runtime {
     pub fn new(options: RuntimeOptions) -> Result<Self, LoadError> {
+        let slots = options.max_concurrent_calls.max(1);
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
         config.consume_fuel(options.fuel);
         config.max_wasm_stack(512 * 1024);
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
-        let engine = Engine::new(&config).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        let mut pool = wasmtime::PoolingAllocationConfig::new();
+        pool.total_component_instances(slots)
+            .total_core_instances(slots * 8)
+            .total_memories(slots * 2)
+            .total_tables(slots * 4)
+            .total_stacks(slots * 2)
+            .max_memories_per_component(2)
+            .max_memory_size(Limits::MAX_MEMORY_MIB as usize * (1 << 20));
+        let mut pooled = config.clone();
+        pooled.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+        // Reserving the pool's address space can fail (a small virtual address space, or
+        // `ulimit -v`): then instances are allocated on demand, which costs a few microseconds
+        // per call more.
+        let engine = match Engine::new(&pooled) {
+            Ok(engine) => engine,
+            Err(e) => {
+                tracing::warn!("pooling allocator unavailable ({e:#}); allocating instances on demand");
+                Engine::new(&config).map_err(|e| LoadError::Engine(format!("{e:#}")))?
+            }
+        };
 
         let mut linker = Linker::<HostState>::new(&engine);
         // All of WASI p2 is linked, but the context is empty and the loader refuses any driver
@@ -101,7 +131,14 @@ impl Runtime {
             None => None,
         };
         start_ticker(&engine, options.tick);
-        Ok(Runtime { engine, linker: Arc::new(linker), cache, fuel: options.fuel, tick: options.tick })
+        Ok(Runtime {
+            engine,
+            linker: Arc::new(linker),
+            cache,
+            fuel: options.fuel,
+            tick: options.tick,
+            slots: Arc::new(tokio::sync::Semaphore::new(slots as usize)),
+        })
     }
 
     /// The epoch tick: CPU-time limits are enforced to within one tick.

@@ -1,0 +1,132 @@
+//! `berth serve` as a real process: started from a configuration file on a free loopback port,
+//! its log captured to a file, stopped (SIGTERM, then SIGKILL) when dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::pg::free_port;
+
+/// The `berth` binary of this build (next to the test executable's directory).
+pub fn berth_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+    let bin = profile_dir.join("berth");
+    assert!(
+        bin.exists(),
+        "{} does not exist: build it first (`cargo test --workspace` or `cargo build -p berth`)",
+        bin.display()
+    );
+    bin
+}
+
+pub struct BerthProcess {
+    child: Option<Child>,
+    pub base: String,
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub log: PathBuf,
+}
+
+impl BerthProcess {
+    /// Starts `berth serve --config <file>` with `config_body` (TOML) plus `listen` and
+    /// `data_dir` lines the harness adds.
+    pub fn start(config_body: &str) -> BerthProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let config = dir.path().join("berth.toml");
+        let cache = crate::drivers::shared_cache();
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n[runtime]\ncache_dir = \"{}\"\n{config_body}",
+                dir.path().join("data").display(),
+                cache.display()
+            ),
+        )
+        .unwrap();
+        let log = dir.path().join("berth.log");
+        let mut p =
+            BerthProcess { child: None, base: format!("http://127.0.0.1:{port}"), port, dir, config, log };
+        p.spawn();
+        p
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(berth_binary())
+            .args(["serve", "--config"])
+            .arg(&self.config)
+            .env("BERTH_LOG", "debug,sqlx=warn,hyper=info,reqwest=info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn berth serve");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("berth serve exited with {status}:\n{}", self.log_text());
+                }
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "berth serve did not listen within 60 s:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Kills the process with SIGKILL (no shutdown at all), as a crash would.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the process again on the same configuration and data.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// Stops the process gracefully (SIGTERM) and returns its exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        child.wait().ok()
+    }
+}
+
+impl Drop for BerthProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
