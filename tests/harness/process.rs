@@ -71,10 +71,8 @@ impl BerthProcess {
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("berth serve exited with {status}:\n{}", self.log_text());
-                }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                panic!("berth serve exited with {status}:\n{}", self.log_text());
             }
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return;
