@@ -220,11 +220,11 @@ both_databases! {
         conn["nested"] = json!({"a": [1, 2, {"b": null}]});
         let att = id(&c.attach(&volume, Some(conn.clone())).await.expect(200));
         let store = s.service.store();
-        let stored = berth::store::attachments::connectors(store.reader(), &[att.as_str()]).await.unwrap();
+        let stored = store.read(async |tx| berth::store::attachments::connectors(tx, &[att.as_str()]).await).await.unwrap();
         assert_eq!(Value::Object(stored[&att].clone()), conn);
         // The store keeps one row per key.
         c.at("3.27").delete(&format!("/attachments/{att}")).await.expect(200);
-        let gone = berth::store::attachments::connectors(store.reader(), &[att.as_str()]).await.unwrap();
+        let gone = store.read(async |tx| berth::store::attachments::connectors(tx, &[att.as_str()]).await).await.unwrap();
         assert!(gone.is_empty());
     }
 

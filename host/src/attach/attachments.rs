@@ -14,12 +14,13 @@ use super::{
     AttachError, Caller, Service, access_mode, apply_update, attach_status, attachment_not_found, connector,
     contract_attachment, contract_volume, volume_not_found, volume_status, with_fields,
 };
-use crate::runtime::contract::{AccessMode, Attachment, Connector};
+use crate::runtime::contract::{Attachment, Connector};
 use crate::runtime::json::connection_data_to_json;
 use crate::runtime::{Call, CallError, CallErrorKind, Driver};
 use crate::store::attachments::{self as rows, AttachmentFilter, AttachmentRow, Connected};
+use crate::store::sql::Tx;
 use crate::store::volumes::{self, DriverFields, VolumeRow};
-use crate::store::{Page, Scope, Tx, now_micros};
+use crate::store::{Page, Scope, StoreError, now_micros};
 
 /// A request to create an attachment.
 #[derive(Debug, Clone, Default)]
@@ -75,31 +76,34 @@ impl Service {
             updated_at: now,
         };
 
-        let mut tx = self.store().begin().await?;
         let t = transition(Event::Reserve);
-        let Some(locked) =
-            volumes::lock(&mut tx, &volume.id, &t.volume_from_text(volume.multiattach)).await?
-        else {
-            drop(tx);
+        let reserved = self
+            .store()
+            .write(async |tx| {
+                let from = t.volume_from_text(volume.multiattach);
+                let Some(locked) = volumes::lock(tx, &volume.id, &from, None).await? else {
+                    return Ok(false);
+                };
+                match rows::insert(tx, &row).await {
+                    Ok(()) => {}
+                    // The backstop: another attachment won the race.
+                    Err(StoreError::Constraint(_)) => return Ok(false),
+                    Err(e) => return Err(AttachError::from(e)),
+                }
+                if let Some(json) = &connector_json {
+                    rows::put_connector(tx, &row.id, json).await?;
+                }
+                settle_volume(tx, &locked, true).await?;
+                Ok(true)
+            })
+            .await?;
+        if !reserved {
             return Err(self.refusal(caller, &volume.id).await);
-        };
-        match rows::insert(&mut tx, &row).await {
-            Ok(()) => {}
-            Err(crate::store::StoreError::Constraint(_)) => {
-                drop(tx);
-                return Err(self.refusal(caller, &volume.id).await);
-            }
-            Err(e) => return Err(e.into()),
         }
-        if let Some(json) = &connector_json {
-            rows::put_connector(&mut tx, &row.id, json).await?;
-        }
-        settle_volume(&mut tx, &locked, true).await?;
-        tx.commit().await?;
 
         let Some(json) = connector_json else { return Ok(row) };
         let _guard = self.locks.lock(&volume.id).await;
-        self.connect(&row.id, &volume.id, &json, Origin::Create).await
+        self.connect(row, &json, Origin::Create).await
     }
 
     pub async fn update_attachment(
@@ -108,9 +112,7 @@ impl Service {
         id: &str,
         connector_json: Map<String, Json>,
     ) -> Result<AttachmentRow, AttachError> {
-        let row = rows::get(self.store().reader(), id, caller.scope())
-            .await?
-            .ok_or_else(|| attachment_not_found(id))?;
+        let row = self.attachment(caller, id).await?;
         let volume = self.volume(caller, &row.volume_id).await?;
         if volume.status.contains("error") {
             return Err(AttachError::Conflict(format!(
@@ -125,9 +127,14 @@ impl Service {
         driver.validate_connector(&new).await?;
 
         let _guard = self.locks.lock(&volume.id).await;
-        let row = rows::get(self.store().reader(), id, caller.scope())
-            .await?
-            .ok_or_else(|| attachment_not_found(id))?;
+        let (row, stored) = self
+            .store()
+            .read(async |tx| {
+                let row = rows::get(tx, id, caller.scope()).await?.ok_or_else(|| attachment_not_found(id))?;
+                let stored = rows::connectors(tx, &[id]).await?.remove(id);
+                Ok::<_, AttachError>((row, stored))
+            })
+            .await?;
         let status = attach_status(&row)?;
         if !transition(Event::Connect).attachment_from.contains(&status) {
             return Err(AttachError::InvalidAttachment(format!(
@@ -137,42 +144,42 @@ impl Service {
         }
         // An attachment holds access for one connector at most: a different one replaces the old,
         // whose access is revoked first (Cinder leaves it, and the old host keeps the LUN).
-        let stored = rows::connectors(self.store().reader(), &[id]).await?.remove(id);
-        if let Some(old) = stored.as_ref().filter(|old| **old != connector_json) {
-            let volume = self.fresh_volume(&volume.id).await?;
-            let old_connector = super::connector(old, access_mode(row.attach_mode.as_deref(), Some(old)))?;
-            let fields = self.disconnect(driver, &volume, id, Some(&old_connector)).await?;
-            let mut tx = self.store().begin().await?;
-            volumes::set_driver_fields(&mut tx, &volume.id, &fields).await?;
-            tx.commit().await?;
-        }
-        let mut tx = self.store().begin().await?;
-        rows::put_connector(&mut tx, id, &connector_json).await?;
-        tx.commit().await?;
-        self.connect(id, &volume.id, &connector_json, Origin::Update).await
+        let fields = match stored.as_ref().filter(|old| **old != connector_json) {
+            Some(old) => {
+                let volume = self.fresh_volume(&volume.id).await?;
+                let old_connector = connector(old, access_mode(row.attach_mode.as_deref(), Some(old)))?;
+                let others = self.other_attachments(&volume.id, id).await?;
+                Some(self.disconnect(driver, &volume, &others, Some(&old_connector)).await?)
+            }
+            None => None,
+        };
+        self.store()
+            .write(async |tx| {
+                if let Some(fields) = &fields {
+                    volumes::lock(tx, &volume.id, &[], Some(fields)).await?;
+                }
+                rows::put_connector(tx, id, &connector_json).await
+            })
+            .await?;
+        self.connect(row, &connector_json, Origin::Update).await
     }
 
     /// Connects an attachment whose connector is stored: export, initialize, persist. The caller
     /// holds the volume's lock.
     async fn connect(
         &self,
-        id: &str,
-        volume_id: &str,
+        row: AttachmentRow,
         connector_json: &Map<String, Json>,
         origin: Origin,
     ) -> Result<AttachmentRow, AttachError> {
-        let volume = self.fresh_volume(volume_id).await?;
-        let row = rows::get(self.store().reader(), id, Scope::All)
-            .await?
-            .ok_or_else(|| attachment_not_found(id))?;
+        let volume = self.fresh_volume(&row.volume_id).await?;
         let driver = self.driver(&volume)?;
         let mode = access_mode(row.attach_mode.as_deref(), Some(connector_json));
         let conn = connector(connector_json, mode)?;
 
         let mut fields = volume.driver_fields();
         let connected = async {
-            let update = driver.create_export(&contract_volume(&volume), Some(&conn)).await;
-            match update {
+            match driver.create_export(&contract_volume(&volume), Some(&conn)).await {
                 Ok(update) => apply_update(driver, Call::CreateExport, &mut fields, &update)?,
                 Err(e) if e.is_unsupported() => {}
                 Err(e) => return Err(e),
@@ -180,79 +187,59 @@ impl Service {
             let exported = with_fields(&volume, &fields);
             let connection = driver.initialize_connection(&contract_volume(&exported), &conn).await?;
             apply_update(driver, Call::InitializeConnection, &mut fields, &connection.update)?;
-            let info = flatten(driver, &connection.info, id, &conn)?;
-            Ok(info)
+            flatten(driver, &connection.info, &row.id, &conn)
         }
         .await;
-
         let info = match connected {
             Ok(info) => info,
             Err(error) => {
+                let volume = with_fields(&volume, &fields);
                 return Err(self
-                    .undo_connect(driver, &with_fields(&volume, &fields), &row, &conn, origin, error)
+                    .undo(driver, &volume, &row, &conn, origin, AttachError::Driver(error))
                     .await);
             }
         };
+
         let t = transition(Event::Connect);
-        let mut tx = self.store().begin().await?;
-        let Some(locked) = volumes::lock(&mut tx, volume_id, &t.volume_from_text(volume.multiattach)).await?
-        else {
-            drop(tx);
-            let error =
-                AttachError::InvalidVolume(format!("volume {volume_id} changed state during the attach"));
-            return Err(self
-                .undo_after(driver, &with_fields(&volume, &fields), &row, &conn, origin, error)
-                .await);
-        };
         let done = Connected {
             connection_info: info.to_string(),
-            attach_mode: mode_text(mode),
+            attach_mode: mode.as_str().to_string(),
             attached_host: conn.host.clone(),
             mountpoint: Some(conn.mountpoint.clone().unwrap_or_else(|| "na".into())),
         };
-        if !rows::transition(
-            &mut tx,
-            id,
-            &t.attachment_from_text(),
-            AttachStatus::Attaching.as_str(),
-            Some(&done),
-        )
-        .await?
-        {
-            drop(tx);
-            let error = attachment_not_found(id);
-            return Err(self
-                .undo_after(driver, &with_fields(&volume, &fields), &row, &conn, origin, error)
-                .await);
+        let finished = self
+            .store()
+            .write(async |tx| {
+                let from = t.volume_from_text(volume.multiattach);
+                let Some(locked) = volumes::lock(tx, &volume.id, &from, Some(&fields)).await? else {
+                    let changed = format!("volume {} changed state during the attach", volume.id);
+                    return Ok(Err(AttachError::InvalidVolume(changed)));
+                };
+                let to = AttachStatus::Attaching.as_str();
+                if !rows::transition(tx, &row.id, &t.attachment_from_text(), to, Some(&done)).await? {
+                    return Ok(Err(attachment_not_found(&row.id)));
+                }
+                settle_volume(tx, &locked, true).await?;
+                Ok::<_, AttachError>(Ok(()))
+            })
+            .await?;
+        if let Err(error) = finished {
+            return Err(self.undo(driver, &with_fields(&volume, &fields), &row, &conn, origin, error).await);
         }
-        volumes::set_driver_fields(&mut tx, volume_id, &fields).await?;
-        settle_volume(&mut tx, &locked, true).await?;
-        tx.commit().await?;
-        let mut row = row;
-        row.attach_status = AttachStatus::Attaching.as_str().into();
-        row.connection_info = Some(done.connection_info);
-        row.attach_mode = Some(done.attach_mode);
-        row.attached_host = done.attached_host;
-        row.mountpoint = done.mountpoint;
-        row.attach_time = Some(now_micros());
-        Ok(row)
+        Ok(AttachmentRow {
+            attach_status: AttachStatus::Attaching.as_str().into(),
+            connection_info: Some(done.connection_info),
+            attach_mode: Some(done.attach_mode),
+            attached_host: done.attached_host,
+            mountpoint: done.mountpoint,
+            attach_time: Some(now_micros()),
+            ..row
+        })
     }
 
     /// After a failed connect: revoke whatever access may have been granted, then roll the
-    /// attachment back (or mark it `error_attaching` when that is not possible).
-    async fn undo_connect(
-        &self,
-        driver: &Driver,
-        volume: &VolumeRow,
-        row: &AttachmentRow,
-        conn: &Connector,
-        origin: Origin,
-        error: CallError,
-    ) -> AttachError {
-        self.undo_after(driver, volume, row, conn, origin, AttachError::Driver(error)).await
-    }
-
-    async fn undo_after(
+    /// attachment back (or mark it `error_attaching` when that is not possible). Returns `error`.
+    async fn undo(
         &self,
         driver: &Driver,
         volume: &VolumeRow,
@@ -261,39 +248,37 @@ impl Service {
         origin: Origin,
         error: AttachError,
     ) -> AttachError {
-        let cleaned = self.disconnect(driver, volume, &row.id, Some(conn)).await;
-        let result: Result<(), AttachError> = async {
-            let mut tx = self.store().begin().await?;
-            let Some(locked) = volumes::lock(&mut tx, &volume.id, &[]).await? else { return Ok(()) };
-            match (&cleaned, origin) {
-                (Ok(fields), Origin::Create) => {
-                    rows::soft_delete(&mut tx, &row.id).await?;
-                    volumes::set_driver_fields(&mut tx, &volume.id, fields).await?;
-                }
-                (Ok(fields), Origin::Update) => {
-                    rows::put_connector(&mut tx, &row.id, &Map::new()).await?;
-                    let from = transition(Event::Connect).attachment_from_text();
-                    rows::transition(&mut tx, &row.id, &from, AttachStatus::Reserved.as_str(), None).await?;
-                    volumes::set_driver_fields(&mut tx, &volume.id, fields).await?;
-                }
-                (Err(_), _) => {
-                    let t = transition(Event::FailAttach);
-                    rows::transition(
-                        &mut tx,
-                        &row.id,
-                        &t.attachment_from_text(),
-                        AttachStatus::ErrorAttaching.as_str(),
-                        None,
-                    )
-                    .await?;
-                }
+        let cleaned = match self.other_attachments(&volume.id, &row.id).await {
+            Ok(others) => {
+                self.disconnect(driver, volume, &others, Some(conn)).await.map_err(AttachError::Driver)
             }
-            settle_volume(&mut tx, &locked, true).await?;
-            tx.commit().await?;
-            Ok(())
-        }
-        .await;
-        if let Err(e) = result {
+            Err(e) => Err(e),
+        };
+        let recorded: Result<(), AttachError> = self
+            .store()
+            .write(async |tx| {
+                let Some(locked) = volumes::lock(tx, &volume.id, &[], cleaned.as_ref().ok()).await? else {
+                    return Ok(());
+                };
+                match (&cleaned, origin) {
+                    (Ok(_), Origin::Create) => {
+                        rows::soft_delete(tx, &row.id).await?;
+                    }
+                    (Ok(_), Origin::Update) => {
+                        rows::put_connector(tx, &row.id, &Map::new()).await?;
+                        let from = transition(Event::Connect).attachment_from_text();
+                        rows::transition(tx, &row.id, &from, AttachStatus::Reserved.as_str(), None).await?;
+                    }
+                    (Err(_), _) => {
+                        let from = transition(Event::FailAttach).attachment_from_text();
+                        rows::transition(tx, &row.id, &from, AttachStatus::ErrorAttaching.as_str(), None)
+                            .await?;
+                    }
+                }
+                settle_volume(tx, &locked, true).await
+            })
+            .await;
+        if let Err(e) = recorded {
             tracing::error!(attachment = %row.id, "could not record the outcome of a failed attach: {e}");
         }
         if let Err(e) = &cleaned {
@@ -309,17 +294,11 @@ impl Service {
         &self,
         driver: &Driver,
         volume: &VolumeRow,
-        attachment_id: &str,
+        others: &[Attachment],
         conn: Option<&Connector>,
     ) -> Result<DriverFields, CallError> {
-        let others = self.other_attachments(&volume.id, attachment_id).await.map_err(|e| CallError {
-            driver: driver.backend().to_string(),
-            version: driver.info().version.clone(),
-            call: Call::TerminateConnection,
-            kind: CallErrorKind::InvalidOutput(format!("cannot read the volume's attachments: {e}")),
-        })?;
         let mut fields = volume.driver_fields();
-        let in_use = match driver.terminate_connection(&contract_volume(volume), conn, &others).await {
+        let in_use = match driver.terminate_connection(&contract_volume(volume), conn, others).await {
             Ok(t) => {
                 apply_update(driver, Call::TerminateConnection, &mut fields, &t.update)?;
                 t.export_in_use
@@ -339,46 +318,46 @@ impl Service {
 
     /// The volume's live attachments other than `except`, as the driver sees them.
     async fn other_attachments(&self, volume_id: &str, except: &str) -> Result<Vec<Attachment>, AttachError> {
-        let all = rows::of_volume(self.store().reader(), volume_id).await?;
-        let others: Vec<&AttachmentRow> = all.iter().filter(|r| r.id != except).collect();
-        let ids: Vec<&str> = others.iter().map(|r| r.id.as_str()).collect();
-        let connectors = rows::connectors(self.store().reader(), &ids).await?;
-        Ok(others.iter().map(|r| contract_attachment(r, connectors.get(&r.id))).collect())
+        self.store()
+            .read(async |tx| {
+                let all = rows::of_volume(tx, volume_id).await?;
+                let others: Vec<&AttachmentRow> = all.iter().filter(|r| r.id != except).collect();
+                let ids: Vec<&str> = others.iter().map(|r| r.id.as_str()).collect();
+                let connectors = rows::connectors(tx, &ids).await?;
+                Ok(others.iter().map(|r| contract_attachment(r, connectors.get(&r.id))).collect())
+            })
+            .await
     }
 
     pub async fn complete_attachment(&self, caller: &Caller, id: &str) -> Result<(), AttachError> {
-        let row = rows::get(self.store().reader(), id, caller.scope())
-            .await?
-            .ok_or_else(|| attachment_not_found(id))?;
-        let volume = self.volume(caller, &row.volume_id).await?;
         let t = transition(Event::Complete);
-        let mut tx = self.store().begin().await?;
-        let Some(locked) =
-            volumes::lock(&mut tx, &volume.id, &t.volume_from_text(volume.multiattach)).await?
-        else {
-            return Err(AttachError::InvalidVolume(format!(
-                "volume {} is {}; attachments complete only when it is {}",
-                volume.id,
-                volume.status,
-                names(t.volume_from(volume.multiattach))
-            )));
-        };
-        if !rows::transition(&mut tx, id, &t.attachment_from_text(), AttachStatus::Attached.as_str(), None)
-            .await?
-        {
-            drop(tx);
-            let now = rows::get(self.store().reader(), id, caller.scope())
-                .await?
-                .ok_or_else(|| attachment_not_found(id))?;
-            return Err(AttachError::InvalidAttachment(format!(
-                "attachment {id} is {}; only a connected attachment ({}) can be completed",
-                now.attach_status,
-                names(t.attachment_from)
-            )));
-        }
-        settle_volume(&mut tx, &locked, true).await?;
-        tx.commit().await?;
-        Ok(())
+        self.store()
+            .write(async |tx| {
+                let row = rows::get(tx, id, caller.scope()).await?.ok_or_else(|| attachment_not_found(id))?;
+                let volume = volumes::get(tx, &row.volume_id, Scope::All)
+                    .await?
+                    .ok_or_else(|| volume_not_found(&row.volume_id))?;
+                let from = t.volume_from_text(volume.multiattach);
+                let Some(locked) = volumes::lock(tx, &volume.id, &from, None).await? else {
+                    return Err(AttachError::InvalidVolume(format!(
+                        "volume {} is {}; attachments complete only when it is {}",
+                        volume.id,
+                        volume.status,
+                        names(t.volume_from(volume.multiattach))
+                    )));
+                };
+                if !rows::transition(tx, id, &t.attachment_from_text(), AttachStatus::Attached.as_str(), None)
+                    .await?
+                {
+                    return Err(AttachError::InvalidAttachment(format!(
+                        "attachment {id} is {}; only a connected attachment ({}) can be completed",
+                        row.attach_status,
+                        names(t.attachment_from)
+                    )));
+                }
+                settle_volume(tx, &locked, true).await
+            })
+            .await
     }
 
     /// Removes an attachment: revokes its connector's access (and the export, when unused), then
@@ -388,32 +367,43 @@ impl Service {
         caller: &Caller,
         id: &str,
     ) -> Result<Vec<AttachmentRow>, AttachError> {
-        let row = rows::get(self.store().reader(), id, caller.scope())
-            .await?
-            .ok_or_else(|| attachment_not_found(id))?;
+        let row = self.attachment(caller, id).await?;
         let _guard = self.locks.lock(&row.volume_id).await;
-        self.remove_locked(caller, id, false).await?;
-        Ok(rows::of_volume(self.store().reader(), &row.volume_id).await?)
+        self.remove_locked(caller, id, false).await
     }
 
     /// Removes an attachment; the caller holds the volume's lock. `release_detaching` ends a
-    /// legacy detach lock (`os-detach`).
+    /// legacy detach lock (`os-detach`). Returns the volume's remaining live attachments.
     pub(crate) async fn remove_locked(
         &self,
         caller: &Caller,
         id: &str,
         release_detaching: bool,
-    ) -> Result<(), AttachError> {
-        let row = rows::get(self.store().reader(), id, caller.scope())
-            .await?
-            .ok_or_else(|| attachment_not_found(id))?;
-        let volume = self.fresh_volume(&row.volume_id).await?;
-        let stored = rows::connectors(self.store().reader(), &[id]).await?.remove(id);
+    ) -> Result<Vec<AttachmentRow>, AttachError> {
+        let (row, volume, mut connectors, all) = self
+            .store()
+            .read(async |tx| {
+                let row = rows::get(tx, id, caller.scope()).await?.ok_or_else(|| attachment_not_found(id))?;
+                let volume = volumes::get(tx, &row.volume_id, Scope::All)
+                    .await?
+                    .ok_or_else(|| volume_not_found(&row.volume_id))?;
+                let all = rows::of_volume(tx, &volume.id).await?;
+                let ids: Vec<&str> = all.iter().map(|r| r.id.as_str()).collect();
+                let connectors = rows::connectors(tx, &ids).await?;
+                Ok::<_, AttachError>((row, volume, connectors, all))
+            })
+            .await?;
+        let stored = connectors.remove(id);
+        let others: Vec<Attachment> = all
+            .iter()
+            .filter(|r| r.id != id)
+            .map(|r| contract_attachment(r, connectors.get(&r.id)))
+            .collect();
         let fields = match &stored {
             Some(json) if !json.is_empty() => {
                 let driver = self.driver(&volume)?;
                 let conn = connector(json, access_mode(row.attach_mode.as_deref(), Some(json)))?;
-                match self.disconnect(driver, &volume, id, Some(&conn)).await {
+                match self.disconnect(driver, &volume, &others, Some(&conn)).await {
                     Ok(fields) => fields,
                     Err(error) => {
                         self.mark(&volume, id, Event::FailDetach, AttachStatus::ErrorDetaching).await?;
@@ -425,24 +415,24 @@ impl Service {
             _ => volume.driver_fields(),
         };
         let t = transition(Event::Remove);
-        let mut tx = self.store().begin().await?;
-        let Some(locked) =
-            volumes::lock(&mut tx, &volume.id, &t.volume_from_text(volume.multiattach)).await?
-        else {
-            return Err(AttachError::InvalidVolume(format!(
-                "volume {} is {}; attachments can be removed only when it is {}",
-                volume.id,
-                volume.status,
-                names(t.volume_from(volume.multiattach))
-            )));
-        };
-        if !rows::soft_delete(&mut tx, id).await? {
-            return Err(attachment_not_found(id));
-        }
-        volumes::set_driver_fields(&mut tx, &volume.id, &fields).await?;
-        settle_volume(&mut tx, &locked, !release_detaching).await?;
-        tx.commit().await?;
-        Ok(())
+        self.store()
+            .write(async |tx| {
+                let from = t.volume_from_text(volume.multiattach);
+                let Some(locked) = volumes::lock(tx, &volume.id, &from, Some(&fields)).await? else {
+                    return Err(AttachError::InvalidVolume(format!(
+                        "volume {} is {}; attachments can be removed only when it is {}",
+                        volume.id,
+                        volume.status,
+                        names(t.volume_from(volume.multiattach))
+                    )));
+                };
+                if !rows::soft_delete(tx, id).await? {
+                    return Err(attachment_not_found(id));
+                }
+                settle_volume(tx, &locked, !release_detaching).await?;
+                Ok(rows::of_volume(tx, &volume.id).await?)
+            })
+            .await
     }
 
     /// Moves an attachment to an error status after a driver failure.
@@ -453,12 +443,14 @@ impl Service {
         event: Event,
         to: AttachStatus,
     ) -> Result<(), AttachError> {
-        let mut tx = self.store().begin().await?;
-        let Some(locked) = volumes::lock(&mut tx, &volume.id, &[]).await? else { return Ok(()) };
-        rows::transition(&mut tx, id, &transition(event).attachment_from_text(), to.as_str(), None).await?;
-        settle_volume(&mut tx, &locked, true).await?;
-        tx.commit().await?;
-        Ok(())
+        self.store()
+            .write(async |tx| {
+                let Some(locked) = volumes::lock(tx, &volume.id, &[], None).await? else { return Ok(()) };
+                rows::transition(tx, id, &transition(event).attachment_from_text(), to.as_str(), None)
+                    .await?;
+                settle_volume(tx, &locked, true).await
+            })
+            .await
     }
 
     /// An attachment with the ids of the volume's other live attachments that share its
@@ -469,11 +461,14 @@ impl Service {
         caller: &Caller,
         id: &str,
     ) -> Result<(AttachmentRow, Vec<String>), AttachError> {
-        let row = rows::get(self.store().reader(), id, caller.scope())
-            .await?
-            .ok_or_else(|| attachment_not_found(id))?;
-        let stored =
-            rows::connectors(self.store().reader(), &[id]).await?.remove(id).filter(|c| !c.is_empty());
+        let (row, stored) = self
+            .store()
+            .read(async |tx| {
+                let row = rows::get(tx, id, caller.scope()).await?.ok_or_else(|| attachment_not_found(id))?;
+                let stored = rows::connectors(tx, &[id]).await?.remove(id).filter(|c| !c.is_empty());
+                Ok::<_, AttachError>((row, stored))
+            })
+            .await?;
         let Some(json) = stored else { return Ok((row, Vec::new())) };
         let volume = self.fresh_volume(&row.volume_id).await?;
         let others: Vec<Attachment> = self
@@ -507,18 +502,31 @@ impl Service {
         filter: &AttachmentFilter,
         page: &Page,
     ) -> Result<Vec<AttachmentRow>, AttachError> {
-        let marker = match &page.marker {
-            Some(m) => Some(rows::get(self.store().reader(), m, scope).await?.ok_or_else(|| {
-                AttachError::NotFound(format!("Marker attachment {m} could not be found."))
-            })?),
-            None => None,
-        };
-        Ok(rows::list(self.store().reader(), scope, filter, page, marker.as_ref()).await?)
+        self.store()
+            .read(async |tx| {
+                let marker = match &page.marker {
+                    Some(m) => Some(rows::get(tx, m, scope).await?.ok_or_else(|| {
+                        AttachError::NotFound(format!("Marker attachment {m} could not be found."))
+                    })?),
+                    None => None,
+                };
+                Ok(rows::list(tx, scope, filter, page, marker.as_ref()).await?)
+            })
+            .await
     }
 
     /// The live volume as stored now (after any earlier driver call persisted its update).
     pub(crate) async fn fresh_volume(&self, id: &str) -> Result<VolumeRow, AttachError> {
-        volumes::get(self.store().reader(), id, Scope::All).await?.ok_or_else(|| volume_not_found(id))
+        self.store()
+            .read(async |tx| volumes::get(tx, id, Scope::All).await?.ok_or_else(|| volume_not_found(id)))
+            .await
+    }
+
+    /// An attachment visible to the caller.
+    pub(crate) async fn attachment(&self, caller: &Caller, id: &str) -> Result<AttachmentRow, AttachError> {
+        self.store()
+            .read(async |tx| rows::get(tx, id, caller.scope()).await?.ok_or_else(|| attachment_not_found(id)))
+            .await
     }
 
     /// The error for a refused reserve, naming the volume's current status.
@@ -544,10 +552,6 @@ fn names<T: std::fmt::Display>(items: &[T]) -> String {
     items.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(" or ")
 }
 
-pub(crate) fn mode_text(mode: AccessMode) -> String {
-    mode.as_str().to_string()
-}
-
 /// Derives and writes the volume's status from its live attachments. The volume is locked.
 /// `keep_detaching` keeps a legacy detach lock in place.
 pub(crate) async fn settle_volume(
@@ -555,8 +559,13 @@ pub(crate) async fn settle_volume(
     locked: &VolumeRow,
     keep_detaching: bool,
 ) -> Result<(), AttachError> {
-    let live = rows::of_volume(&mut **tx, &locked.id).await?;
-    let statuses: Vec<AttachStatus> = live.iter().map(attach_status).collect::<Result<_, _>>()?;
+    let statuses: Vec<AttachStatus> = rows::statuses(tx, &locked.id)
+        .await?
+        .iter()
+        .map(|s| {
+            AttachStatus::parse(s).ok_or_else(|| StoreError::Corrupt(format!("attachment status {s:?}")))
+        })
+        .collect::<Result<_, _>>()?;
     let detaching = keep_detaching && volume_status(locked)? == VolumeStatus::Detaching;
     let (status, attach) = settle(&statuses, detaching);
     volumes::set_status(tx, &locked.id, status.as_str(), attach.as_str()).await?;

@@ -82,9 +82,11 @@ impl Service {
     }
 
     async fn volume(&self, caller: &Caller, id: &str) -> Result<VolumeRow, AttachError> {
-        crate::store::volumes::get(self.store.reader(), id, caller.scope())
-            .await?
-            .ok_or_else(|| volume_not_found(id))
+        self.store
+            .read(async |tx| {
+                crate::store::volumes::get(tx, id, caller.scope()).await?.ok_or_else(|| volume_not_found(id))
+            })
+            .await
     }
 }
 

@@ -1,10 +1,10 @@
 //! Volume flows: create and delete go through the driver (`create-volume`, `delete-volume`);
-//! show and list read the store.
+//! show, list and metadata read and write the store.
 
 use std::collections::BTreeMap;
 
 use super::state::{Event, VolumeAttachStatus, VolumeStatus, transition};
-use super::{AttachError, Caller, Service, apply_update, contract_volume};
+use super::{AttachError, Caller, Service, apply_update, contract_volume, volume_not_found};
 use crate::runtime::Call;
 use crate::store::attachments::{self as rows, AttachmentRow};
 use crate::store::volumes::{self, VolumeFilter, VolumeRow};
@@ -67,9 +67,7 @@ impl Service {
             created_at: now,
             updated_at: now,
         };
-        let mut tx = self.store().begin().await?;
-        volumes::insert(&mut tx, &row).await?;
-        tx.commit().await?;
+        self.store().write(async |tx| volumes::insert(tx, &row).await).await?;
 
         let driver = &backend.driver;
         let mut fields = row.driver_fields();
@@ -78,13 +76,17 @@ impl Service {
             Err(e) => Err(e),
         };
         let status = if created.is_ok() { VolumeStatus::Available } else { VolumeStatus::Error };
-        let mut tx = self.store().begin().await?;
-        volumes::lock(&mut tx, &row.id, &[VolumeStatus::Creating.as_str()]).await?;
-        volumes::set_driver_fields(&mut tx, &row.id, &fields).await?;
-        volumes::set_status(&mut tx, &row.id, status.as_str(), VolumeAttachStatus::Detached.as_str()).await?;
-        tx.commit().await?;
+        let created_row = self
+            .store()
+            .write(async |tx| {
+                volumes::lock(tx, &row.id, &[VolumeStatus::Creating.as_str()], Some(&fields)).await?;
+                volumes::set_status(tx, &row.id, status.as_str(), VolumeAttachStatus::Detached.as_str())
+                    .await?;
+                volumes::get(tx, &row.id, Scope::All).await?.ok_or_else(|| volume_not_found(&row.id))
+            })
+            .await?;
         created?;
-        self.fresh_volume(&row.id).await
+        Ok(created_row)
     }
 
     /// Deletes a volume that has no attachments, through its driver. When the driver fails the
@@ -98,46 +100,35 @@ impl Service {
         if force {
             from.extend([VolumeStatus::Creating.as_str(), VolumeStatus::Deleting.as_str()]);
         }
-        let mut tx = self.store().begin().await?;
-        let locked = volumes::lock(&mut tx, id, &from).await?;
-        let live = rows::of_volume(&mut *tx, id).await?;
-        let Some(locked) = locked.filter(|_| live.is_empty()) else {
-            return Err(AttachError::InvalidVolume(format!(
-                "Volume status must be {} and must not be attached, but the volume {id} is {}.",
-                t.volume_from(false).iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" or "),
-                volume.status
-            )));
-        };
-        volumes::set_status(
-            &mut tx,
-            id,
-            VolumeStatus::Deleting.as_str(),
-            VolumeAttachStatus::Detached.as_str(),
-        )
-        .await?;
-        tx.commit().await?;
+        let locked = self
+            .store()
+            .write(async |tx| {
+                let locked = volumes::lock(tx, id, &from, None).await?;
+                let attached = !rows::statuses(tx, id).await?.is_empty();
+                let Some(locked) = locked.filter(|_| !attached) else {
+                    return Err(AttachError::InvalidVolume(format!(
+                        "Volume status must be {} and must not be attached, but the volume {id} is {}.",
+                        t.volume_from(false).iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" or "),
+                        volume.status
+                    )));
+                };
+                let detached = VolumeAttachStatus::Detached.as_str();
+                volumes::set_status(tx, id, VolumeStatus::Deleting.as_str(), detached).await?;
+                Ok(locked)
+            })
+            .await?;
 
-        let driver = self.driver(&locked)?;
-        match driver.delete_volume(&contract_volume(&locked)).await {
-            Ok(()) => {
-                let mut tx = self.store().begin().await?;
-                volumes::soft_delete(&mut tx, id).await?;
-                tx.commit().await?;
-                Ok(())
-            }
-            Err(e) => {
-                let mut tx = self.store().begin().await?;
-                volumes::set_status(
-                    &mut tx,
-                    id,
-                    VolumeStatus::ErrorDeleting.as_str(),
-                    VolumeAttachStatus::Detached.as_str(),
-                )
-                .await?;
-                tx.commit().await?;
-                Err(e.into())
-            }
-        }
+        let deleted = self.driver(&locked)?.delete_volume(&contract_volume(&locked)).await;
+        self.store()
+            .write(async |tx| match &deleted {
+                Ok(()) => volumes::soft_delete(tx, id).await.map(|_| ()),
+                Err(_) => {
+                    let error = VolumeStatus::ErrorDeleting.as_str();
+                    volumes::set_status(tx, id, error, VolumeAttachStatus::Detached.as_str()).await
+                }
+            })
+            .await?;
+        Ok(deleted?)
     }
 
     /// A volume with its live attachments.
@@ -146,9 +137,14 @@ impl Service {
         caller: &Caller,
         id: &str,
     ) -> Result<(VolumeRow, Vec<AttachmentRow>), AttachError> {
-        let volume = self.volume(caller, id).await?;
-        let attachments = rows::of_volume(self.store().reader(), id).await?;
-        Ok((volume, attachments))
+        self.store()
+            .read(async |tx| {
+                let volume =
+                    volumes::get(tx, id, caller.scope()).await?.ok_or_else(|| volume_not_found(id))?;
+                let attachments = rows::of_volume(tx, id).await?;
+                Ok((volume, attachments))
+            })
+            .await
     }
 
     /// Volumes with their live attachments.
@@ -158,23 +154,27 @@ impl Service {
         filter: &VolumeFilter,
         page: &Page,
     ) -> Result<Vec<(VolumeRow, Vec<AttachmentRow>)>, AttachError> {
-        let marker =
-            match &page.marker {
-                Some(m) => Some(volumes::get(self.store().reader(), m, scope).await?.ok_or_else(|| {
-                    AttachError::NotFound(format!("Marker volume {m} could not be found."))
-                })?),
-                None => None,
-            };
-        let list = volumes::list(self.store().reader(), scope, filter, page, marker.as_ref()).await?;
-        let ids: Vec<String> = list.iter().map(|v| v.id.clone()).collect();
-        let mut attachments = rows::of_volumes(self.store().reader(), &ids).await?;
-        Ok(list
-            .into_iter()
-            .map(|v| {
-                let mine: Vec<AttachmentRow> = attachments.extract_if(.., |a| a.volume_id == v.id).collect();
-                (v, mine)
+        self.store()
+            .read(async |tx| {
+                let marker = match &page.marker {
+                    Some(m) => Some(volumes::get(tx, m, scope).await?.ok_or_else(|| {
+                        AttachError::NotFound(format!("Marker volume {m} could not be found."))
+                    })?),
+                    None => None,
+                };
+                let list = volumes::list(tx, scope, filter, page, marker.as_ref()).await?;
+                let ids: Vec<String> = list.iter().map(|v| v.id.clone()).collect();
+                let mut attachments = rows::of_volumes(tx, &ids).await?;
+                Ok(list
+                    .into_iter()
+                    .map(|v| {
+                        let mine: Vec<AttachmentRow> =
+                            attachments.extract_if(.., |a| a.volume_id == v.id).collect();
+                        (v, mine)
+                    })
+                    .collect())
             })
-            .collect())
+            .await
     }
 
     /// Changes a volume's user metadata: merges `changes` (or replaces everything with them when
@@ -187,7 +187,6 @@ impl Service {
         replace: bool,
         remove: Option<&str>,
     ) -> Result<BTreeMap<String, String>, AttachError> {
-        self.volume(caller, id).await?;
         if let Some(key) = changes.keys().find(|k| k.is_empty() || k.len() > 255) {
             return Err(AttachError::InvalidInput(format!(
                 "metadata key {key:?} must be 1 to 255 characters"
@@ -199,29 +198,34 @@ impl Service {
                 value.len()
             )));
         }
-        let mut tx = self.store().begin().await?;
-        let locked = volumes::lock(&mut tx, id, &[]).await?.ok_or_else(|| super::volume_not_found(id))?;
-        let mut metadata: BTreeMap<String, String> =
-            serde_json::from_str(&locked.metadata).unwrap_or_default();
-        if replace {
-            metadata.clear();
-        }
-        metadata.extend(changes);
-        if let Some(key) = remove
-            && metadata.remove(key).is_none()
-        {
-            return Err(AttachError::NotFound(format!("Metadata item was not found: {key}")));
-        }
-        if metadata.len() > 128 {
-            return Err(AttachError::InvalidInput("a volume may have at most 128 metadata items".into()));
-        }
-        volumes::set_metadata(&mut tx, id, &serde_json::to_string(&metadata).expect("strings serialise"))
-            .await?;
-        tx.commit().await?;
-        Ok(metadata)
+        self.store()
+            .write(async |tx| {
+                volumes::get(tx, id, caller.scope()).await?.ok_or_else(|| volume_not_found(id))?;
+                let locked = volumes::lock(tx, id, &[], None).await?.ok_or_else(|| volume_not_found(id))?;
+                let mut metadata: BTreeMap<String, String> =
+                    serde_json::from_str(&locked.metadata).unwrap_or_default();
+                if replace {
+                    metadata.clear();
+                }
+                metadata.extend(changes);
+                if let Some(key) = remove
+                    && metadata.remove(key).is_none()
+                {
+                    return Err(AttachError::NotFound(format!("Metadata item was not found: {key}")));
+                }
+                if metadata.len() > 128 {
+                    return Err(AttachError::InvalidInput(
+                        "a volume may have at most 128 metadata items".into(),
+                    ));
+                }
+                let text = serde_json::to_string(&metadata).expect("a map of strings serialises");
+                volumes::set_metadata(tx, id, &text).await?;
+                Ok(metadata)
+            })
+            .await
     }
 
     pub async fn count_volumes(&self, scope: Scope<'_>, filter: &VolumeFilter) -> Result<i64, AttachError> {
-        Ok(volumes::count(self.store().reader(), scope, filter).await?)
+        Ok(self.store().read(async |tx| volumes::count(tx, scope, filter).await).await?)
     }
 }

@@ -3,11 +3,11 @@
 use std::collections::HashMap;
 
 use serde_json::{Map, Value as Json};
-use sqlx::any::AnyRow;
-use sqlx::{Any, AnyConnection, Executor, FromRow, Row};
 
-use super::volumes::{Arg, keyset, paginate};
+use super::sql::{Param, Row, Tx};
+use super::volumes::Query;
 use super::{Page, Scope, StoreError, now_micros, placeholders};
+use crate::params;
 
 const COLUMNS: &str = "id, volume_id, project_id, instance_uuid, attached_host, mountpoint, attach_mode, \
      attach_status, exclusive, connection_info, attach_time, detach_time, created_at, updated_at";
@@ -33,89 +33,93 @@ pub struct AttachmentRow {
     pub updated_at: i64,
 }
 
-impl<'r> FromRow<'r, AnyRow> for AttachmentRow {
-    fn from_row(row: &'r AnyRow) -> Result<Self, sqlx::Error> {
+impl AttachmentRow {
+    fn from_row(r: &Row) -> Result<Self, StoreError> {
         Ok(AttachmentRow {
-            id: row.try_get("id")?,
-            volume_id: row.try_get("volume_id")?,
-            project_id: row.try_get("project_id")?,
-            instance_uuid: row.try_get("instance_uuid")?,
-            attached_host: row.try_get("attached_host")?,
-            mountpoint: row.try_get("mountpoint")?,
-            attach_mode: row.try_get("attach_mode")?,
-            attach_status: row.try_get("attach_status")?,
-            exclusive: row.try_get::<i64, _>("exclusive")? != 0,
-            connection_info: row.try_get("connection_info")?,
-            attach_time: row.try_get("attach_time")?,
-            detach_time: row.try_get("detach_time")?,
-            created_at: row.try_get("created_at")?,
-            updated_at: row.try_get("updated_at")?,
+            id: r.text(0)?,
+            volume_id: r.text(1)?,
+            project_id: r.text(2)?,
+            instance_uuid: r.opt_text(3)?,
+            attached_host: r.opt_text(4)?,
+            mountpoint: r.opt_text(5)?,
+            attach_mode: r.opt_text(6)?,
+            attach_status: r.text(7)?,
+            exclusive: r.flag(8)?,
+            connection_info: r.opt_text(9)?,
+            attach_time: r.opt_int(10)?,
+            detach_time: r.opt_int(11)?,
+            created_at: r.int(12)?,
+            updated_at: r.int(13)?,
         })
     }
 }
 
-pub async fn insert(conn: &mut AnyConnection, a: &AttachmentRow) -> Result<(), StoreError> {
-    sqlx::query(&format!(
-        "INSERT INTO volume_attachment ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
-         $13, $14)"
-    ))
-    .bind(&a.id)
-    .bind(&a.volume_id)
-    .bind(&a.project_id)
-    .bind(&a.instance_uuid)
-    .bind(&a.attached_host)
-    .bind(&a.mountpoint)
-    .bind(&a.attach_mode)
-    .bind(&a.attach_status)
-    .bind(a.exclusive as i64)
-    .bind(&a.connection_info)
-    .bind(a.attach_time)
-    .bind(a.detach_time)
-    .bind(a.created_at)
-    .bind(a.updated_at)
-    .execute(conn)
-    .await
-    .map_err(StoreError::from_db)?;
+fn rows(rows: Vec<Row>) -> Result<Vec<AttachmentRow>, StoreError> {
+    rows.iter().map(AttachmentRow::from_row).collect()
+}
+
+pub async fn insert(tx: &mut Tx, a: &AttachmentRow) -> Result<(), StoreError> {
+    tx.execute(
+        &format!(
+            "INSERT INTO volume_attachment ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+             $13, $14)"
+        ),
+        &params![
+            &a.id,
+            &a.volume_id,
+            &a.project_id,
+            &a.instance_uuid,
+            &a.attached_host,
+            &a.mountpoint,
+            &a.attach_mode,
+            &a.attach_status,
+            a.exclusive,
+            &a.connection_info,
+            a.attach_time,
+            a.detach_time,
+            a.created_at,
+            a.updated_at,
+        ],
+    ).await?;
     Ok(())
 }
 
 /// A live attachment visible in `scope`.
-pub async fn get<'e>(
-    e: impl Executor<'e, Database = Any>,
-    id: &str,
-    scope: Scope<'_>,
-) -> Result<Option<AttachmentRow>, StoreError> {
-    let q = match scope {
-        Scope::Project(_) => {
-            format!(
-                "SELECT {COLUMNS} FROM volume_attachment WHERE id = $1 AND deleted = 0 AND project_id = $2"
-            )
+pub async fn get(tx: &mut Tx, id: &str, scope: Scope<'_>) -> Result<Option<AttachmentRow>, StoreError> {
+    let found = match scope {
+        Scope::Project(p) => tx.query(
+            &format!("SELECT {COLUMNS} FROM volume_attachment WHERE id = $1 AND deleted = 0 AND project_id = $2"),
+            &params![id, p],
+        ).await?,
+        Scope::All => {
+            tx.query(&format!("SELECT {COLUMNS} FROM volume_attachment WHERE id = $1 AND deleted = 0"), &params![id]).await?
         }
-        Scope::All => format!("SELECT {COLUMNS} FROM volume_attachment WHERE id = $1 AND deleted = 0"),
     };
-    let mut query = sqlx::query_as::<_, AttachmentRow>(&q).bind(id);
-    if let Scope::Project(p) = scope {
-        query = query.bind(p);
-    }
-    Ok(query.fetch_optional(e).await?)
+    Ok(rows(found)?.pop())
 }
 
 /// The live attachments of a volume, oldest first.
-pub async fn of_volume<'e>(
-    e: impl Executor<'e, Database = Any>,
-    volume_id: &str,
-) -> Result<Vec<AttachmentRow>, StoreError> {
-    let q = format!(
-        "SELECT {COLUMNS} FROM volume_attachment WHERE volume_id = $1 AND deleted = 0 ORDER BY created_at, id"
-    );
-    Ok(sqlx::query_as::<_, AttachmentRow>(&q).bind(volume_id).fetch_all(e).await?)
+pub async fn of_volume(tx: &mut Tx, volume_id: &str) -> Result<Vec<AttachmentRow>, StoreError> {
+    rows(tx.query(
+        &format!("SELECT {COLUMNS} FROM volume_attachment WHERE volume_id = $1 AND deleted = 0 ORDER BY created_at, id"),
+        &params![volume_id],
+    ).await?)
+}
+
+/// The statuses of a volume's live attachments.
+pub async fn statuses(tx: &mut Tx, volume_id: &str) -> Result<Vec<String>, StoreError> {
+    tx.query(
+        "SELECT attach_status FROM volume_attachment WHERE volume_id = $1 AND deleted = 0",
+        &params![volume_id],
+    )
+    .await?
+    .iter()
+    .map(|r| r.text(0))
+    .collect()
 }
 
 /// The live attachments of several volumes (for volume lists).
-pub async fn of_volumes<'e>(
-    e: impl Executor<'e, Database = Any>,
-    volume_ids: &[String],
-) -> Result<Vec<AttachmentRow>, StoreError> {
+pub async fn of_volumes(tx: &mut Tx, volume_ids: &[String]) -> Result<Vec<AttachmentRow>, StoreError> {
     if volume_ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -123,11 +127,8 @@ pub async fn of_volumes<'e>(
         "SELECT {COLUMNS} FROM volume_attachment WHERE volume_id IN ({}) AND deleted = 0 ORDER BY created_at, id",
         placeholders(1, volume_ids.len())
     );
-    let mut query = sqlx::query_as::<_, AttachmentRow>(&q);
-    for id in volume_ids {
-        query = query.bind(id);
-    }
-    Ok(query.fetch_all(e).await?)
+    let params: Vec<Param> = volume_ids.iter().map(Param::from).collect();
+    rows(tx.query(&q, &params).await?)
 }
 
 /// What a connect writes on an attachment.
@@ -142,81 +143,68 @@ pub struct Connected {
 /// Moves a live attachment whose status is one of `from` to `to`, with the connect fields when
 /// given. Returns whether it moved.
 pub async fn transition(
-    conn: &mut AnyConnection,
+    tx: &mut Tx,
     id: &str,
     from: &[&str],
     to: &str,
     connected: Option<&Connected>,
 ) -> Result<bool, StoreError> {
-    let now = now_micros();
-    let (set, first) = match connected {
-        Some(_) => (
-            ", connection_info = $4, attach_mode = $5, attached_host = $6, mountpoint = $7, attach_time = $3",
-            8,
-        ),
-        None => ("", 4),
+    let mut params: Vec<Param> = Vec::from(params![id, to, now_micros()]);
+    let set = match connected {
+        Some(c) => {
+            params.extend(params![&c.connection_info, &c.attach_mode, &c.attached_host, &c.mountpoint]);
+            ", connection_info = $4, attach_mode = $5, attached_host = $6, mountpoint = $7, attach_time = $3"
+        }
+        None => "",
     };
     let q = format!(
         "UPDATE volume_attachment SET attach_status = $2, updated_at = $3{set} \
          WHERE id = $1 AND deleted = 0 AND attach_status IN ({})",
-        placeholders(first, from.len())
+        placeholders(params.len() + 1, from.len())
     );
-    let mut query = sqlx::query(&q).bind(id).bind(to).bind(now);
-    if let Some(c) = connected {
-        query =
-            query.bind(&c.connection_info).bind(&c.attach_mode).bind(&c.attached_host).bind(&c.mountpoint);
-    }
-    for s in from {
-        query = query.bind(*s);
-    }
-    Ok(query.execute(conn).await?.rows_affected() == 1)
+    params.extend(from.iter().map(|s| Param::from(*s)));
+    Ok(tx.execute(&q, &params).await? == 1)
 }
 
 /// Deletes an attachment (soft, as Cinder does) and its connector.
-pub async fn soft_delete(conn: &mut AnyConnection, id: &str) -> Result<bool, StoreError> {
-    let now = now_micros();
-    let done = sqlx::query(
-        "UPDATE volume_attachment SET deleted = 1, deleted_at = $2, detach_time = $2, updated_at = $2, \
+pub async fn soft_delete(tx: &mut Tx, id: &str) -> Result<bool, StoreError> {
+    let changed = tx
+        .execute(
+            "UPDATE volume_attachment SET deleted = 1, deleted_at = $2, detach_time = $2, updated_at = $2, \
          attach_status = 'detached' WHERE id = $1 AND deleted = 0",
-    )
-    .bind(id)
-    .bind(now)
-    .execute(&mut *conn)
-    .await?;
-    if done.rows_affected() == 1 {
-        sqlx::query("DELETE FROM attachment_specs WHERE attachment_id = $1").bind(id).execute(conn).await?;
+            &params![id, now_micros()],
+        )
+        .await?;
+    if changed == 1 {
+        tx.execute("DELETE FROM attachment_specs WHERE attachment_id = $1", &params![id]).await?;
     }
-    Ok(done.rows_affected() == 1)
+    Ok(changed == 1)
 }
 
 /// Replaces the stored connector of an attachment: one row per key, the value as JSON text.
 pub async fn put_connector(
-    conn: &mut AnyConnection,
+    tx: &mut Tx,
     attachment_id: &str,
     connector: &Map<String, Json>,
 ) -> Result<(), StoreError> {
-    sqlx::query("DELETE FROM attachment_specs WHERE attachment_id = $1")
-        .bind(attachment_id)
-        .execute(&mut *conn)
-        .await?;
+    tx.execute("DELETE FROM attachment_specs WHERE attachment_id = $1", &params![attachment_id]).await?;
     if connector.is_empty() {
         return Ok(());
     }
-    let rows = placeholders(1, connector.len() * 3);
-    let rows: Vec<String> =
-        rows.split(", ").collect::<Vec<_>>().chunks(3).map(|c| format!("({})", c.join(", "))).collect();
-    let q = format!("INSERT INTO attachment_specs (attachment_id, key, value) VALUES {}", rows.join(", "));
-    let mut query = sqlx::query(&q);
+    let values: Vec<String> =
+        (0..connector.len()).map(|i| format!("($1, ${}, ${})", 2 * i + 2, 2 * i + 3)).collect();
+    let q = format!("INSERT INTO attachment_specs (attachment_id, key, value) VALUES {}", values.join(", "));
+    let mut params: Vec<Param> = Vec::from(params![attachment_id]);
     for (key, value) in connector {
-        query = query.bind(attachment_id).bind(key).bind(value.to_string());
+        params.extend(params![key, value.to_string()]);
     }
-    query.execute(conn).await?;
+    tx.execute(&q, &params).await?;
     Ok(())
 }
 
 /// The stored connectors of attachments (absent when an attachment has none).
-pub async fn connectors<'e>(
-    e: impl Executor<'e, Database = Any>,
+pub async fn connectors(
+    tx: &mut Tx,
     attachment_ids: &[&str],
 ) -> Result<HashMap<String, Map<String, Json>>, StoreError> {
     if attachment_ids.is_empty() {
@@ -226,13 +214,10 @@ pub async fn connectors<'e>(
         "SELECT attachment_id, key, value FROM attachment_specs WHERE attachment_id IN ({})",
         placeholders(1, attachment_ids.len())
     );
-    let mut query = sqlx::query(&q);
-    for id in attachment_ids {
-        query = query.bind(*id);
-    }
+    let params: Vec<Param> = attachment_ids.iter().map(|id| Param::from(*id)).collect();
     let mut out: HashMap<String, Map<String, Json>> = HashMap::new();
-    for row in query.fetch_all(e).await? {
-        let (id, key, value): (String, String, String) = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+    for row in tx.query(&q, &params).await? {
+        let (id, key, value) = (row.text(0)?, row.text(1)?, row.text(2)?);
         let value: Json = serde_json::from_str(&value)
             .map_err(|e| StoreError::Corrupt(format!("attachment_specs {id}/{key}: {e}")))?;
         out.entry(id).or_default().insert(key, value);
@@ -262,58 +247,39 @@ pub const SORT_KEYS: &[&str] = &[
 ];
 
 /// Live attachments visible in `scope`, filtered and paged.
-pub async fn list<'e>(
-    e: impl Executor<'e, Database = Any>,
+pub async fn list(
+    tx: &mut Tx,
     scope: Scope<'_>,
     filter: &AttachmentFilter,
     page: &Page,
     marker: Option<&AttachmentRow>,
 ) -> Result<Vec<AttachmentRow>, StoreError> {
-    let mut sql = format!("SELECT {COLUMNS} FROM volume_attachment WHERE deleted = 0");
-    let mut args: Vec<Arg> = Vec::new();
-    let mut push = |sql: &mut String, clause: &str, arg: Arg| {
-        args.push(arg);
-        sql.push_str(&clause.replace('?', &format!("${}", args.len())));
-    };
+    let mut q = Query::new(&format!("SELECT {COLUMNS} FROM volume_attachment WHERE deleted = 0"));
     if let Scope::Project(p) = scope {
-        push(&mut sql, " AND project_id = ?", Arg::Text(p.to_string()));
+        q.and("project_id = ?", p);
     }
     if let Some(v) = &filter.volume_id {
-        push(&mut sql, " AND volume_id = ?", Arg::Text(v.clone()));
+        q.and("volume_id = ?", v);
     }
     if let Some(v) = &filter.instance_uuid {
-        push(&mut sql, " AND instance_uuid = ?", Arg::Text(v.clone()));
+        q.and("instance_uuid = ?", v);
     }
     if let Some(v) = &filter.attach_status {
-        push(&mut sql, " AND attach_status = ?", Arg::Text(v.clone()));
+        q.and("attach_status = ?", v);
     }
     let marker = marker.map(|m| {
         vec![
-            ("created_at".to_string(), Arg::Int(m.created_at)),
-            ("updated_at".to_string(), Arg::Int(m.updated_at)),
-            ("id".to_string(), Arg::Text(m.id.clone())),
-            ("volume_id".to_string(), Arg::Text(m.volume_id.clone())),
-            ("instance_uuid".to_string(), Arg::Text(m.instance_uuid.clone().unwrap_or_default())),
-            ("attach_status".to_string(), Arg::Text(m.attach_status.clone())),
-            ("attach_mode".to_string(), Arg::Text(m.attach_mode.clone().unwrap_or_default())),
-            ("attach_time".to_string(), Arg::Int(m.attach_time.unwrap_or(0))),
-            ("detach_time".to_string(), Arg::Int(m.detach_time.unwrap_or(0))),
+            ("created_at", Param::from(m.created_at)),
+            ("updated_at", Param::from(m.updated_at)),
+            ("id", Param::from(&m.id)),
+            ("volume_id", Param::from(&m.volume_id)),
+            ("instance_uuid", Param::from(m.instance_uuid.clone().unwrap_or_default())),
+            ("attach_status", Param::from(&m.attach_status)),
+            ("attach_mode", Param::from(m.attach_mode.clone().unwrap_or_default())),
+            ("attach_time", Param::from(m.attach_time.unwrap_or(0))),
+            ("detach_time", Param::from(m.detach_time.unwrap_or(0))),
         ]
     });
-    let (order, after) = keyset(page, marker);
-    if let Some((clause, values)) = after {
-        let mut c = clause;
-        for v in values {
-            args.push(v);
-            c = c.replacen('?', &format!("${}", args.len()), 1);
-        }
-        sql.push_str(&c);
-    }
-    sql.push_str(&order);
-    paginate(&mut sql, page);
-    let mut query = sqlx::query_as::<_, AttachmentRow>(&sql);
-    for a in args {
-        query = a.bind(query);
-    }
-    Ok(query.fetch_all(e).await?)
+    q.page(page, marker);
+    rows(tx.query(&q.sql, &q.params).await?)
 }

@@ -1,24 +1,31 @@
-//! The store: all SQL, one file per table. SQLite (embedded default) and PostgreSQL run the same
-//! statements through sqlx's `Any` driver. Every state change is a conditional update whose
-//! `WHERE` comes from the state machine's transition table; a partial unique index backs it up.
-//! Nothing here knows HTTP or which transitions are legal.
+//! The store: all SQL, one file per table. SQLite (the embedded default) and PostgreSQL run the
+//! same statements. Every state change is a conditional update whose `WHERE` comes from the state
+//! machine's transition table; a partial unique index backs it up. Nothing here knows HTTP or
+//! which transitions are legal.
 //!
-//! Concurrency: a write transaction first updates the volume row it concerns (which locks it in
-//! PostgreSQL); statements after that see every change committed by earlier writers of the same
-//! volume, so a status derived from the attachments inside the transaction is never stale. On
-//! SQLite all writes go through one connection, so writers never see `SQLITE_BUSY`.
+//! A transaction is a closure over [`sql::Sql`] ([`Store::write`], [`Store::read`]) that runs in
+//! one go (see `sql.rs` for why). A write transaction first updates the volume row it concerns,
+//! which locks it in PostgreSQL: statements after that see every change committed by earlier
+//! writers of the same volume, so a status derived from the attachments inside the transaction is
+//! never stale. SQLite has one writer connection, so writers queue instead of failing with
+//! `SQLITE_BUSY`, and runs in WAL mode with `synchronous=FULL` by default.
 
 pub mod attachments;
+pub mod sql;
 pub mod volumes;
 
+use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
-use sqlx::{Any, AnyPool, Executor};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use tokio::sync::Mutex;
 
-/// A write transaction.
-pub type Tx = sqlx::Transaction<'static, Any>;
+use sql::{SqliteConn, Tx};
 
 /// Which database the store runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,116 +63,177 @@ pub enum StoreError {
     Constraint(String),
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
+    #[error("database error: {0}")]
+    Sqlite(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// A statement on a transaction that was already committed (a bug).
+    #[error("the transaction is finished")]
+    Finished,
 }
 
+/// The named constraints that map to client errors.
+const CONSTRAINTS: &[&str] = &["one_live_attachment_per_exclusive_volume"];
+
 impl StoreError {
-    /// Maps a unique/foreign-key violation to [`StoreError::Constraint`].
+    /// Maps a unique-constraint violation to [`StoreError::Constraint`].
     pub(crate) fn from_db(e: sqlx::Error) -> StoreError {
-        if let sqlx::Error::Database(db) = &e {
-            let message = db.message();
-            for name in ["one_live_attachment_per_exclusive_volume"] {
-                if db.constraint() == Some(name) || message.contains(name) {
-                    return StoreError::Constraint(name.to_string());
-                }
-            }
-            // SQLite names the columns, not the index.
-            if message.contains("UNIQUE constraint failed: volume_attachment.volume_id") {
-                return StoreError::Constraint("one_live_attachment_per_exclusive_volume".into());
-            }
+        if let sqlx::Error::Database(db) = &e
+            && let Some(c) =
+                CONSTRAINTS.iter().find(|c| db.constraint() == Some(**c) || db.message().contains(**c))
+        {
+            return StoreError::Constraint(c.to_string());
         }
         StoreError::Db(e)
     }
+
+    /// The same for SQLite's messages, which name the columns, not the index.
+    pub(crate) fn from_message(message: String) -> StoreError {
+        if message.contains("UNIQUE constraint failed: volume_attachment.volume_id") {
+            return StoreError::Constraint(CONSTRAINTS[0].to_string());
+        }
+        StoreError::Sqlite(message)
+    }
+
+    /// Whether the database was unreachable or busy (a 503, not a bug).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)) => true,
+            StoreError::Sqlite(m) => m.contains("database is locked") || m.contains("disk I/O error"),
+            _ => false,
+        }
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::from_message(e.to_string())
+    }
+}
+
+enum Db {
+    Sqlite { writer: Arc<Mutex<SqliteConn>>, readers: Vec<Arc<Mutex<SqliteConn>>>, next: AtomicUsize },
+    Postgres(PgPool),
 }
 
 /// The database.
 #[derive(Clone)]
 pub struct Store {
-    write: AnyPool,
-    read: AnyPool,
-    kind: DbKind,
+    db: Arc<Db>,
+    commits: Arc<AtomicU64>,
 }
 
 impl Store {
     /// Opens (creating if needed) the database at `url` (`sqlite://path` or `postgres://...`)
     /// and applies pending migrations.
     pub async fn open(url: &str, options: &StoreOptions) -> Result<Store, StoreError> {
-        sqlx::any::install_default_drivers();
-        let kind = if url.starts_with("sqlite:") {
-            DbKind::Sqlite
+        let db = if url.starts_with("sqlite:") {
+            // sqlx creates the file and runs the migrations; the store's own connections follow.
+            let connect = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal);
+            let path = PathBuf::from(connect.get_filename());
+            let pool = SqlitePoolOptions::new().max_connections(1).connect_with(connect).await?;
+            sqlx::migrate!("../migrations").run(&pool).await.map_err(|e| StoreError::Db(e.into()))?;
+            pool.close().await;
+            let synchronous = match options.synchronous {
+                Synchronous::Full => "FULL",
+                Synchronous::Normal => "NORMAL",
+            };
+            let open = || -> Result<Arc<Mutex<SqliteConn>>, StoreError> {
+                let conn = rusqlite::Connection::open(&path)?;
+                conn.execute_batch(&format!(
+                    "PRAGMA journal_mode = WAL; PRAGMA synchronous = {synchronous}; PRAGMA foreign_keys = ON;"
+                ))?;
+                conn.busy_timeout(Duration::from_secs(10))?;
+                conn.set_prepared_statement_cache_capacity(128);
+                Ok(Arc::new(Mutex::new(SqliteConn(conn))))
+            };
+            let writer = open()?;
+            let readers =
+                (0..options.max_connections.clamp(1, 8)).map(|_| open()).collect::<Result<_, _>>()?;
+            Db::Sqlite { writer, readers, next: AtomicUsize::new(0) }
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            DbKind::Postgres
+            let pool = PgPoolOptions::new()
+                .max_connections(options.max_connections.max(2))
+                .acquire_timeout(Duration::from_secs(30))
+                .connect(url)
+                .await?;
+            sqlx::migrate!("../migrations").run(&pool).await.map_err(|e| StoreError::Db(e.into()))?;
+            Db::Postgres(pool)
         } else {
             return Err(StoreError::Db(sqlx::Error::Configuration(
                 format!("unsupported database URL (use sqlite:// or postgres://): {}", redact_url(url))
                     .into(),
             )));
         };
-        let store = match kind {
-            DbKind::Sqlite => {
-                let url = if url.contains('?') { url.to_string() } else { format!("{url}?mode=rwc") };
-                let connect = AnyConnectOptions::from_str(&url)?;
-                let synchronous = match options.synchronous {
-                    Synchronous::Full => "FULL",
-                    Synchronous::Normal => "NORMAL",
-                };
-                let pragmas = format!(
-                    "PRAGMA journal_mode = WAL; PRAGMA synchronous = {synchronous}; \
-                     PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 10000;"
-                );
-                let pool = |max: u32, pragmas: String| {
-                    AnyPoolOptions::new()
-                        .max_connections(max)
-                        .min_connections(1)
-                        .acquire_timeout(Duration::from_secs(30))
-                        .after_connect(move |conn, _meta| {
-                            let pragmas = pragmas.clone();
-                            Box::pin(async move {
-                                conn.execute(pragmas.as_str()).await?;
-                                Ok(())
-                            })
-                        })
-                        .connect_with(connect.clone())
-                };
-                let write = pool(1, pragmas.clone()).await?;
-                let read = pool(options.max_connections.max(1), pragmas).await?;
-                Store { write, read, kind }
-            }
-            DbKind::Postgres => {
-                let pool = AnyPoolOptions::new()
-                    .max_connections(options.max_connections.max(2))
-                    .acquire_timeout(Duration::from_secs(30))
-                    .connect(url)
-                    .await?;
-                Store { write: pool.clone(), read: pool, kind }
-            }
-        };
-        sqlx::migrate!("../migrations").run(&store.write).await.map_err(|e| StoreError::Db(e.into()))?;
-        Ok(store)
+        Ok(Store { db: Arc::new(db), commits: Arc::default() })
     }
 
     pub fn kind(&self) -> DbKind {
-        self.kind
+        match *self.db {
+            Db::Sqlite { .. } => DbKind::Sqlite,
+            Db::Postgres(_) => DbKind::Postgres,
+        }
     }
 
-    /// Starts a write transaction.
-    pub async fn begin(&self) -> Result<Tx, StoreError> {
-        let statement = match self.kind {
-            DbKind::Sqlite => "BEGIN IMMEDIATE",
-            DbKind::Postgres => "BEGIN",
-        };
-        Ok(self.write.begin_with(statement).await?)
+    /// Runs `f` as one write transaction: committed when it returns `Ok`, rolled back otherwise.
+    /// SQLite writers queue for the one writer connection.
+    pub async fn write<T, E>(&self, f: impl AsyncFnOnce(&mut Tx) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let mut tx = self.begin(true).await.map_err(E::from)?;
+        let value = f(&mut tx).await?;
+        tx.commit().await.map_err(E::from)?;
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(value)
     }
 
-    /// The pool for reads outside transactions.
-    pub fn reader(&self) -> &AnyPool {
-        &self.read
+    /// Runs `f` as one read-only transaction (a consistent snapshot).
+    pub async fn read<T, E>(&self, f: impl AsyncFnOnce(&mut Tx) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let mut tx = self.begin(false).await.map_err(E::from)?;
+        let value = f(&mut tx).await?;
+        tx.commit().await.map_err(E::from)?;
+        Ok(value)
+    }
+
+    async fn begin(&self, write: bool) -> Result<Tx, StoreError> {
+        match &*self.db {
+            Db::Sqlite { writer, readers, next } => {
+                let conn = if write {
+                    writer.clone().lock_owned().await
+                } else {
+                    // A free reader if there is one, else wait for the next in turn.
+                    let start = next.fetch_add(1, Ordering::Relaxed);
+                    let free = (0..readers.len())
+                        .find_map(|i| readers[(start + i) % readers.len()].clone().try_lock_owned().ok());
+                    match free {
+                        Some(conn) => conn,
+                        None => readers[start % readers.len()].clone().lock_owned().await,
+                    }
+                };
+                Tx::sqlite(conn, write)
+            }
+            Db::Postgres(pool) => {
+                let tx = if write { pool.begin().await } else { pool.begin_with("BEGIN READ ONLY").await };
+                Ok(Tx::postgres(tx.map_err(StoreError::from_db)?))
+            }
+        }
+    }
+
+    /// Write transactions committed since the store was opened (each is one durable commit).
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
     }
 
     pub async fn close(&self) {
-        self.write.close().await;
-        self.read.close().await;
+        if let Db::Postgres(pool) = &*self.db {
+            pool.close().await;
+        }
     }
 }
 
@@ -224,5 +292,46 @@ mod tests {
     #[test]
     fn placeholders_count_from_the_first() {
         assert_eq!(placeholders(3, 3), "$3, $4, $5");
+    }
+
+    #[tokio::test]
+    async fn a_failed_transaction_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("sqlite://{}/t.db", dir.path().display()), &StoreOptions::default())
+            .await
+            .unwrap();
+        let insert = "INSERT INTO volumes (id, project_id, user_id, size_gib, volume_type, backend, multiattach, \
+                      status, attach_status, driver_data, metadata, created_at, updated_at) \
+                      VALUES ('v', 'p', 'u', 1, 't', 'b', 0, 'available', 'detached', '{}', '{}', 0, 0)";
+        let failed: Result<(), StoreError> = store
+            .write(async |tx| {
+                assert_eq!(tx.execute(insert, &[]).await?, 1);
+                Err(StoreError::Corrupt("abandon".into()))
+            })
+            .await;
+        assert!(failed.is_err());
+        let count: i64 = store
+            .read(async |tx| tx.query("SELECT COUNT(*) FROM volumes", &[]).await?[0].int(0))
+            .await
+            .unwrap();
+        assert_eq!(count, 0);
+        assert_eq!(store.commits(), 0);
+    }
+
+    #[tokio::test]
+    async fn parameters_bind_by_number_whatever_their_order_in_the_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("sqlite://{}/t.db", dir.path().display()), &StoreOptions::default())
+            .await
+            .unwrap();
+        let row = store
+            .read(async |tx| tx.query("SELECT $2, $1, $2", &crate::params!["one", 2i64]).await)
+            .await
+            .unwrap()
+            .remove(0);
+        assert_eq!(
+            (row.int(0).unwrap(), row.text(1).unwrap(), row.int(2).unwrap()),
+            (2, "one".to_string(), 2)
+        );
     }
 }
