@@ -49,6 +49,11 @@ pub mod contract {
     }
 }
 
+/// Instance slots whose memory is returned to the kernel together. Until its batch is flushed a
+/// slot's touched memory stays resident, so finished calls hold at most `DECOMMIT_BATCH` times a
+/// driver's memory limit (16 x 64 MiB by default, whatever the drivers do).
+pub const DECOMMIT_BATCH: u32 = 16;
+
 /// How to build a runtime.
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
@@ -95,6 +100,11 @@ impl Runtime {
         config.consume_fuel(options.fuel);
         config.max_wasm_stack(512 * 1024);
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+        // Drivers are small and every call gets a fresh instance: copying their few data pages is
+        // cheaper than mapping the image copy-on-write, whose first write to each page faults and
+        // flushes every core's TLB.
+        config.memory_init_cow(false);
+        config.table_lazy_init(false);
         let mut pool = wasmtime::PoolingAllocationConfig::new();
         pool.total_component_instances(slots)
             .total_core_instances(slots * 8)
@@ -102,7 +112,10 @@ impl Runtime {
             .total_tables(slots * 4)
             .total_stacks(slots * 2)
             .max_memories_per_component(2)
-            .max_memory_size(Limits::MAX_MEMORY_MIB as usize * (1 << 20));
+            .max_memory_size(Limits::MAX_MEMORY_MIB as usize * (1 << 20))
+            // Returning a slot's memory to the kernel (madvise) makes every core flush its TLB;
+            // on a small VM those interrupts cost more than the call itself. Batch them.
+            .decommit_batch_size(DECOMMIT_BATCH as usize);
         let mut pooled = config.clone();
         pooled.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
         // Reserving the pool's address space can fail (a small virtual address space, or
