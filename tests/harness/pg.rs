@@ -18,14 +18,25 @@ pub fn server() -> &'static str {
     static URL: OnceLock<String> = OnceLock::new();
     URL.get_or_init(|| match std::env::var("BERTH_TEST_POSTGRES") {
         Ok(url) if !url.is_empty() => url,
-        _ => start_private_cluster(),
+        _ => start_private_cluster(false),
     })
+}
+
+/// A private cluster with full durability (`fsync=on`), for benchmarks: the test cluster runs
+/// with `fsync=off`.
+pub fn durable_server() -> &'static str {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| start_private_cluster(true))
 }
 
 /// A fresh, empty database on the server; returns its URL.
 pub async fn fresh_database() -> String {
+    fresh_database_on(server()).await
+}
+
+/// A fresh, empty database on the server at `admin`; returns its URL.
+pub async fn fresh_database_on(admin: &str) -> String {
     use sqlx::Connection;
-    let admin = server();
     let name = format!("berth_test_{}", uuid::Uuid::new_v4().simple());
     let mut conn = sqlx::PgConnection::connect(admin)
         .await
@@ -44,7 +55,7 @@ pub async fn fresh_database() -> String {
     }
 }
 
-static GUARD: Mutex<Option<(Child, tempfile::TempDir)>> = Mutex::new(None);
+static GUARDS: Mutex<Vec<(Child, tempfile::TempDir)>> = Mutex::new(Vec::new());
 
 fn bin_dir() -> PathBuf {
     if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
@@ -65,7 +76,7 @@ fn bin_dir() -> PathBuf {
     versions.pop().expect("PostgreSQL is not installed (Debian package postgresql); run .ci/setup")
 }
 
-fn start_private_cluster() -> String {
+fn start_private_cluster(fsync: bool) -> String {
     let bin = bin_dir();
     let dir = tempfile::Builder::new().prefix("berth-pg").tempdir().expect("tempdir");
     let data = dir.path().join("data");
@@ -94,10 +105,11 @@ fn start_private_cluster() -> String {
         .expect("initdb");
     assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
     let postgres = format!(
-        "{} -D {} -p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
+        "{} -D {} -p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync={} -c max_connections=300",
         bin.join("postgres").display(),
         data.display(),
-        dir.path().display()
+        dir.path().display(),
+        if fsync { "on" } else { "off" }
     );
     // The shell keeps the server only as long as our end of its stdin is open.
     let script = format!("{postgres} & pid=$!; cat >/dev/null; kill -INT $pid; wait $pid");
@@ -119,13 +131,13 @@ fn start_private_cluster() -> String {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(200));
-    *GUARD.lock().unwrap() = Some((child, dir));
+    GUARDS.lock().unwrap().push((child, dir));
     url
 }
 
-/// Stops the private cluster now (it also stops when the process exits).
-pub fn stop_private_cluster() {
-    if let Some((mut child, _dir)) = GUARD.lock().unwrap().take() {
+/// Stops the private clusters now (they also stop when the process exits).
+pub fn stop_private_clusters() {
+    for (mut child, _dir) in GUARDS.lock().unwrap().drain(..) {
         drop(child.stdin.take().map(|mut s| s.flush()));
         let _ = child.wait();
     }

@@ -66,14 +66,21 @@ impl TestServer {
         Self::start_with(db, fake_config()).await
     }
 
-    pub async fn start_with(db: Db, mut config: Config) -> TestServer {
+    pub async fn start_with(db: Db, config: Config) -> TestServer {
+        let url = match db {
+            Db::Sqlite => None,
+            Db::Postgres => Some(crate::pg::fresh_database().await),
+        };
+        Self::start_on(db, url, config).await
+    }
+
+    /// Starts on a given database URL (PostgreSQL) or a new SQLite file (`None`).
+    pub async fn start_on(db: Db, url: Option<String>, mut config: Config) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         config.data_dir = Some(dir.path().join("data"));
         config.runtime.cache_dir = Some(crate::drivers::shared_cache());
-        config.database_url = Some(match db {
-            Db::Sqlite => format!("sqlite://{}", dir.path().join("berth.db").display()),
-            Db::Postgres => crate::pg::fresh_database().await,
-        });
+        config.database_url =
+            Some(url.unwrap_or_else(|| format!("sqlite://{}", dir.path().join("berth.db").display())));
         let assembled = berth::serve::assemble(config).await.expect("assemble the service");
         let service = assembled.state.service.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -154,6 +161,11 @@ impl Client {
     /// The same client with `X-Roles` (non-admin when `admin` is absent).
     pub fn with_roles(&self, roles: &str) -> Client {
         Client { roles: Some(roles.to_string()), ..self.clone() }
+    }
+
+    /// The same client on its own connection pool (as a separate client process would be).
+    pub fn fresh_connection(&self) -> Client {
+        Client { http: reqwest::Client::new(), ..self.clone() }
     }
 
     /// The same client with another `X-Auth-Token`.

@@ -1,0 +1,129 @@
+//! The full attach cycle through HTTP with the fake driver: create an attachment with a
+//! connector, complete it, delete it. Cycles per second and latency at 1 and 16 concurrent
+//! clients, on SQLite (synchronous=FULL, and NORMAL as the measure of Berth's own overhead) and on
+//! PostgreSQL (fsync on), with the measured fsync latency and the durable commits per cycle.
+//!
+//! Run: `cargo bench -p berth-tests --bench api` (BERTH_BENCH_SECONDS sets the measured time per
+//! run, default 5; BERTH_BENCH_ONLY=<substring> runs only matching runs, e.g. `NORMAL, 16`).
+//! Figures go to BENCHMARKS.md.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use berth::store::Synchronous;
+use berth_tests::server::{Client, Db, TestServer, connector, fake_config};
+use berth_tests::stats::{Summary, human};
+use serde_json::json;
+
+/// The same allocator as the `berth` binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(run());
+    berth_tests::pg::stop_private_clusters();
+}
+
+fn seconds() -> Duration {
+    Duration::from_secs(std::env::var("BERTH_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5))
+}
+
+/// The latency of one durable 4 KiB write (write + fdatasync) on the data directory's filesystem.
+fn fsync_latency() -> Duration {
+    let dir = tempfile::tempdir().unwrap();
+    let mut file = std::fs::File::create(dir.path().join("probe")).unwrap();
+    let block = [7u8; 4096];
+    let mut samples = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        file.write_all(&block).unwrap();
+        file.sync_data().unwrap();
+        samples.push(t.elapsed());
+    }
+    Summary::of(&mut samples).p50
+}
+
+async fn cycle(c: &Client, volume: &str, initiator: &str) {
+    let r = c.attach(volume, Some(connector(initiator, "bench-host"))).await.expect(200);
+    let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
+    c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+}
+
+async fn run() {
+    let fsync = fsync_latency();
+    println!(
+        "berth API benchmark: full attach cycle (create with connector, complete, delete) over HTTP, fake driver"
+    );
+    println!("fsync latency (4 KiB write + fdatasync, p50): {}", human(fsync));
+    let runs: [(&str, Db, Synchronous); 3] = [
+        ("SQLite synchronous=FULL", Db::Sqlite, Synchronous::Full),
+        ("SQLite synchronous=NORMAL", Db::Sqlite, Synchronous::Normal),
+        ("PostgreSQL (fsync on)", Db::Postgres, Synchronous::Full),
+    ];
+    for (label, db, synchronous) in runs {
+        for clients in [1usize, 16] {
+            let name = format!("{label}, {clients:>2} client(s)");
+            if std::env::var("BERTH_BENCH_ONLY").is_ok_and(|only| !name.contains(&only)) {
+                continue;
+            }
+            let mut config = fake_config();
+            config.sqlite_synchronous = synchronous;
+            let url = match db {
+                Db::Sqlite => None,
+                Db::Postgres => {
+                    Some(berth_tests::pg::fresh_database_on(berth_tests::pg::durable_server()).await)
+                }
+            };
+            let server = TestServer::start_on(db, url, config).await;
+            let base = server.client("bench").at("3.54");
+            let mut workers = Vec::new();
+            for i in 0..clients {
+                let c = base.fresh_connection();
+                let volume = c.create_volume(json!({"size": 1})).await;
+                workers.push((c, volume, format!("iqn.1993-08.org.debian:01:bench{i}")));
+            }
+            // Warm up.
+            for (c, v, i) in &workers {
+                cycle(c, v, i).await;
+            }
+            let store = server.service.store().clone();
+            let commits_before = store.commits();
+            let deadline = Instant::now() + seconds();
+            let started = Instant::now();
+            let mut tasks = tokio::task::JoinSet::new();
+            for (c, volume, initiator) in workers {
+                tasks.spawn(async move {
+                    let mut latencies = Vec::new();
+                    while Instant::now() < deadline {
+                        let t = Instant::now();
+                        cycle(&c, &volume, &initiator).await;
+                        latencies.push(t.elapsed());
+                    }
+                    latencies
+                });
+            }
+            let mut latencies: Vec<Duration> = tasks.join_all().await.into_iter().flatten().collect();
+            let elapsed = started.elapsed();
+            let cycles = latencies.len();
+            let commits = (store.commits() - commits_before) as f64 / cycles as f64;
+            let summary = Summary::of(&mut latencies);
+            let rate = cycles as f64 / elapsed.as_secs_f64();
+            print!(
+                "{name}: {rate:>7.1} cycles/s, cycle p50 {} p99 {}, {commits:.2} durable commits per cycle",
+                human(summary.p50),
+                human(summary.p99)
+            );
+            if clients == 1 && synchronous == Synchronous::Full {
+                let floor = fsync.mul_f64(commits);
+                print!(
+                    "; floor (commits x fsync) {}, cycle / floor = {:.2}",
+                    human(floor),
+                    summary.p50.as_secs_f64() / floor.as_secs_f64()
+                );
+            }
+            println!();
+        }
+    }
+}
