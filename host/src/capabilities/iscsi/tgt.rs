@@ -9,9 +9,11 @@
 //! - Every command has a timeout; "already exists" and "can't find" are idempotent outcomes; the
 //!   target is shown again after every change to check the result.
 //! - Operations act on one target id only: no `--op update` of everything.
-//! - CHAP secrets never appear on a command line: `tgtadm --password` would show them in
-//!   `/proc/<pid>/cmdline` to every local user, so the one call that carries a secret (account
-//!   creation) sends tgtadm's own request message to tgtd's root-only control socket instead.
+//! - CHAP credentials never appear on a command line: `tgtadm --user/--password` would show them
+//!   in `/proc/<pid>/cmdline` to every local user, so account operations (create, bind, delete)
+//!   send tgtadm's own request messages to tgtd's root-only control socket instead.
+//! - Reads (`show`) go through that socket too: a cycle checks tgtd's state after every change,
+//!   and a process spawn per check would cost more than all the rest of an attach.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -197,10 +199,8 @@ impl Tgtd {
     }
 
     async fn show_all(&self) -> Result<Vec<TargetState>, TargetError> {
-        let out = self
-            .lld(&["--op", "show", "--mode", "target"])
-            .await
-            .map_err(|f| f.into_error("show targets"))?;
+        let out =
+            self.control(MODE_TARGET, OP_SHOW, -1, "").await.map_err(|f| f.into_error("show targets"))?;
         Ok(parse_show(&out))
     }
 
@@ -227,16 +227,22 @@ impl Tgtd {
         }
     }
 
-    /// Creates a CHAP account through the control socket, so the secret never appears in a
-    /// process listing. Sends exactly what `tgtadm --lld iscsi --mode account --op new --user U
-    /// --password P` would send.
+    /// Creates a CHAP account. Sends exactly what `tgtadm --lld iscsi --mode account --op new
+    /// --user U --password P` would send.
     async fn account_new(&self, credentials: &ChapCredentials) -> Result<(), Failure> {
-        let body = format!("user={},password={}\0", credentials.user.as_str(), credentials.secret.expose());
+        let body = format!("user={},password={}", credentials.user.as_str(), credentials.secret.expose());
+        self.control(MODE_ACCOUNT, OP_NEW, -1, &body).await.map(drop)
+    }
+
+    /// One request on tgtd's control socket, as `tgtadm` would send it (see `request_header`).
+    /// Returns the text of the answer (what `tgtadm` would print).
+    async fn control(&self, mode: u32, op: u32, tid: i32, params: &str) -> Result<String, Failure> {
+        let body = format!("{params}\0");
         let exchange = async {
             let mut stream = tokio::net::UnixStream::connect(self.cfg.socket_path())
                 .await
                 .map_err(|e| Failure::Other(format!("cannot connect to tgtd's control socket: {e}")))?;
-            let request = request_header(MODE_ACCOUNT, OP_NEW, body.len());
+            let request = request_header(mode, op, tid, body.len());
             stream.write_all(&request).await.map_err(|e| Failure::Other(format!("write to tgtd: {e}")))?;
             stream
                 .write_all(body.as_bytes())
@@ -246,10 +252,13 @@ impl Tgtd {
             stream.read_exact(&mut rsp).await.map_err(|e| Failure::Other(format!("read from tgtd: {e}")))?;
             let err = u32::from_ne_bytes(rsp[0..4].try_into().expect("4 bytes"));
             let len = u32::from_ne_bytes(rsp[4..8].try_into().expect("4 bytes")) as usize;
-            let mut rest = vec![0u8; len.saturating_sub(8).min(1 << 20)];
+            if len > MAX_ANSWER {
+                return Err(Failure::Other(format!("tgtd's answer is too long ({len} bytes)")));
+            }
+            let mut rest = vec![0u8; len.saturating_sub(8)];
             stream.read_exact(&mut rest).await.map_err(|e| Failure::Other(format!("read from tgtd: {e}")))?;
             match err {
-                0 => Ok(()),
+                0 => Ok(String::from_utf8_lossy(&rest).trim_end_matches('\0').to_string()),
                 code => Err(Failure::classify(tgtadm_strerror(code))),
             }
         };
@@ -260,7 +269,7 @@ impl Tgtd {
     }
 
     async fn account_delete(&self, user: &str) -> Result<(), TargetError> {
-        match self.lld(&["--op", "delete", "--mode", "account", "--user", user]).await {
+        match self.control(MODE_ACCOUNT, OP_DELETE, -1, &format!("user={user}")).await {
             Ok(_) | Err(Failure::NotFound(_)) => {
                 self.accounts.lock().unwrap_or_else(|p| p.into_inner()).remove(user);
                 Ok(())
@@ -270,8 +279,7 @@ impl Tgtd {
     }
 
     async fn account_bind(&self, tid: u32, user: &str) -> Result<(), TargetError> {
-        let tid = tid.to_string();
-        match self.lld(&["--op", "bind", "--mode", "account", "--tid", &tid, "--user", user]).await {
+        match self.control(MODE_ACCOUNT, OP_BIND, tid as i32, &format!("user={user}")).await {
             Ok(_) | Err(Failure::AlreadyExists(_)) => Ok(()),
             Err(f) => Err(f.into_error("bind account")),
         }
@@ -469,17 +477,23 @@ impl TargetService for Tgtd {
 }
 
 // tgtadm's request message (tgt `usr/tgtadm.h`, `struct tgtadm_req`, x86-64/aarch64 layout).
+const MODE_TARGET: u32 = 1;
 const MODE_ACCOUNT: u32 = 7;
 const OP_NEW: u32 = 0;
+const OP_DELETE: u32 = 1;
+const OP_SHOW: u32 = 2;
+const OP_BIND: u32 = 3;
+/// The longest answer read from tgtd (a `show` of some ten thousand targets).
+const MAX_ANSWER: usize = 64 << 20;
 const REQ_SIZE: usize = 120;
 
-fn request_header(mode: u32, op: u32, body_len: usize) -> [u8; REQ_SIZE] {
+fn request_header(mode: u32, op: u32, tid: i32, body_len: usize) -> [u8; REQ_SIZE] {
     let mut h = [0u8; REQ_SIZE];
     h[0..4].copy_from_slice(&mode.to_ne_bytes());
     h[4..8].copy_from_slice(&op.to_ne_bytes());
     h[8..13].copy_from_slice(b"iscsi"); // lld[64], NUL-padded
     h[72..76].copy_from_slice(&((REQ_SIZE + body_len) as u32).to_ne_bytes()); // len
-    h[76..80].copy_from_slice(&(-1i32).to_ne_bytes()); // tid: none
+    h[76..80].copy_from_slice(&tid.to_ne_bytes()); // -1: no target
     // sid (80..88) = 0
     h[88..96].copy_from_slice(&u64::MAX.to_ne_bytes()); // lun: none
     // cid, host_no, device_type (disk = 0), ac_dir (incoming = 0), pack, force = 0
@@ -636,7 +650,7 @@ Target 2: iqn.2010-10.org.openstack:volume-def
 
     #[test]
     fn request_header_matches_tgtadm_layout() {
-        let h = request_header(MODE_ACCOUNT, OP_NEW, 30);
+        let h = request_header(MODE_ACCOUNT, OP_NEW, -1, 30);
         assert_eq!(u32::from_ne_bytes(h[0..4].try_into().unwrap()), 7);
         assert_eq!(&h[8..14], b"iscsi\0");
         assert_eq!(u32::from_ne_bytes(h[72..76].try_into().unwrap()), 150);
