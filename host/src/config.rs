@@ -105,6 +105,8 @@ pub struct TgtConfig {
     pub command_timeout_ms: u64,
     pub chap_username_length: usize,
     pub chap_secret_length: usize,
+    /// How often to check that tgtd still has the targets of live attachments.
+    pub watch_seconds: u64,
 }
 
 impl Default for TgtConfig {
@@ -119,6 +121,7 @@ impl Default for TgtConfig {
             command_timeout_ms: 10_000,
             chap_username_length: 20,
             chap_secret_length: 20,
+            watch_seconds: 15,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `berth serve`: assembles the service from its configuration (store, runtime, capabilities,
 //! drivers, catalog) and serves the API until SIGINT or SIGTERM.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -151,9 +151,70 @@ fn set_private(dir: &std::path::Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot restrict {}", dir.display()))
 }
 
+/// Re-creates the exports of live attachments (see `attach/reconcile.rs`) and reports targets
+/// that belong to none of them. Returns the targets of live attachments.
+pub async fn reconcile(assembled: &Assembled) -> anyhow::Result<BTreeSet<String>> {
+    let report = assembled.state.service.reconcile().await?;
+    tracing::info!(
+        volumes = report.volumes,
+        attachments = report.attachments,
+        failed = report.failed.len(),
+        "re-created the exports of live attachments"
+    );
+    if let Some(targets) = &assembled.targets {
+        match targets.list().await {
+            Ok(present) => {
+                for t in present.iter().filter(|t| !report.targets.contains(&t.iqn)) {
+                    tracing::warn!(
+                        target_iqn = %t.iqn, tid = t.tid, sessions = t.sessions,
+                        "drift: this target exists in tgtd but belongs to no live attachment"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!("cannot list tgtd's targets to check for drift: {e}"),
+        }
+    }
+    Ok(report.targets)
+}
+
+/// Watches tgtd: when it has lost targets of live attachments (it was restarted), reconciles.
+async fn watch_targets(assembled: Arc<Assembled>, mut expected: BTreeSet<String>, every: Duration) {
+    let Some(targets) = assembled.targets.clone() else { return };
+    loop {
+        tokio::time::sleep(every).await;
+        let Ok(present) = targets.list().await else { continue };
+        let present: BTreeSet<String> = present.into_iter().map(|t| t.iqn).collect();
+        let lost = expected.iter().any(|iqn| !present.contains(iqn));
+        let empty_but_live = present.is_empty() && has_connected_attachments(&assembled).await;
+        if lost || empty_but_live {
+            tracing::warn!("tgtd lost targets of live attachments (was it restarted?); re-creating them");
+            match reconcile(&assembled).await {
+                Ok(now) => expected = now,
+                Err(e) => tracing::error!("reconciliation failed: {e:#}"),
+            }
+        }
+    }
+}
+
+async fn has_connected_attachments(assembled: &Assembled) -> bool {
+    assembled
+        .state
+        .service
+        .store()
+        .read(async |tx| {
+            let rows = tx.query("SELECT 1 FROM attachment_specs LIMIT 1", &[]).await?;
+            Ok::<_, crate::store::StoreError>(!rows.is_empty())
+        })
+        .await
+        .unwrap_or(false)
+}
+
 /// Serves until SIGINT or SIGTERM.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
-    let assembled = assemble(config).await?;
+    let assembled = Arc::new(assemble(config).await?);
+    let expected = reconcile(&assembled).await?;
+    let every = Duration::from_secs(assembled.config.tgt.watch_seconds.max(1));
+    tokio::spawn(watch_targets(assembled.clone(), expected, every));
     let listen = assembled.config.listen;
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
@@ -164,7 +225,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         database = %crate::store::redact_url(&assembled.config.database_url()), ?types, "berth is serving"
     );
     let store = assembled.state.service.store().clone();
-    let app = app(assembled.state);
+    let app = app(assembled.state.clone());
     axum::serve(listener, axum::ServiceExt::<axum::extract::Request>::into_make_service(app))
         .with_graceful_shutdown(shutdown())
         .await?;

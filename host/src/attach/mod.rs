@@ -6,6 +6,7 @@ pub mod attachments;
 pub mod catalog;
 pub mod error;
 pub mod locks;
+pub mod reconcile;
 pub mod state;
 pub mod volumes;
 
