@@ -1,8 +1,10 @@
 //! Shared helpers for Berth's integration tests and benchmarks.
 
 pub mod drivers;
+pub mod iscsi;
 pub mod pg;
 pub mod process;
 pub mod python;
 pub mod server;
 pub mod stats;
+pub mod tgt;

@@ -3,21 +3,39 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::pg::free_port;
 
-/// The `berth` binary of this build (next to the test executable's directory).
+/// The `berth` binary of this build, next to the test executable's directory. Cargo builds a
+/// package's binaries only for that package's own tests, so the first call builds it (with the
+/// same profile and target directory) to make sure it is there and current.
 pub fn berth_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
-    let bin = profile_dir.join("berth");
-    assert!(
-        bin.exists(),
-        "{} does not exist: build it first (`cargo test --workspace` or `cargo build -p berth`)",
-        bin.display()
-    );
-    bin
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("current exe");
+            let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+            let target_dir = profile_dir.parent().expect("target/");
+            let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+                Some("debug") | None => "dev",
+                Some(other) => other,
+            };
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+            let status = Command::new(cargo)
+                .args(["build", "--quiet", "-p", "berth", "--bin", "berth", "--profile", profile])
+                .arg("--manifest-path")
+                .arg(&manifest)
+                .arg("--target-dir")
+                .arg(target_dir)
+                .status()
+                .expect("run cargo to build berth");
+            assert!(status.success(), "building the berth binary failed");
+            profile_dir.join("berth")
+        })
+        .clone()
 }
 
 pub struct BerthProcess {

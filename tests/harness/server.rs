@@ -153,6 +153,19 @@ impl Resp {
 }
 
 impl Client {
+    /// A noauth client for a service at `base` (`http://host:port`), as admin of `project`.
+    pub fn for_base(base: &str, project: &str) -> Client {
+        Client {
+            http: reqwest::Client::new(),
+            base: base.to_string(),
+            token: Some(format!("user-{project}:{project}")),
+            project: project.to_string(),
+            version: None,
+            roles: None,
+            project_in_url: true,
+        }
+    }
+
     /// The same client at a microversion (`3.44`, `latest`).
     pub fn at(&self, version: &str) -> Client {
         Client { version: Some(version.to_string()), ..self.clone() }

@@ -1,0 +1,125 @@
+//! A real tgtd for tests: its own control port and loopback portal, stopped (and its state lost,
+//! as in a crash) when dropped or when the test process exits: it runs under a shell that kills
+//! it when a pipe held by this process closes.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use berth::capabilities::iscsi::TargetState;
+use berth::capabilities::iscsi::tgt::parse_show;
+
+use crate::pg::free_port;
+
+pub struct TgtdProcess {
+    child: Option<Child>,
+    pub control_port: u16,
+    pub portal_port: u16,
+}
+
+impl TgtdProcess {
+    pub fn start() -> TgtdProcess {
+        let control_port = loop {
+            let n = 1_000 + (rand_u32() % 31_000) as u16; // tgtd -C takes a short
+            if !Path::new(&format!("/var/run/tgtd/socket.{n}")).exists() {
+                break n;
+            }
+        };
+        let mut t = TgtdProcess { child: None, control_port, portal_port: free_port() };
+        t.spawn();
+        t
+    }
+
+    fn spawn(&mut self) {
+        assert!(
+            Path::new("/usr/sbin/tgtd").exists(),
+            "tgtd is not installed (Debian package tgt); run .ci/setup"
+        );
+        let (c, p) = (self.control_port, self.portal_port);
+        let script = format!(
+            "rm -f /var/run/tgtd/socket.{c} /var/run/tgtd/socket.{c}.lock; \
+             /usr/sbin/tgtd -f -C {c} --iscsi portal=127.0.0.1:{p} >/dev/null 2>&1 & pid=$!; \
+             cat >/dev/null; kill -KILL $pid; wait $pid; rm -f /var/run/tgtd/socket.{c} /var/run/tgtd/socket.{c}.lock"
+        );
+        let child = Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start tgtd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.tgtadm(&["--op", "show", "--mode", "sys"]).status.success() {
+            assert!(Instant::now() < deadline, "tgtd did not answer on control port {c}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills tgtd at once: its targets, LUNs, ACLs and accounts are gone, as after a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            drop(child.stdin.take().map(|mut s| s.flush()));
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills tgtd and starts a fresh, empty one on the same ports.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn tgtadm(&self, args: &[&str]) -> std::process::Output {
+        Command::new("/usr/sbin/tgtadm")
+            .arg("-C")
+            .arg(self.control_port.to_string())
+            .args(["--lld", "iscsi"])
+            .args(args)
+            .output()
+            .expect("run tgtadm")
+    }
+
+    pub fn targets(&self) -> Vec<TargetState> {
+        let out = self.tgtadm(&["--op", "show", "--mode", "target"]);
+        parse_show(&String::from_utf8_lossy(&out.stdout))
+    }
+
+    /// The `[tgt]` section of a Berth configuration for this tgtd.
+    pub fn config(&self, tgtadm: &Path) -> String {
+        format!(
+            "[tgt]\nportal = \"127.0.0.1:{}\"\ncontrol_port = {}\nstart = false\ntgtadm = \"{}\"\nwatch_seconds = 1\n",
+            self.portal_port,
+            self.control_port,
+            tgtadm.display()
+        )
+    }
+}
+
+impl Drop for TgtdProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn rand_u32() -> u32 {
+    let mut b = [0u8; 4];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b)).unwrap();
+    u32::from_ne_bytes(b)
+}
+
+/// A `tgtadm` that records every argument vector it is given (one line per call) and then runs
+/// the real one. Returns the wrapper and its log.
+pub fn recording_tgtadm(dir: &Path) -> (PathBuf, PathBuf) {
+    let log = dir.join("tgtadm-argv.log");
+    let wrapper = dir.join("tgtadm");
+    std::fs::write(&log, "").unwrap();
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nexec /usr/sbin/tgtadm \"$@\"\n", log.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    (wrapper, log)
+}

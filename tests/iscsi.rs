@@ -1,0 +1,296 @@
+//! End to end with real processes and no mocks: a tgtd on a loopback port, `berth serve` with the
+//! tgt-iscsi driver, the REST API, and a real iSCSI initiator (libiscsi) that logs in with exactly
+//! the connection information the API returned and reads and writes the volume's bytes.
+
+use std::time::{Duration, Instant};
+
+use berth_tests::iscsi::{BLOCK, Session, Target};
+use berth_tests::process::BerthProcess;
+use berth_tests::server::{Client, connector};
+use berth_tests::tgt::{TgtdProcess, recording_tgtadm};
+use serde_json::{Value, json};
+
+const ALICE: &str = "iqn.1993-08.org.debian:01:alice";
+const BOB: &str = "iqn.1993-08.org.debian:01:bob";
+const GIB: u64 = 1 << 30;
+
+/// tgtd, a recording tgtadm, and `berth serve` configured for them.
+struct Rig {
+    tgtd: TgtdProcess,
+    berth: BerthProcess,
+    argv_log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Rig {
+    fn start() -> Rig {
+        let tgtd = TgtdProcess::start();
+        let dir = tempfile::tempdir().unwrap();
+        let (wrapper, argv_log) = recording_tgtadm(dir.path());
+        let berth = BerthProcess::start(&tgtd.config(&wrapper));
+        Rig { tgtd, berth, argv_log, _dir: dir }
+    }
+
+    fn client(&self) -> Client {
+        Client::for_base(&self.berth.base, "e2e").at("3.54")
+    }
+
+    fn backing_file(&self, volume: &str) -> std::path::PathBuf {
+        self.berth.dir.path().join(format!("data/volumes/volume-{volume}.img"))
+    }
+
+    fn tgtadm_calls(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.argv_log).unwrap().lines().map(str::to_string).collect()
+    }
+}
+
+async fn attach(c: &Client, volume: &str, initiator: &str, host: &str) -> (String, Value) {
+    let r = c.attach(volume, Some(connector(initiator, host))).await.expect(200);
+    let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
+    c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    (id, r.body["attachment"]["connection_info"].clone())
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Logs in, retrying briefly: tgtd may still be tearing down a session of the same initiator.
+fn login(target: &Target, initiator: &str) -> Result<Session, String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match Session::login(target, initiator) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() < deadline && e.contains("Target not found") => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_initiator_reads_and_writes_an_attached_volume_and_nobody_else_gets_in() {
+    let rig = Rig::start();
+    let c = rig.client();
+
+    let volume = c.create_volume(json!({"size": 1, "name": "e2e"})).await;
+    let file = rig.backing_file(&volume);
+    let meta = std::fs::metadata(&file).expect("the backing file exists");
+    assert_eq!(meta.len(), GIB);
+    assert!(std::os::unix::fs::MetadataExt::blocks(&meta) * 512 < 1 << 20, "a new volume is sparse");
+
+    let (attachment, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    assert_eq!(info["driver_volume_type"], "iscsi");
+    assert_eq!(info["target_iqn"], json!(format!("iqn.2010-10.org.openstack:volume-{volume}")));
+    assert_eq!(info["target_lun"], 1);
+    assert_eq!(info["target_portal"], json!(format!("127.0.0.1:{}", rig.tgtd.portal_port)));
+    assert_eq!(info["auth_method"], "CHAP");
+    assert!(info["auth_password"].as_str().unwrap().len() >= 17, "at least 96 bits of secret");
+    let target = Target::from_connection_info(&info);
+
+    // The initiator named in the connector logs in with exactly what the API returned.
+    let written = pattern(7, 8 * BLOCK);
+    {
+        let session = login(&target, ALICE).expect("the attached initiator logs in");
+        assert_eq!(session.capacity().unwrap(), (GIB / BLOCK as u64, BLOCK as u32));
+        session.write(0, &written).unwrap();
+        session.write(GIB / BLOCK as u64 - 8, &written).unwrap();
+        assert_eq!(session.read(0, written.len()).unwrap(), written);
+        assert_eq!(session.read(GIB / BLOCK as u64 - 8, written.len()).unwrap(), written);
+    }
+
+    // An initiator outside the ACL, a wrong secret, and no CHAP at all are refused.
+    let e = Session::login(&target, BOB).err().expect("an initiator not in the ACL is refused");
+    assert!(e.contains("Target not found"), "{e}");
+    let e = Session::login(&target.with_secret("wrongWRONGwrong12345"), ALICE)
+        .err()
+        .expect("a wrong secret is refused");
+    assert!(e.contains("Authentication failure"), "{e}");
+    let no_chap = Target { chap: None, ..target.clone() };
+    assert!(Session::login(&no_chap, ALICE).is_err(), "CHAP is required");
+
+    // Deleting the attachment revokes access; the data stays on the volume.
+    c.delete(&format!("/attachments/{attachment}")).await.expect(200);
+    Session::login(&target, ALICE).err().expect("access ends with the attachment");
+    let exported = rig.tgtd.targets().into_iter().find(|t| t.iqn == target.iqn);
+    assert!(exported.is_none_or(|t| t.initiators.is_empty()), "no initiator keeps access");
+    let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let again = Target::from_connection_info(&info);
+    assert_eq!(again.chap, target.chap, "credentials stay with the volume");
+    assert_eq!(login(&again, ALICE).unwrap().read(0, written.len()).unwrap(), written);
+    let listed = c.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
+    let id = listed.body["attachments"][0]["id"].as_str().unwrap().to_string();
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+
+    // Deleting the volume removes the target and the backing file.
+    c.delete(&format!("/volumes/{volume}")).await.expect(202);
+    assert!(!rig.tgtd.targets().iter().any(|t| t.iqn.ends_with(&volume)), "the target is gone");
+    assert!(!file.exists(), "the backing file is gone");
+
+    // No CHAP credential ever reached a log or a command line.
+    let (user, secret) = target.chap.clone().unwrap();
+    let log = rig.berth.log_text();
+    assert!(!log.contains(&secret) && !log.contains(&user), "a CHAP credential is in berth's log");
+    let argv = rig.tgtadm_calls().join("\n");
+    assert!(!argv.is_empty(), "tgtadm was used");
+    assert!(
+        !argv.contains(&secret) && !argv.contains(&user),
+        "a CHAP credential was on a command line:\n{argv}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detaching_one_initiator_of_a_multiattach_volume_keeps_the_other_working() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1, "volume_type": "multiattach"})).await;
+    let (a, info_a) = attach(&c, &volume, ALICE, "alice-host").await;
+    let (_b, info_b) = attach(&c, &volume, BOB, "bob-host").await;
+    let (ta, tb) = (Target::from_connection_info(&info_a), Target::from_connection_info(&info_b));
+    assert_eq!(ta.iqn, tb.iqn, "one target per volume");
+
+    let data = pattern(42, 4 * BLOCK);
+    let bob = login(&tb, BOB).expect("bob logs in");
+    login(&ta, ALICE).expect("alice logs in").write(100, &data).unwrap();
+    assert_eq!(bob.read(100, data.len()).unwrap(), data, "both see the same volume");
+
+    c.delete(&format!("/attachments/{a}")).await.expect(200);
+    assert!(Session::login(&ta, ALICE).is_err(), "alice's access is revoked");
+    assert_eq!(bob.read(100, data.len()).unwrap(), data, "bob's open session keeps working");
+    drop(bob);
+    assert_eq!(login(&tb, BOB).expect("bob logs in again").read(100, data.len()).unwrap(), data);
+    let target = rig.tgtd.targets().into_iter().find(|t| t.iqn == tb.iqn).expect("the target stays");
+    assert_eq!(target.initiators, vec![BOB.to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_attachments_from_one_initiator_share_its_acl_entry() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1, "volume_type": "multiattach"})).await;
+    let (first, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let (second, _) = attach(&c, &volume, ALICE, "alice-host").await;
+    let shown = c.get(&format!("/attachments/{first}")).await.expect(200);
+    assert_eq!(shown.body["attachment"]["shared_connections_by_attachment"], json!([second]));
+    c.delete(&format!("/attachments/{first}")).await.expect(200);
+    login(&Target::from_connection_info(&info), ALICE).expect("the other attachment still needs the entry");
+    c.delete(&format!("/attachments/{second}")).await.expect(200);
+    assert!(Session::login(&Target::from_connection_info(&info), ALICE).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_of_tgtd_and_berth_lose_no_access() {
+    let mut rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let target = Target::from_connection_info(&info);
+    let data = pattern(9, 2 * BLOCK);
+    login(&target, ALICE).unwrap().write(5, &data).unwrap();
+
+    // Both crash; tgtd comes back empty, then berth re-creates the export at start-up.
+    rig.berth.kill9();
+    rig.tgtd.restart();
+    assert!(rig.tgtd.targets().is_empty(), "a restarted tgtd has no targets");
+    rig.berth.restart();
+    let session = login(&target, ALICE).expect("the initiator logs in again with the same credentials");
+    assert_eq!(session.read(5, data.len()).unwrap(), data);
+    drop(session);
+    assert!(Session::login(&target, BOB).is_err(), "and the ACL is as strict as before");
+
+    // tgtd alone restarts while berth runs: berth notices and re-creates the export.
+    rig.tgtd.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match Session::login(&target, ALICE) {
+            Ok(s) => {
+                assert_eq!(s.read(5, data.len()).unwrap(), data);
+                break;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "access was not restored after tgtd restarted: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_that_belong_to_no_live_attachment_are_reported() {
+    let mut rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    attach(&c, &volume, ALICE, "alice-host").await;
+    let stray = "iqn.2010-10.org.openstack:volume-stray";
+    assert!(
+        rig.tgtd.tgtadm(&["--op", "new", "--mode", "target", "--tid", "99", "-T", stray]).status.success()
+    );
+    rig.berth.restart();
+    let log = rig.berth.log_text();
+    let drift: Vec<&str> = log.lines().filter(|l| l.contains("drift")).collect();
+    assert!(drift.iter().any(|l| l.contains(stray)), "the stray target is reported:\n{log}");
+    assert!(!drift.iter().any(|l| l.contains(&volume)), "the live one is not");
+    assert!(rig.tgtd.targets().iter().any(|t| t.iqn == stray), "reported, not deleted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_initiator_names_are_refused_before_any_command_runs() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let before = rig.tgtadm_calls().len();
+    for hostile in [
+        "iqn.2010-10.org.openstack:x;reboot",
+        "iqn.2010-10.org.openstack:$(touch /tmp/pwned)",
+        "iqn.2010-10.org.openstack:x#y",
+        "iqn.2010-10.org.openstack:x\ny",
+        "iqn.2010-10.org.openstack:x y",
+        "iqn.2010-10.org.openstack:x,initiator-address=ALL",
+        &format!("iqn.2010-10.org.openstack:{}", "a".repeat(300)),
+    ] {
+        let r = c.attach(&volume, Some(connector(hostile, "h"))).await;
+        let message = r.fault(400, "badRequest");
+        assert!(message.contains("initiator"), "{message}");
+    }
+    assert_eq!(rig.tgtadm_calls().len(), before, "tgtadm ran for a hostile request");
+    assert_eq!(c.volume_status(&volume).await, "available");
+    assert!(rig.tgtd.targets().is_empty());
+}
+
+/// Stops, when dropped (even after a failed assertion), a tgtd that berth daemonised: its targets
+/// first, then the daemon.
+struct StopDaemon(u16);
+
+impl Drop for StopDaemon {
+    fn drop(&mut self) {
+        let tgtadm = |args: &[&str]| {
+            std::process::Command::new("/usr/sbin/tgtadm")
+                .args(["-C", &self.0.to_string()])
+                .args(args)
+                .output()
+        };
+        let Ok(shown) = tgtadm(&["--lld", "iscsi", "--op", "show", "--mode", "target"]) else { return };
+        for t in berth::capabilities::iscsi::tgt::parse_show(&String::from_utf8_lossy(&shown.stdout)) {
+            let tid = t.tid.to_string();
+            let _ =
+                tgtadm(&["--lld", "iscsi", "--op", "delete", "--mode", "target", "--force", "--tid", &tid]);
+        }
+        let _ = tgtadm(&["--op", "delete", "--mode", "system"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn berth_starts_tgtd_when_none_answers() {
+    let probe = TgtdProcess::start();
+    let (control, portal) = (probe.control_port, probe.portal_port);
+    drop(probe);
+    let _stop = StopDaemon(control);
+    let config = format!("[tgt]\nportal = \"127.0.0.1:{portal}\"\ncontrol_port = {control}\nstart = true\n");
+    let berth = BerthProcess::start(&config);
+    assert!(berth.log_text().contains("started tgtd"));
+    let c = Client::for_base(&berth.base, "e2e").at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    login(&Target::from_connection_info(&info), ALICE).expect("berth's own tgtd serves the volume");
+}
