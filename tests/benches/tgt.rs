@@ -1,0 +1,107 @@
+//! The full attach cycle (create an attachment with a connector, complete it, delete it) with the
+//! tgt-iscsi driver on a real tgtd: every cycle creates the volume's target, LUN, CHAP account
+//! and ACL entry in tgtd, and removes them again. `berth serve` (release build) runs as its own
+//! process, with SQLite `synchronous=FULL`, as a user would run it.
+//!
+//! Run: `cargo bench -p berth-tests --bench tgt` (BERTH_BENCH_SECONDS sets the measured time per
+//! run, default 5). Figures go to BENCHMARKS.md.
+
+use std::time::{Duration, Instant};
+
+use berth_tests::process::BerthProcess;
+use berth_tests::server::{Client, connector};
+use berth_tests::stats::{Summary, human};
+use berth_tests::tgt::{TgtdProcess, recording_tgtadm};
+use serde_json::json;
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(run());
+}
+
+fn seconds() -> Duration {
+    Duration::from_secs(std::env::var("BERTH_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5))
+}
+
+async fn cycle(c: &Client, volume: &str, initiator: &str) {
+    let r = c.attach(volume, Some(connector(initiator, "bench-host"))).await.expect(200);
+    let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
+    c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+}
+
+/// One `tgtadm --op show --mode sys` round trip: the cost of a process spawn plus a control-socket
+/// exchange, the unit most of a cycle is made of.
+fn tgtadm_latency(tgtd: &TgtdProcess) -> Summary {
+    let mut samples: Vec<Duration> = (0..100)
+        .map(|_| {
+            let t = Instant::now();
+            assert!(tgtd.tgtadm(&["--op", "show", "--mode", "sys"]).status.success());
+            t.elapsed()
+        })
+        .collect();
+    Summary::of(&mut samples)
+}
+
+async fn run() {
+    println!(
+        "berth tgt benchmark: full attach cycle (create with connector, complete, delete) over HTTP, \
+         tgt-iscsi driver, real tgtd, SQLite synchronous=FULL"
+    );
+    let tgtd = TgtdProcess::start();
+    println!("one tgtadm command (spawn + control socket): {}", tgtadm_latency(&tgtd));
+
+    // How many tgtadm commands a cycle runs, counted with a recording tgtadm in a short pass.
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let (wrapper, log) = recording_tgtadm(dir.path());
+        let berth = BerthProcess::start(&tgtd.config(&wrapper));
+        let c = Client::for_base(&berth.base, "bench").at("3.54");
+        let volume = c.create_volume(json!({"size": 1})).await;
+        cycle(&c, &volume, "iqn.1993-08.org.debian:01:warmup").await;
+        let before = std::fs::read_to_string(&log).unwrap().lines().count();
+        let n = 20;
+        for _ in 0..n {
+            cycle(&c, &volume, "iqn.1993-08.org.debian:01:count").await;
+        }
+        let after = std::fs::read_to_string(&log).unwrap().lines().count();
+        println!("tgtadm commands per cycle: {:.1}", (after - before) as f64 / n as f64);
+    }
+
+    let berth = BerthProcess::start(&tgtd.config(std::path::Path::new("/usr/sbin/tgtadm")));
+    for clients in [1usize, 4] {
+        let base = Client::for_base(&berth.base, "bench").at("3.54");
+        let mut workers = Vec::new();
+        for i in 0..clients {
+            let c = base.fresh_connection();
+            let volume = c.create_volume(json!({"size": 1})).await;
+            let initiator = format!("iqn.1993-08.org.debian:01:bench{i}");
+            cycle(&c, &volume, &initiator).await; // warm up
+            workers.push((c, volume, initiator));
+        }
+        let deadline = Instant::now() + seconds();
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (c, volume, initiator) in workers {
+            tasks.spawn(async move {
+                let mut latencies = Vec::new();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    cycle(&c, &volume, &initiator).await;
+                    latencies.push(t.elapsed());
+                }
+                latencies
+            });
+        }
+        let mut latencies: Vec<Duration> = tasks.join_all().await.into_iter().flatten().collect();
+        let rate = latencies.len() as f64 / started.elapsed().as_secs_f64();
+        let summary = Summary::of(&mut latencies);
+        println!(
+            "{clients} client(s), each on its own volume: {rate:>6.1} cycles/s, cycle p50 {} p99 {} (n={})",
+            human(summary.p50),
+            human(summary.p99),
+            summary.n
+        );
+    }
+    assert!(tgtd.targets().is_empty(), "every cycle removed its target");
+}
