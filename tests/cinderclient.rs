@@ -1,8 +1,9 @@
 //! The real python-cinderclient (PyPI) against a running `berth serve` in noauth mode: it creates
-//! a volume and runs every attachment command, and we check what it prints.
+//! a volume and runs every attachment command, and we check what it prints; the library makes
+//! every legacy volume action call.
 
 use berth_tests::process::BerthProcess;
-use berth_tests::python::{cinder, list, run, table};
+use berth_tests::python::{cinder, list, python, run, table};
 
 const CONFIG: &str = r#"
 [[backends]]
@@ -84,4 +85,65 @@ fn python_cinderclient_runs_every_attachment_command() {
     cli(&["attachment-delete", &id]);
     assert!(list(&cli(&["attachment-list"])).is_empty());
     assert_eq!(table(&cli(&["show", &volume]))["status"], "available");
+}
+
+/// The library's legacy calls, through a noauth session, exactly as an orchestrator makes them.
+const LEGACY: &str = r#"
+import json, sys
+from keystoneauth1 import session
+from cinderclient import client
+from cinderclient.contrib import noauth
+
+endpoint, project = sys.argv[1], sys.argv[2]
+auth = noauth.CinderNoAuthPlugin("compat-user", project, endpoint=endpoint + "/v3")
+c = client.Client("3.0", session=session.Session(auth=auth))
+status = lambda v: c.volumes.get(v.id).status
+seen = {}
+connector = {"initiator": "iqn.1993-08.org.debian:01:legacy", "host": "legacy-host", "ip": "127.0.0.1",
+             "platform": "x86_64", "os_type": "linux", "multipath": False}
+
+v = c.volumes.create(1, name="legacy")
+c.volumes.reserve(v); seen["reserve"] = status(v)
+c.volumes.unreserve(v); seen["unreserve"] = status(v)
+c.volumes.reserve(v)
+info = c.volumes.initialize_connection(v, connector); seen["initialize_connection"] = status(v)
+seen["connection_info"] = info
+c.volumes.attach(v, "5f1a7b52-8d2c-4f63-9a0e-3b7c1d2e4f60", "/dev/vdb", mode="rw", host_name="legacy-host")
+seen["attach"] = status(v)
+seen["attachments"] = c.volumes.get(v.id).attachments
+c.volumes.begin_detaching(v); seen["begin_detaching"] = status(v)
+c.volumes.roll_detaching(v); seen["roll_detaching"] = status(v)
+c.volumes.begin_detaching(v)
+c.volumes.terminate_connection(v, connector); seen["terminate_connection"] = status(v)
+c.volumes.detach(v, seen["attachments"][0]["attachment_id"]); seen["detach"] = status(v)
+seen["attachments_after"] = c.volumes.get(v.id).attachments
+print(json.dumps(seen))
+"#;
+
+#[test]
+fn python_cinderclient_legacy_calls_succeed() {
+    let server = BerthProcess::start(CONFIG);
+    let out = run(python(LEGACY, &[&server.base, "legacy"]));
+    let seen: serde_json::Value =
+        serde_json::from_str(out.lines().last().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    for (call, status) in [
+        ("reserve", "attaching"),
+        ("unreserve", "available"),
+        ("initialize_connection", "attaching"),
+        ("attach", "in-use"),
+        ("begin_detaching", "detaching"),
+        ("roll_detaching", "in-use"),
+        ("terminate_connection", "detaching"),
+        ("detach", "available"),
+    ] {
+        assert_eq!(seen[call], status, "after {call}: {seen}");
+    }
+    let info = &seen["connection_info"];
+    assert_eq!(info["driver_volume_type"], "iscsi", "{info}");
+    assert_eq!(info["data"]["target_lun"], 1, "{info}");
+    assert_eq!(info["data"]["auth_method"], "CHAP", "{info}");
+    let attachment = &seen["attachments"][0];
+    assert_eq!(attachment["server_id"], "5f1a7b52-8d2c-4f63-9a0e-3b7c1d2e4f60");
+    assert_eq!(attachment["device"], "/dev/vdb");
+    assert_eq!(seen["attachments_after"], serde_json::json!([]));
 }

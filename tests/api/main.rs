@@ -6,5 +6,6 @@ mod bad_input;
 mod concurrency;
 mod driver_failures;
 mod identity;
+mod legacy;
 mod versions;
 mod volumes;

@@ -73,3 +73,12 @@ pub fn list(output: &str) -> Vec<Vec<String>> {
         .map(|l| l.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect())
         .collect()
 }
+
+/// Runs a Python script with the virtualenv's interpreter (the clients importable) and `args`.
+pub fn python(script: &str, args: &[&str]) -> Command {
+    let bin = venv().join("bin/python");
+    assert!(bin.exists(), "{} is missing: run .ci/setup", bin.display());
+    let mut c = Command::new(bin);
+    c.arg("-c").arg(script).args(args).env("PYTHONWARNINGS", "ignore");
+    c
+}

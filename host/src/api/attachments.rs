@@ -73,6 +73,7 @@ async fn create(
         instance_uuid: a.instance_uuid.as_deref().map(|i| uuid_param("instance_uuid", i)).transpose()?,
         connector: a.connector,
         mode: a.mode,
+        legacy: false,
     };
     let row = state.service.create_attachment(&caller, request).await?;
     Ok(Json(json!({ "attachment": attachment_detail(&row) })).into_response())

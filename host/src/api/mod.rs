@@ -2,6 +2,7 @@
 //! merged in [`router`]; one error type mapped to HTTP in `error.rs`. Handlers only translate
 //! between HTTP and the attach service.
 
+pub mod actions;
 pub mod attachments;
 pub mod auth;
 pub mod body;
@@ -39,6 +40,7 @@ pub struct AppState {
 /// The routes, without the project-stripping rewrite (see [`app`]).
 pub fn router(state: AppState) -> Router {
     let v3 = Router::new()
+        .merge(actions::routes())
         .merge(attachments::routes())
         .merge(volumes::routes())
         .merge(types::routes())

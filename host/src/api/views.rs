@@ -204,6 +204,7 @@ mod tests {
             detach_time: None,
             created_at: 0,
             updated_at: 0,
+            legacy: false,
         };
         assert_eq!(
             attachment_detail(&a),

@@ -9,7 +9,7 @@
 
 use serde_json::{Map, Value as Json};
 
-use super::state::{AttachStatus, Event, VolumeStatus, settle, transition};
+use super::state::{AttachStatus, Event, VolumeStatus, as_seen, settle, transition};
 use super::{
     AttachError, Caller, Service, access_mode, apply_update, attach_status, attachment_not_found, connector,
     contract_attachment, contract_volume, volume_not_found, volume_status, with_fields,
@@ -31,11 +31,13 @@ pub struct NewAttachment {
     pub connector: Option<Map<String, Json>>,
     /// `rw` or `ro` (microversion 3.54); `None` stores Cinder's literal `null`.
     pub mode: Option<String>,
+    /// Made by the legacy volume actions (`legacy.rs`).
+    pub legacy: bool,
 }
 
 /// Why `connect` runs: it decides what a failure undoes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Origin {
+pub(super) enum Origin {
     /// A create with a connector: a failure rolls the reservation back.
     Create,
     /// An update: a failure leaves the attachment reserved without a connector.
@@ -74,6 +76,7 @@ impl Service {
             detach_time: None,
             created_at: now,
             updated_at: now,
+            legacy: req.legacy,
         };
 
         let t = transition(Event::Reserve);
@@ -123,10 +126,20 @@ impl Service {
         }
         let mode = access_mode(row.attach_mode.as_deref(), Some(&connector_json));
         let new = connector(&connector_json, mode)?;
-        let driver = self.driver(&volume)?;
-        driver.validate_connector(&new).await?;
+        self.driver(&volume)?.validate_connector(&new).await?;
 
         let _guard = self.locks.lock(&volume.id).await;
+        self.update_locked(caller, id, connector_json).await
+    }
+
+    /// Gives an attachment a (validated) connector and connects it; the caller holds the volume's
+    /// lock.
+    pub(super) async fn update_locked(
+        &self,
+        caller: &Caller,
+        id: &str,
+        connector_json: Map<String, Json>,
+    ) -> Result<AttachmentRow, AttachError> {
         let (row, stored) = self
             .store()
             .read(async |tx| {
@@ -144,9 +157,10 @@ impl Service {
         }
         // An attachment holds access for one connector at most: a different one replaces the old,
         // whose access is revoked first (Cinder leaves it, and the old host keeps the LUN).
+        let volume = self.fresh_volume(&row.volume_id).await?;
+        let driver = self.driver(&volume)?;
         let fields = match stored.as_ref().filter(|old| **old != connector_json) {
             Some(old) => {
-                let volume = self.fresh_volume(&volume.id).await?;
                 let old_connector = connector(old, access_mode(row.attach_mode.as_deref(), Some(old)))?;
                 let others = self.other_attachments(&volume.id, id).await?;
                 Some(self.disconnect(driver, &volume, &others, Some(&old_connector)).await?)
@@ -166,7 +180,7 @@ impl Service {
 
     /// Connects an attachment whose connector is stored: export, initialize, persist. The caller
     /// holds the volume's lock.
-    async fn connect(
+    pub(super) async fn connect(
         &self,
         row: AttachmentRow,
         connector_json: &Map<String, Json>,
@@ -290,7 +304,7 @@ impl Service {
     /// Revokes a connector's access through the driver, and removes the export when nothing else
     /// uses it. Returns the volume's driver fields afterwards. `unsupported` answers count as
     /// "nothing to do".
-    async fn disconnect(
+    pub(super) async fn disconnect(
         &self,
         driver: &Driver,
         volume: &VolumeRow,
@@ -317,7 +331,11 @@ impl Service {
     }
 
     /// The volume's live attachments other than `except`, as the driver sees them.
-    async fn other_attachments(&self, volume_id: &str, except: &str) -> Result<Vec<Attachment>, AttachError> {
+    pub(super) async fn other_attachments(
+        &self,
+        volume_id: &str,
+        except: &str,
+    ) -> Result<Vec<Attachment>, AttachError> {
         self.store()
             .read(async |tx| {
                 let all = rows::of_volume(tx, volume_id).await?;
@@ -538,7 +556,7 @@ impl Service {
     }
 }
 
-fn reserve_refused(volume: &VolumeRow) -> AttachError {
+pub(super) fn reserve_refused(volume: &VolumeRow) -> AttachError {
     let t = transition(Event::Reserve);
     AttachError::InvalidVolume(format!(
         "Volume {} status must be {} to reserve, but the current status is {}.",
@@ -548,7 +566,7 @@ fn reserve_refused(volume: &VolumeRow) -> AttachError {
     ))
 }
 
-fn names<T: std::fmt::Display>(items: &[T]) -> String {
+pub(super) fn names<T: std::fmt::Display>(items: &[T]) -> String {
     items.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(" or ")
 }
 
@@ -562,8 +580,10 @@ pub(crate) async fn settle_volume(
     let statuses: Vec<AttachStatus> = rows::statuses(tx, &locked.id)
         .await?
         .iter()
-        .map(|s| {
-            AttachStatus::parse(s).ok_or_else(|| StoreError::Corrupt(format!("attachment status {s:?}")))
+        .map(|(s, legacy)| {
+            AttachStatus::parse(s)
+                .map(|s| as_seen(s, *legacy))
+                .ok_or_else(|| StoreError::Corrupt(format!("attachment status {s:?}")))
         })
         .collect::<Result<_, _>>()?;
     let detaching = keep_detaching && volume_status(locked)? == VolumeStatus::Detaching;
@@ -576,7 +596,7 @@ pub(crate) async fn settle_volume(
 /// `driver_volume_type`, `attachment_id`, `enforce_multipath`, and the keys Cinder's volume
 /// manager adds when the driver did not (`qos_specs`, `access_mode`, `encrypted`, `cacheable`).
 /// Unlike Cinder (Q7), `access_mode` follows the attachment's mode.
-fn flatten(
+pub(super) fn flatten(
     driver: &Driver,
     info: &crate::runtime::contract::ConnectionInfo,
     attachment_id: &str,

@@ -5,6 +5,7 @@
 pub mod attachments;
 pub mod catalog;
 pub mod error;
+pub mod legacy;
 pub mod locks;
 pub mod reconcile;
 pub mod state;

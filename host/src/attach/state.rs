@@ -223,6 +223,13 @@ impl Transition {
     }
 }
 
+/// How an attachment counts towards its volume's status. A legacy reservation (`os-reserve`)
+/// counts as `attaching`, as in Cinder, where `os-reserve` sets the volume `attaching`; a
+/// reservation by the attachments API makes it `reserved`.
+pub fn as_seen(status: AttachStatus, legacy: bool) -> AttachStatus {
+    if legacy && status == A::Reserved { A::Attaching } else { status }
+}
+
 /// A volume's status and attach status, derived from the statuses of its live attachments.
 /// `detaching` keeps a legacy detach lock (`os-begin_detaching`) while attachments remain.
 pub fn settle(attachments: &[AttachStatus], detaching: bool) -> (VolumeStatus, VolumeAttachStatus) {
@@ -319,6 +326,15 @@ mod tests {
         ];
         for (rows, detaching, status, attach) in cases {
             assert_eq!(settle(rows, *detaching), (*status, *attach), "{rows:?} detaching={detaching}");
+        }
+    }
+
+    #[test]
+    fn a_legacy_reservation_shows_the_volume_attaching() {
+        assert_eq!(settle(&[as_seen(A::Reserved, true)], false).0, V::Attaching);
+        assert_eq!(settle(&[as_seen(A::Reserved, false)], false).0, V::Reserved);
+        for s in [A::Attaching, A::Attached, A::ErrorAttaching, A::ErrorDetaching] {
+            assert_eq!(as_seen(s, true), s);
         }
     }
 

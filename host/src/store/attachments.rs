@@ -10,7 +10,7 @@ use super::{Page, Scope, StoreError, now_micros, placeholders};
 use crate::params;
 
 const COLUMNS: &str = "id, volume_id, project_id, instance_uuid, attached_host, mountpoint, attach_mode, \
-     attach_status, exclusive, connection_info, attach_time, detach_time, created_at, updated_at";
+     attach_status, exclusive, connection_info, attach_time, detach_time, created_at, updated_at, legacy";
 
 /// A live attachment as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +31,8 @@ pub struct AttachmentRow {
     pub detach_time: Option<i64>,
     pub created_at: i64,
     pub updated_at: i64,
+    /// Made by the legacy volume actions (`os-reserve`, `os-initialize_connection`).
+    pub legacy: bool,
 }
 
 impl AttachmentRow {
@@ -50,6 +52,7 @@ impl AttachmentRow {
             detach_time: r.opt_int(11)?,
             created_at: r.int(12)?,
             updated_at: r.int(13)?,
+            legacy: r.flag(14)?,
         })
     }
 }
@@ -62,7 +65,7 @@ pub async fn insert(tx: &mut Tx, a: &AttachmentRow) -> Result<(), StoreError> {
     tx.execute(
         &format!(
             "INSERT INTO volume_attachment ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
-             $13, $14)"
+             $13, $14, $15)"
         ),
         &params![
             &a.id,
@@ -79,6 +82,7 @@ pub async fn insert(tx: &mut Tx, a: &AttachmentRow) -> Result<(), StoreError> {
             a.detach_time,
             a.created_at,
             a.updated_at,
+            a.legacy,
         ],
     ).await?;
     Ok(())
@@ -106,15 +110,15 @@ pub async fn of_volume(tx: &mut Tx, volume_id: &str) -> Result<Vec<AttachmentRow
     ).await?)
 }
 
-/// The statuses of a volume's live attachments.
-pub async fn statuses(tx: &mut Tx, volume_id: &str) -> Result<Vec<String>, StoreError> {
+/// The statuses of a volume's live attachments, each with its `legacy` mark.
+pub async fn statuses(tx: &mut Tx, volume_id: &str) -> Result<Vec<(String, bool)>, StoreError> {
     tx.query(
-        "SELECT attach_status FROM volume_attachment WHERE volume_id = $1 AND deleted = 0",
+        "SELECT attach_status, legacy FROM volume_attachment WHERE volume_id = $1 AND deleted = 0",
         &params![volume_id],
     )
     .await?
     .iter()
-    .map(|r| r.text(0))
+    .map(|r| Ok((r.text(0)?, r.flag(1)?)))
     .collect()
 }
 
@@ -164,6 +168,25 @@ pub async fn transition(
     );
     params.extend(from.iter().map(|s| Param::from(*s)));
     Ok(tx.execute(&q, &params).await? == 1)
+}
+
+/// Records where a legacy `os-attach` says the volume is attached.
+pub async fn set_attached_details(
+    tx: &mut Tx,
+    id: &str,
+    instance_uuid: Option<&str>,
+    attached_host: Option<&str>,
+    mountpoint: &str,
+    attach_mode: &str,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE volume_attachment SET instance_uuid = COALESCE($2, instance_uuid), \
+         attached_host = COALESCE($3, attached_host), mountpoint = $4, attach_mode = $5, updated_at = $6 \
+         WHERE id = $1 AND deleted = 0",
+        &params![id, instance_uuid, attached_host, mountpoint, attach_mode, now_micros()],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Deletes an attachment (soft, as Cinder does) and its connector.

@@ -54,6 +54,11 @@ impl From<Option<String>> for Param {
         Param::Text(v)
     }
 }
+impl From<Option<&str>> for Param {
+    fn from(v: Option<&str>) -> Self {
+        Param::Text(v.map(str::to_string))
+    }
+}
 impl From<&Option<String>> for Param {
     fn from(v: &Option<String>) -> Self {
         Param::Text(v.clone())
