@@ -7,42 +7,12 @@ use std::time::{Duration, Instant};
 use berth_tests::iscsi::{BLOCK, Session, Target};
 use berth_tests::process::BerthProcess;
 use berth_tests::server::{Client, connector};
-use berth_tests::tgt::{TgtdProcess, recording_tgtadm};
+use berth_tests::tgt::{Rig, TgtdProcess};
 use serde_json::{Value, json};
 
 const ALICE: &str = "iqn.1993-08.org.debian:01:alice";
 const BOB: &str = "iqn.1993-08.org.debian:01:bob";
 const GIB: u64 = 1 << 30;
-
-/// tgtd, a recording tgtadm, and `berth serve` configured for them.
-struct Rig {
-    tgtd: TgtdProcess,
-    berth: BerthProcess,
-    argv_log: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Rig {
-    fn start() -> Rig {
-        let tgtd = TgtdProcess::start();
-        let dir = tempfile::tempdir().unwrap();
-        let (wrapper, argv_log) = recording_tgtadm(dir.path());
-        let berth = BerthProcess::start(&tgtd.config(&wrapper));
-        Rig { tgtd, berth, argv_log, _dir: dir }
-    }
-
-    fn client(&self) -> Client {
-        Client::for_base(&self.berth.base, "e2e").at("3.54")
-    }
-
-    fn backing_file(&self, volume: &str) -> std::path::PathBuf {
-        self.berth.dir.path().join(format!("data/volumes/volume-{volume}.img"))
-    }
-
-    fn tgtadm_calls(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.argv_log).unwrap().lines().map(str::to_string).collect()
-    }
-}
 
 async fn attach(c: &Client, volume: &str, initiator: &str, host: &str) -> (String, Value) {
     let r = c.attach(volume, Some(connector(initiator, host))).await.expect(200);
@@ -293,4 +263,45 @@ async fn berth_starts_tgtd_when_none_answers() {
     let volume = c.create_volume(json!({"size": 1})).await;
     let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
     login(&Target::from_connection_info(&info), ALICE).expect("berth's own tgtd serves the volume");
+}
+
+async fn act(c: &Client, volume: &str, action: &str, arg: Value) -> berth_tests::server::Resp {
+    c.post(&format!("/volumes/{volume}/action"), json!({ action: arg })).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_legacy_and_attachments_flows_detach_each_other_without_leaking_an_export() {
+    let rig = Rig::start();
+    let c = rig.client();
+
+    // Legacy attach, attachments-API detach.
+    let volume = c.create_volume(json!({"size": 1})).await;
+    act(&c, &volume, "os-reserve", Value::Null).await.expect(202);
+    let r =
+        act(&c, &volume, "os-initialize_connection", json!({"connector": connector(ALICE, "alice-host")}))
+            .await;
+    let data = r.expect(200).body["connection_info"]["data"].clone();
+    act(&c, &volume, "os-attach", json!({"mountpoint": "/dev/vdb", "host_name": "alice-host"}))
+        .await
+        .expect(202);
+    let target = Target::from_connection_info(&data);
+    login(&target, ALICE).expect("the legacy flow's credentials log in");
+    let listed = c.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
+    let id = listed.body["attachments"][0]["id"].as_str().unwrap().to_string();
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+    assert!(!rig.exported(&volume), "the legacy attachment's export is removed");
+    assert!(Session::login(&target, ALICE).is_err());
+
+    // Attachments-API attach, legacy detach.
+    let (_, info) = attach(&c, &volume, BOB, "bob-host").await;
+    let target = Target::from_connection_info(&info);
+    login(&target, BOB).expect("bob logs in");
+    act(&c, &volume, "os-begin_detaching", Value::Null).await.expect(202);
+    act(&c, &volume, "os-terminate_connection", json!({"connector": connector(BOB, "bob-host")}))
+        .await
+        .expect(202);
+    assert!(Session::login(&target, BOB).is_err(), "terminate_connection revokes access");
+    act(&c, &volume, "os-detach", Value::Null).await.expect(202);
+    assert!(!rig.exported(&volume));
+    assert_eq!(c.volume_status(&volume).await, "available");
 }

@@ -1,11 +1,13 @@
 //! Berth: a WebAssembly-pluggable storage driver host with a Cinder-compatible attachment API.
 //!
 //! Rooms: `api` (HTTP), `attach` (state machine and orchestration), `store` (SQL), `runtime`
-//! (wasmtime), `capabilities` (what drivers may do to the outside world).
+//! (wasmtime), `capabilities` (what drivers may do to the outside world), `client` (`berth` as an
+//! attach client).
 
 pub mod api;
 pub mod attach;
 pub mod capabilities;
+pub mod client;
 pub mod config;
 pub mod runtime;
 pub mod serve;

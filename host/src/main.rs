@@ -6,6 +6,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use berth::client::ClientError;
+use berth::client::api::{Credentials, Endpoint};
+use berth::client::connector::{ConnectorOptions, connector};
+use berth::client::local::{AttachArgs, DetachArgs, iscsiadm, local_attach, local_detach, require_root};
 use berth::config::Config;
 
 // The service allocates many small, short-lived objects per request (JSON, a store per driver
@@ -41,6 +45,25 @@ enum Command {
         #[arg(long, env = "BERTH_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Print this machine's connector (as os-brick builds it) as JSON.
+    GetConnector {
+        #[command(flatten)]
+        connector: ConnectorOptions,
+    },
+    /// Attach a volume to this machine over iSCSI and print its device path.
+    LocalAttach {
+        #[command(flatten)]
+        args: AttachArgs,
+        #[command(flatten)]
+        credentials: Credentials,
+    },
+    /// Disconnect a volume from this machine and delete its attachment.
+    LocalDetach {
+        #[command(flatten)]
+        args: DetachArgs,
+        #[command(flatten)]
+        credentials: Credentials,
+    },
     /// Manage API tokens for `[auth] strategy = "token"`.
     Token {
         #[command(subcommand)]
@@ -66,7 +89,8 @@ enum TokenCommand {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
 }
 
 fn main() -> ExitCode {
@@ -97,6 +121,31 @@ fn main() -> ExitCode {
                 Err(e) => fail(&format!("{e:#}")),
             }
         }
+        Command::GetConnector { connector: options } => client(async {
+            let c = connector(&options, None)?;
+            println!("{}", serde_json::to_string_pretty(&c).expect("a JSON map serialises"));
+            Ok(())
+        }),
+        Command::LocalAttach { args, credentials } => client(async {
+            require_root("local-attach")?;
+            let iscsi = iscsiadm()?;
+            let api = Endpoint::resolve(&credentials)?;
+            let device = local_attach(&api, &iscsi, &args).await?;
+            if args.json {
+                println!("{device}");
+            } else {
+                println!("{}", device["path"].as_str().unwrap_or_default());
+            }
+            Ok(())
+        }),
+        Command::LocalDetach { args, credentials } => client(async {
+            require_root("local-detach")?;
+            let iscsi = iscsiadm()?;
+            let api = Endpoint::resolve(&credentials)?;
+            let id = local_detach(&api, &iscsi, &args).await?;
+            println!("detached volume {} (attachment {id})", args.volume_id);
+            Ok(())
+        }),
         Command::Token { command: TokenCommand::New { user, project, roles } } => {
             match berth::api::auth::new_token(&user, &project, &roles) {
                 Ok((token, entry)) => {
@@ -105,6 +154,19 @@ fn main() -> ExitCode {
                 }
                 Err(e) => fail(&e),
             }
+        }
+    }
+}
+
+/// Runs a client command: a clear message and a documented exit code on failure, never a
+/// stack trace.
+fn client(command: impl std::future::Future<Output = Result<(), ClientError>>) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    match runtime.block_on(command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("berth: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

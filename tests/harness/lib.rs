@@ -1,6 +1,7 @@
 //! Shared helpers for Berth's integration tests and benchmarks.
 
 pub mod drivers;
+pub mod initiator;
 pub mod iscsi;
 pub mod pg;
 pub mod process;

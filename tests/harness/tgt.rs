@@ -11,6 +11,8 @@ use berth::capabilities::iscsi::TargetState;
 use berth::capabilities::iscsi::tgt::parse_show;
 
 use crate::pg::free_port;
+use crate::process::BerthProcess;
+use crate::server::Client;
 
 pub struct TgtdProcess {
     child: Option<Child>,
@@ -122,4 +124,47 @@ pub fn recording_tgtadm(dir: &Path) -> (PathBuf, PathBuf) {
     .unwrap();
     std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     (wrapper, log)
+}
+
+/// A tgtd of its own, a recording tgtadm, and `berth serve` (tgt-iscsi, SQLite) configured for
+/// them: the product as a user runs it.
+pub struct Rig {
+    pub tgtd: TgtdProcess,
+    pub berth: BerthProcess,
+    pub argv_log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Rig {
+    pub fn start() -> Rig {
+        let tgtd = TgtdProcess::start();
+        let dir = tempfile::tempdir().unwrap();
+        let (wrapper, argv_log) = recording_tgtadm(dir.path());
+        let berth = BerthProcess::start(&tgtd.config(&wrapper));
+        Rig { tgtd, berth, argv_log, _dir: dir }
+    }
+
+    /// An admin of project `e2e` at microversion 3.54.
+    pub fn client(&self) -> Client {
+        Client::for_base(&self.berth.base, "e2e").at("3.54")
+    }
+
+    /// The volume endpoint as clients name it (`CINDER_ENDPOINT`).
+    pub fn endpoint(&self) -> String {
+        format!("{}/v3", self.berth.base)
+    }
+
+    pub fn backing_file(&self, volume: &str) -> PathBuf {
+        self.berth.dir.path().join(format!("data/volumes/volume-{volume}.img"))
+    }
+
+    /// Every tgtadm command line berth ran.
+    pub fn tgtadm_calls(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.argv_log).unwrap().lines().map(str::to_string).collect()
+    }
+
+    /// Whether tgtd has a target for the volume.
+    pub fn exported(&self, volume: &str) -> bool {
+        self.tgtd.targets().iter().any(|t| t.iqn.ends_with(volume))
+    }
 }
