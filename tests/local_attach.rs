@@ -208,6 +208,26 @@ async fn every_failed_step_is_undone_in_reverse_order() {
         assert_eq!(c.volume_status(&volume).await, "available", "{step}");
         assert!(!rig.exported(&volume), "{step}: no export is left behind");
     }
+    // The last step, completing the attachment, fails: here an admin force-detaches the volume
+    // while the host logs in. Everything is undone; the attachment is gone already.
+    let before = cli.tools.calls().len();
+    let mut command = cli.attach_command(&volume, &[]);
+    command.env(
+        "ISCSIADM_ON_LOGIN",
+        format!(
+            "curl -sf -o /dev/null -X POST -H 'X-Auth-Token: admin:e2e' -H 'Content-Type: application/json' \
+             -d '{{\"os-force_detach\": {{}}}}' {}/e2e/volumes/{volume}/action",
+            rig.endpoint()
+        ),
+    );
+    let message = failed(&command.output().unwrap(), 4);
+    assert!(message.contains("/action") && message.contains("could not be found"), "{message}");
+    let calls = cli.tools.calls()[before..].to_vec();
+    assert_eq!(calls[calls.len() - 2..], [logout.clone(), delete.clone()], "{calls:#?}");
+    assert!(attachments(&rig, &volume).await.is_empty());
+    assert_eq!(c.volume_status(&volume).await, "available");
+    assert!(!rig.exported(&volume));
+
     // And then it works.
     ok(&cli.attach(&volume, &[]));
     assert_eq!(c.volume_status(&volume).await, "in-use");

@@ -31,7 +31,8 @@ impl StandIns {
 
     /// An `iscsiadm` for `berth local-attach`: `--login` makes the LUN 1 device appear in
     /// `devices` (as udev would) and `--logout` removes it. A command line containing
-    /// `$ISCSIADM_FAIL` fails with status 8; `ISCSIADM_NO_DEVICE=1` keeps the device from appearing.
+    /// `$ISCSIADM_FAIL` fails with status 8; `ISCSIADM_NO_DEVICE=1` keeps the device from appearing;
+    /// `ISCSIADM_ON_LOGIN` is a shell command run after a login.
     pub fn for_berth() -> StandIns {
         let s = StandIns::new();
         script(
@@ -49,7 +50,7 @@ while [ $# -gt 0 ]; do
 done
 dev="{devices}/ip-$portal-iscsi-$iqn-lun-1"
 case "$line" in
-  *--login*) [ "$ISCSIADM_NO_DEVICE" = 1 ] || : > "$dev";;
+  *--login*) [ "$ISCSIADM_NO_DEVICE" = 1 ] || : > "$dev"; [ -z "$ISCSIADM_ON_LOGIN" ] || sh -c "$ISCSIADM_ON_LOGIN";;
   *--logout*) rm -f "$dev";;
 esac
 exit 0

@@ -3,39 +3,18 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::pg::free_port;
 
-/// The `berth` binary of this build, next to the test executable's directory. Cargo builds a
-/// package's binaries only for that package's own tests, so the first call builds it (with the
-/// same profile and target directory) to make sure it is there and current.
+/// The `berth` binary of this build: `berth-under-test`, which this package builds from the
+/// binary's own source (see Cargo.toml), next to the test executable's directory.
 pub fn berth_binary() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().expect("current exe");
-            let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
-            let target_dir = profile_dir.parent().expect("target/");
-            let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-                Some("debug") | None => "dev",
-                Some(other) => other,
-            };
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-            let status = Command::new(cargo)
-                .args(["build", "--quiet", "-p", "berth", "--bin", "berth", "--profile", profile])
-                .arg("--manifest-path")
-                .arg(&manifest)
-                .arg("--target-dir")
-                .arg(target_dir)
-                .status()
-                .expect("run cargo to build berth");
-            assert!(status.success(), "building the berth binary failed");
-            profile_dir.join("berth")
-        })
-        .clone()
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+    let bin = profile_dir.join("berth-under-test");
+    assert!(bin.exists(), "{} is missing: run the tests with cargo", bin.display());
+    bin
 }
 
 pub struct BerthProcess {
