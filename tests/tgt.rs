@@ -210,3 +210,20 @@ async fn a_success_that_did_not_happen_is_an_error() {
     let e = t.allow_initiator(&target, &iqn(BOB)).await.unwrap_err();
     assert!(e.to_string().contains("not visible"), "{e}");
 }
+
+#[tokio::test]
+async fn new_chap_credentials_replace_the_old_ones() {
+    let rig = Rig::start();
+    let t = rig.service();
+    let (target, old) = export(&rig, &t, "g", ALICE).await;
+    let new = ChapPolicy::default().generate();
+    t.set_chap(&target, &new).await.unwrap();
+    let state = rig.tgtd.targets().into_iter().next().unwrap();
+    assert_eq!(state.chap_users, vec![new.user.as_str().to_string()], "only the new account is bound");
+    assert!(
+        !t.accounts().await.unwrap().contains(&old.user.as_str().to_string()),
+        "the old account is deleted"
+    );
+    assert!(Session::login(&rig.target(&target, &old), ALICE).is_err());
+    Session::login(&rig.target(&target, &new), ALICE).expect("the new credentials log in");
+}

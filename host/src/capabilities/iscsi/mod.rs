@@ -135,6 +135,9 @@ pub trait TargetService: Send + Sync {
     async fn remove_lun(&self, iqn: &Iqn, lun: Lun) -> Result<(), TargetError>;
     async fn allow_initiator(&self, iqn: &Iqn, initiator: &Iqn) -> Result<(), TargetError>;
     async fn deny_initiator(&self, iqn: &Iqn, initiator: &Iqn) -> Result<(), TargetError>;
+    /// Makes these the target's only incoming CHAP credentials: the account is created (or its
+    /// secret replaced) and bound; other accounts bound to the target are unbound, and deleted
+    /// when no other target uses them.
     async fn set_chap(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError>;
     /// Every target, for the host's own drift report.
     async fn list(&self) -> Result<Vec<TargetState>, TargetError>;

@@ -251,15 +251,19 @@ impl TargetService for TargetModel {
             if !s.snapshot.targets.contains_key(iqn.as_str()) {
                 return Err(missing(iqn));
             }
-            if let Some(existing) = s.secrets.get(&user)
-                && existing != &credentials.secret
-            {
-                return Err(TargetError::Failed(format!("CHAP account {user} exists with another secret")));
-            }
+            // An account of that name with another secret is replaced, as on tgtd.
             s.snapshot.accounts.insert(user.clone());
             s.secrets.insert(user.clone(), credentials.secret.clone());
             let t = s.snapshot.targets.get_mut(iqn.as_str()).expect("checked above");
-            t.chap_users.insert(user.clone());
+            let others: Vec<String> = t.chap_users.iter().filter(|u| **u != user).cloned().collect();
+            t.chap_users = BTreeSet::from([user.clone()]);
+            // These become the target's only credentials.
+            for other in others {
+                if !s.snapshot.targets.values().any(|t| t.chap_users.contains(&other)) {
+                    s.snapshot.accounts.remove(&other);
+                    s.secrets.remove(&other);
+                }
+            }
             Ok(())
         })
     }

@@ -285,6 +285,44 @@ impl Tgtd {
         }
     }
 
+    /// Adds an initiator to a target's ACL (no check, no lock: for callers that hold both).
+    async fn bind_initiator(&self, tid: &str, initiator: &Iqn) -> Result<(), TargetError> {
+        match self.lld(&["--op", "bind", "--mode", "target", "--tid", tid, "-Q", initiator.as_str()]).await {
+            Ok(_) | Err(Failure::AlreadyExists(_)) => Ok(()),
+            Err(f) => Err(f.into_error("allow initiator")),
+        }
+    }
+
+    /// Removes an initiator from a target's ACL (no check, no lock).
+    async fn unbind_initiator(&self, tid: &str, initiator: &Iqn) -> Result<(), TargetError> {
+        match self.lld(&["--op", "unbind", "--mode", "target", "--tid", tid, "-Q", initiator.as_str()]).await
+        {
+            Ok(_) | Err(Failure::NotFound(_)) => Ok(()),
+            Err(f) => Err(f.into_error("deny initiator")),
+        }
+    }
+
+    async fn account_unbind(&self, tid: u32, user: &str) -> Result<(), TargetError> {
+        match self.control(MODE_ACCOUNT, OP_UNBIND, tid as i32, &format!("user={user}")).await {
+            Ok(_) | Err(Failure::NotFound(_)) => Ok(()),
+            Err(f) => Err(f.into_error("unbind account")),
+        }
+    }
+
+    /// The CHAP account names tgtd has.
+    pub async fn accounts(&self) -> Result<Vec<String>, TargetError> {
+        let out =
+            self.control(MODE_ACCOUNT, OP_SHOW, -1, "").await.map_err(|f| f.into_error("show accounts"))?;
+        Ok(out
+            .lines()
+            .skip_while(|l| !l.starts_with("Account list"))
+            .skip(1)
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.ends_with("(outgoing)"))
+            .map(str::to_string)
+            .collect())
+    }
+
     fn remember(&self, credentials: &ChapCredentials) {
         let digest: [u8; 32] = Sha256::digest(credentials.secret.expose().as_bytes()).into();
         self.accounts
@@ -405,11 +443,7 @@ impl TargetService for Tgtd {
         if target.initiators.iter().any(|i| i == initiator.as_str()) {
             return Ok(());
         }
-        let tid = target.tid.to_string();
-        match self.lld(&["--op", "bind", "--mode", "target", "--tid", &tid, "-Q", initiator.as_str()]).await {
-            Ok(_) | Err(Failure::AlreadyExists(_)) => {}
-            Err(f) => return Err(f.into_error("allow initiator")),
-        }
+        self.bind_initiator(&target.tid.to_string(), initiator).await?;
         self.verify(iqn, "allow initiator", |t| {
             t.is_some_and(|t| t.initiators.iter().any(|i| i == initiator.as_str()))
         })
@@ -422,53 +456,55 @@ impl TargetService for Tgtd {
         if !target.initiators.iter().any(|i| i == initiator.as_str()) {
             return Ok(());
         }
-        let tid = target.tid.to_string();
-        match self.lld(&["--op", "unbind", "--mode", "target", "--tid", &tid, "-Q", initiator.as_str()]).await
-        {
-            Ok(_) | Err(Failure::NotFound(_)) => {}
-            Err(f) => return Err(f.into_error("deny initiator")),
-        }
+        self.unbind_initiator(&target.tid.to_string(), initiator).await?;
         self.verify(iqn, "deny initiator", |t| {
             t.is_none_or(|t| !t.initiators.iter().any(|i| i == initiator.as_str()))
         })
         .await
     }
 
+    /// tgtd 1.0.85 corrupts its account list (and crashes on the next `show`) when an account
+    /// that is not the last one bound to a target is unbound or deleted. So a target never has
+    /// more than one account bound here: the old one goes before the new one comes, and while none
+    /// is bound the ACL is empty, so that nobody logs in without CHAP. Sessions already logged in
+    /// are not affected. If a step fails the ACL stays empty (closed) until the call is retried.
     async fn set_chap(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError> {
         let _guard = self.changes.lock().await;
         let target = self.require(iqn).await?;
         let user = credentials.user.as_str();
-        let bound = target.chap_users.iter().any(|u| u == user);
-        if bound && self.known(credentials) {
+        if target.chap_users == [user] && self.known(credentials) {
             return Ok(());
+        }
+        let acl: Vec<Iqn> = target.initiators.iter().filter_map(|i| Iqn::parse(i).ok()).collect();
+        let tid = target.tid.to_string();
+        for initiator in &acl {
+            self.unbind_initiator(&tid, initiator).await?;
+        }
+        let all = self.show_all().await?;
+        for old in target.chap_users.iter().rev() {
+            self.account_unbind(target.tid, old).await?;
+            if !all.iter().any(|t| t.iqn != iqn.as_str() && t.chap_users.contains(old)) {
+                self.account_delete(old).await?;
+            }
         }
         match self.account_new(credentials).await {
             Ok(()) => {}
+            // An account of that name, bound to no target of ours, with a secret tgtd never shows.
             Err(Failure::AlreadyExists(_)) => {
-                // An account of that name exists with a secret we cannot read (tgtd never shows
-                // secrets): replace it. A temporary account stays bound meanwhile, so the target
-                // never stops requiring CHAP.
-                let temp = super::ChapPolicy::default().generate();
-                self.account_new(&temp).await.map_err(|f| f.into_error("create temporary account"))?;
-                self.account_bind(target.tid, temp.user.as_str()).await?;
                 self.account_delete(user).await?;
-                let created = self.account_new(credentials).await;
-                let bound_new = match created {
-                    Ok(()) => self.account_bind(target.tid, user).await,
-                    Err(f) => Err(f.into_error("create account")),
-                };
-                self.account_delete(temp.user.as_str()).await?;
-                bound_new?;
-                self.remember(credentials);
-                return self
-                    .verify(iqn, "set CHAP", |t| t.is_some_and(|t| t.chap_users.iter().any(|u| u == user)))
-                    .await;
+                self.account_new(credentials).await.map_err(|f| f.into_error("create account"))?;
             }
             Err(f) => return Err(f.into_error("create account")),
         }
         self.remember(credentials);
         self.account_bind(target.tid, user).await?;
-        self.verify(iqn, "set CHAP", |t| t.is_some_and(|t| t.chap_users.iter().any(|u| u == user))).await
+        for initiator in &acl {
+            self.bind_initiator(&tid, initiator).await?;
+        }
+        self.verify(iqn, "set CHAP", |t| {
+            t.is_some_and(|t| t.chap_users == [user] && t.initiators == target.initiators)
+        })
+        .await
     }
 
     async fn list(&self) -> Result<Vec<TargetState>, TargetError> {
@@ -483,6 +519,7 @@ const OP_NEW: u32 = 0;
 const OP_DELETE: u32 = 1;
 const OP_SHOW: u32 = 2;
 const OP_BIND: u32 = 3;
+const OP_UNBIND: u32 = 4;
 /// The longest answer read from tgtd (a `show` of some ten thousand targets).
 const MAX_ANSWER: usize = 64 << 20;
 const REQ_SIZE: usize = 120;
