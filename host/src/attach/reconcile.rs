@@ -49,7 +49,8 @@ impl Service {
         for id in volume_ids {
             let _guard = self.locks.lock(&id).await;
             match self.replay(&id, &mut report).await {
-                Ok(()) => report.volumes += 1,
+                Ok(true) => report.volumes += 1,
+                Ok(false) => {}
                 Err(e) => {
                     tracing::error!(volume = %id, "could not re-create the volume's export: {e}");
                     report.failed.push((id, e.to_string()));
@@ -59,7 +60,8 @@ impl Service {
         Ok(report)
     }
 
-    async fn replay(&self, id: &str, report: &mut Reconciled) -> Result<(), AttachError> {
+    /// Replays one volume; false when it no longer has a connected live attachment.
+    async fn replay(&self, id: &str, report: &mut Reconciled) -> Result<bool, AttachError> {
         let (volume, attachments, connectors) = self
             .store()
             .read(async |tx| {
@@ -71,6 +73,11 @@ impl Service {
                 Ok::<_, AttachError>((volume, all, connectors))
             })
             .await?;
+        // The list of volumes was read before this volume's lock was taken: its last connected
+        // attachment may have been removed since, and then there is nothing to re-create.
+        if !attachments.iter().any(|r| connectors.get(&r.id).is_some_and(|c| !c.is_empty())) {
+            return Ok(false);
+        }
         let driver = self.driver(&volume)?;
         let record = CallOptions { record: true, ..Default::default() };
         let mut fields = volume.driver_fields();
@@ -109,6 +116,6 @@ impl Service {
             }
         }
         self.store().write(async |tx| volumes::lock(tx, id, &[], Some(&fields)).await).await?;
-        Ok(())
+        Ok(true)
     }
 }
