@@ -75,10 +75,7 @@ impl Driver for Fake {
 
     fn validate_connector(connector: &Connector) -> DriverResult<()> {
         script("validate-connector", None)?;
-        if connector.initiator.is_none() {
-            return Err(DriverError::missing("initiator"));
-        }
-        Ok(())
+        connector.iscsi_initiator().map(|_| ())
     }
 
     fn create_volume(volume: &Volume) -> DriverResult<ModelUpdate> {
@@ -106,6 +103,7 @@ impl Driver for Fake {
 
     fn initialize_connection(volume: &Volume, connector: &Connector) -> DriverResult<Connection> {
         script("initialize-connection", Some(volume))?;
+        connector.iscsi_initiator()?;
         let Some(auth) = volume.provider_auth.as_deref() else {
             return Err(DriverError::NotFound(format!("volume {} is not exported", volume.id)));
         };
