@@ -89,7 +89,12 @@ pub struct Runtime {
     tick: Duration,
     /// One permit per concurrent call.
     slots: Arc<tokio::sync::Semaphore>,
+    /// Components already loaded, by source (see `loader.rs`).
+    loaded: Arc<std::sync::Mutex<std::collections::HashMap<String, LoadedComponent>>>,
 }
+
+/// A component with its digest and where it came from.
+type LoadedComponent = (String, wasmtime::component::Component, Provenance);
 
 impl Runtime {
     pub fn new(options: RuntimeOptions) -> Result<Self, LoadError> {
@@ -151,6 +156,7 @@ impl Runtime {
             fuel: options.fuel,
             tick: options.tick,
             slots: Arc::new(tokio::sync::Semaphore::new(slots as usize)),
+            loaded: Default::default(),
         })
     }
 
