@@ -1,0 +1,245 @@
+// js-iscsi: a Berth storage driver in JavaScript, written from the WIT contract alone
+// (wit/driver@0.1.0), built into a component with ComponentizeJS. It does what the Rust
+// tgt-iscsi driver does: a volume is a sparse backing store exported through the host's iSCSI
+// target service, one target per volume, LUN 1, incoming CHAP, one ACL entry per initiator.
+//
+// How the contract looks from JavaScript (ComponentizeJS / jco conventions):
+// - the export `driver` is an object with one function per WIT function, names in camelCase;
+// - records are objects with camelCase fields; variants are `{ tag, val }`; enums are strings;
+//   `option<T>` is the value or `undefined`; u64/s64 are BigInt;
+// - a `result` is returned on success and thrown on error: throw the error variant
+//   (`{ tag: 'not-found', val: 'message' }`); imported functions throw the same way (the
+//   variant is in the error's `payload`).
+//
+// Stateless: everything it knows comes from the volume record; what it learns goes back in the
+// model update (provider_location, provider_auth, and a driver-data key per connected initiator).
+
+import { log } from 'berth:driver/log@0.1.0';
+import { get as setting } from 'berth:driver/config@0.1.0';
+import * as iscsi from 'berth:driver/iscsi-target@0.1.0';
+import * as stores from 'berth:driver/backing-store@0.1.0';
+
+const DEFAULT_PREFIX = 'iqn.2010-10.org.openstack:';
+
+// ---- errors -------------------------------------------------------------------------------
+
+const error = (tag, val) => ({ tag, val });
+const missing = (key) =>
+  error('invalid-connector', { missing: [key], reason: `Connector doesn't have required information: ${key}` });
+const invalidConnector = (reason) => error('invalid-connector', { missing: [], reason });
+
+// A capability's error variant, from what an imported function threw.
+const variantOf = (e) => (e && e.payload && e.payload.tag ? e.payload : e && e.tag ? e : { tag: 'failed', val: String(e) });
+
+function targetError(what, e) {
+  const { tag, val } = variantOf(e);
+  switch (tag) {
+    case 'not-found': return error('not-found', `${what}: ${val}`);
+    case 'timeout': return error('retryable', `${what}: ${val}`);
+    default: return error('backend', `${what}: ${tag}: ${val}`);
+  }
+}
+
+function storeError(what, e) {
+  const { tag, val } = variantOf(e);
+  switch (tag) {
+    case 'not-found': return error('not-found', `${what}: ${val}`);
+    case 'conflict': return error('incompatible', `${what}: ${val}`);
+    case 'no-space': return error('retryable', `${what}: ${val}`);
+    default: return error('backend', `${what}: ${tag}: ${val}`);
+  }
+}
+
+// Calls an imported function, turning what it throws into the driver's error.
+function attempt(f, wrap) {
+  try {
+    return f();
+  } catch (e) {
+    throw wrap(e);
+  }
+}
+
+// ---- names --------------------------------------------------------------------------------
+
+// RFC 3720 iSCSI names, as the host checks them: lower-case iqn./eui./naa. forms, <= 223 bytes.
+function isIscsiName(name) {
+  if (typeof name !== 'string' || name.length === 0 || name.length > 223) return false;
+  if (!/^[a-z0-9.:-]+$/.test(name)) return false;
+  if (name.startsWith('eui.')) return /^eui\.[0-9a-f]{16}$/.test(name);
+  if (name.startsWith('naa.')) return /^naa\.([0-9a-f]{16}|[0-9a-f]{32})$/.test(name);
+  const m = /^iqn\.(\d{4})-(\d{2})\.([^:]+)(?::(.*))?$/.exec(name);
+  if (!m) return false;
+  const month = Number(m[2]);
+  if (month < 1 || month > 12) return false;
+  const labels = m[3].split('.');
+  if (labels.some((l) => l.length === 0 || l.startsWith('-') || l.endsWith('-'))) return false;
+  return m[4] === undefined || m[4].length > 0;
+}
+
+function initiatorOf(connector) {
+  if (connector.initiator === undefined) throw missing('initiator');
+  if (!isIscsiName(connector.initiator)) throw invalidConnector(`initiator: not a valid iSCSI name`);
+  return connector.initiator;
+}
+
+const sameInitiator = (a, b) => a.initiator !== undefined && a.initiator === b.initiator;
+
+// ---- the volume record --------------------------------------------------------------------
+
+const targetIqn = (volume) => `${setting('target_prefix') ?? DEFAULT_PREFIX}${volume.name}`;
+const lun = () => Number(setting('target_lun') ?? '1');
+const modeKey = (initiator) => `mode.${initiator}`;
+const data = (volume, key) => volume.driverData.find(([k]) => k === key)?.[1];
+
+function storedCredentials(volume) {
+  const words = (volume.providerAuth ?? '').split(/\s+/);
+  return words[0] === 'CHAP' && words.length === 3 ? { username: words[1], secret: words[2] } : undefined;
+}
+
+// `<portal>[;<portal>...],<tid> <iqn> <lun>`, Cinder's provider_location.
+function location(volume) {
+  const notExported = error('not-found', `volume ${volume.id} is not exported`);
+  const text = volume.providerLocation;
+  if (!text || !text.includes(',')) throw notExported;
+  const [portals, rest] = [text.slice(0, text.indexOf(',')), text.slice(text.indexOf(',') + 1)];
+  const [, iqn, l] = rest.split(/\s+/);
+  if (!iqn) throw notExported;
+  return { portals: portals.split(';'), iqn, lun: Number(l ?? '1') };
+}
+
+const portalText = (p) => (p.address.includes(':') ? `[${p.address}]:${p.port}` : `${p.address}:${p.port}`);
+
+function update(fields = {}) {
+  return {
+    providerLocation: fields.providerLocation,
+    providerAuth: fields.providerAuth,
+    providerId: undefined,
+    clear: [],
+    setData: fields.setData ?? [],
+    removeData: fields.removeData ?? [],
+  };
+}
+
+const text = (v) => ({ tag: 'text', val: v });
+const integer = (v) => ({ tag: 'integer', val: BigInt(v) });
+const boolean = (v) => ({ tag: 'boolean', val: v });
+
+// ---- the contract -------------------------------------------------------------------------
+
+export const driver = {
+  info() {
+    return {
+      name: 'js-iscsi',
+      version: '0.1.0',
+      vendor: 'Berth',
+      description: 'A JavaScript driver: sparse backing stores exported over iSCSI with CHAP and per-initiator ACLs',
+      protocols: [{ tag: 'iscsi' }],
+      capabilities: { multiattach: true, sharedTargets: false },
+    };
+  },
+
+  validateConnector(connector) {
+    initiatorOf(connector);
+  },
+
+  createVolume(volume) {
+    attempt(() => stores.create(volume.name, volume.sizeGib * 1024n * 1024n * 1024n), (e) => storeError('create backing store', e));
+    return update();
+  },
+
+  deleteVolume(volume) {
+    attempt(() => iscsi.deleteTarget(targetIqn(volume)), (e) => targetError('delete target', e));
+    attempt(() => stores['delete'](volume.name), (e) => storeError('delete backing store', e));
+  },
+
+  createExport(volume, _connector) {
+    const iqn = targetIqn(volume);
+    const credentials = storedCredentials(volume) ?? iscsi.generateChapCredentials();
+    const target =
+      attempt(() => iscsi.showTarget(iqn), (e) => targetError('show target', e)) ??
+      attempt(() => iscsi.createTarget(iqn), (e) => targetError('create target', e));
+    if (!target.luns.includes(lun())) {
+      attempt(() => iscsi.addLun(iqn, lun(), volume.name), (e) => targetError('add LUN', e));
+    }
+    if (!target.chapUsers.includes(credentials.username)) {
+      attempt(() => iscsi.setChap(iqn, credentials), (e) => targetError('set CHAP', e));
+    }
+    const portals = iscsi.portals().map(portalText);
+    if (portals.length === 0) throw error('backend', 'the host has no iSCSI portal configured');
+    log('debug', `exported ${volume.id} as ${iqn} (tid ${target.tid})`);
+    return update({
+      providerLocation: `${portals.join(';')},${target.tid} ${iqn} ${lun()}`,
+      providerAuth: `CHAP ${credentials.username} ${credentials.secret}`,
+    });
+  },
+
+  removeExport(volume) {
+    attempt(() => iscsi.deleteTarget(targetIqn(volume)), (e) => targetError('delete target', e));
+    return update({ removeData: volume.driverData.map(([k]) => k).filter((k) => k.startsWith('mode.')) });
+  },
+
+  initializeConnection(volume, connector) {
+    const initiator = initiatorOf(connector);
+    const loc = location(volume);
+    const credentials = storedCredentials(volume);
+    if (!credentials) throw error('not-found', `volume ${volume.id} has no CHAP credentials`);
+    const mode = connector.mode;
+    const previous = data(volume, modeKey(initiator));
+    if (previous !== undefined && previous !== mode) {
+      throw error('incompatible', `initiator ${initiator} is already connected ${previous}; it cannot get ${mode} access as well`);
+    }
+    attempt(() => iscsi.allowInitiator(loc.iqn, initiator), (e) => targetError('allow initiator', e));
+    const info = [
+      ['target_discovered', boolean(false)],
+      ['target_portal', text(loc.portals[0])],
+      ['target_iqn', text(loc.iqn)],
+      ['target_lun', integer(loc.lun)],
+      ['volume_id', text(volume.id)],
+      ['auth_method', text('CHAP')],
+      ['auth_username', text(credentials.username)],
+      ['auth_password', text(credentials.secret)],
+      ['access_mode', text(mode)],
+      ['encrypted', boolean(false)],
+    ];
+    if (loc.portals.length > 1 || connector.multipath) {
+      const n = loc.portals.length;
+      info.push(['target_portals', { tag: 'text-list', val: loc.portals }]);
+      info.push(['target_iqns', { tag: 'text-list', val: Array(n).fill(loc.iqn) }]);
+      info.push(['target_luns', { tag: 'integer-list', val: Array(n).fill(BigInt(loc.lun)) }]);
+    }
+    return {
+      info: { driverVolumeType: 'iscsi', data: info },
+      update: update({ setData: [[modeKey(initiator), mode]] }),
+    };
+  },
+
+  terminateConnection(volume, connector, others) {
+    const iqn = targetIqn(volume);
+    let revoke = [];
+    if (connector === undefined) {
+      // Force detach: everyone goes.
+      const target = attempt(() => iscsi.showTarget(iqn), (e) => targetError('show target', e));
+      revoke = target ? target.initiators : [];
+    } else if (connector.initiator !== undefined && isIscsiName(connector.initiator)) {
+      // Another live attachment from the same initiator still needs the ACL entry.
+      const needed = others.some((a) => a.connector !== undefined && sameInitiator(a.connector, connector));
+      if (!needed) revoke = [connector.initiator];
+    }
+    for (const initiator of revoke) {
+      attempt(() => iscsi.denyInitiator(iqn, initiator), (e) => targetError('deny initiator', e));
+    }
+    const removeData = connector === undefined
+      ? volume.driverData.map(([k]) => k).filter((k) => k.startsWith('mode.'))
+      : revoke.map(modeKey);
+    return {
+      exportInUse: connector !== undefined && others.some((a) => a.connector !== undefined),
+      update: update({ removeData }),
+    };
+  },
+
+  sharedConnections(_volume, connector, attachments) {
+    return attachments
+      .filter((a) => a.connector !== undefined && sameInitiator(a.connector, connector))
+      .map((a) => a.id);
+  },
+};
