@@ -15,6 +15,7 @@ const DRIVERS: &[(&str, &str)] = &[
     ("fake", "berth-driver-fake"),
     ("misbehaving", "berth-driver-misbehaving"),
     ("sneaky", "berth-driver-sneaky"),
+    ("flawed", "berth-driver-flawed"),
 ];
 
 fn main() {

@@ -9,6 +9,7 @@ pub mod attach;
 pub mod capabilities;
 pub mod client;
 pub mod config;
+pub mod conformance;
 pub mod runtime;
 pub mod serve;
 pub mod shipped;

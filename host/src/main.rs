@@ -11,6 +11,7 @@ use berth::client::api::{Credentials, Endpoint};
 use berth::client::connector::{ConnectorOptions, connector};
 use berth::client::local::{AttachArgs, DetachArgs, iscsiadm, local_attach, local_detach, require_root};
 use berth::config::Config;
+use berth::conformance::{Options, TargetMode, VendorConfig};
 
 // The service allocates many small, short-lived objects per request (JSON, a store per driver
 // call); glibc's malloc spent a tenth of the CPU of a loaded server consolidating them.
@@ -44,6 +45,38 @@ enum Command {
         /// Configuration file (TOML).
         #[arg(long, env = "BERTH_CONFIG")]
         config: Option<PathBuf>,
+    },
+    /// Run the driver conformance suite on a component; exit status 1 if any check fails.
+    Conformance {
+        /// The driver component (`.wasm`).
+        wasm: PathBuf,
+        /// The driver's settings, grants, limits and fuel budget (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Write the results as JUnit XML.
+        #[arg(long)]
+        junit: Option<PathBuf>,
+        /// Write the results, with fuel and memory per check, as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Run only the checks whose name matches this regular expression.
+        #[arg(long)]
+        focus: Option<String>,
+        /// Leave out the checks whose name matches this regular expression.
+        #[arg(long)]
+        skip: Option<String>,
+        /// Run each check this many times.
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
+        /// The iSCSI target to run against.
+        #[arg(long, value_enum, default_value = "model")]
+        target: TargetMode,
+        /// Compiled-driver cache (default: $XDG_CACHE_HOME/berth or ~/.cache/berth).
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+        /// List the checks and exit.
+        #[arg(long)]
+        list: bool,
     },
     /// Print this machine's connector (as os-brick builds it) as JSON.
     GetConnector {
@@ -94,6 +127,11 @@ fn init_logging() {
 }
 
 fn main() -> ExitCode {
+    // Output piped into `head` ends quietly, as for any Unix tool.
+    // SAFETY: setting a signal's disposition to the default before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Serve { listen, data_dir, database_url, config } => {
@@ -120,6 +158,13 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&format!("{e:#}")),
             }
+        }
+        Command::Conformance { wasm, config, junit, json, focus, skip, repeat, target, cache_dir, list } => {
+            if list {
+                berth::conformance::check_names().iter().for_each(|n| println!("{n}"));
+                return ExitCode::SUCCESS;
+            }
+            conformance(wasm, config, junit, json, focus, skip, repeat, target, cache_dir)
         }
         Command::GetConnector { connector: options } => client(async {
             let c = connector(&options, None)?;
@@ -156,6 +201,69 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn conformance(
+    wasm: PathBuf,
+    config: Option<PathBuf>,
+    junit: Option<PathBuf>,
+    json: Option<PathBuf>,
+    focus: Option<String>,
+    skip: Option<String>,
+    repeat: u32,
+    target: TargetMode,
+    cache_dir: Option<PathBuf>,
+) -> ExitCode {
+    let usage = |m: String| {
+        eprintln!("berth: {m}");
+        ExitCode::from(2)
+    };
+    let regex = |flag: &str, re: Option<String>| {
+        re.map(|r| regex::Regex::new(&r).map_err(|e| format!("--{flag}: {e}"))).transpose()
+    };
+    let (focus, skip) = match (regex("focus", focus), regex("skip", skip)) {
+        (Ok(f), Ok(s)) => (f, s),
+        (Err(e), _) | (_, Err(e)) => return usage(e),
+    };
+    let config = match config.map(|p| VendorConfig::load(&p)).transpose() {
+        Ok(c) => c.unwrap_or_default(),
+        Err(e) => return usage(e),
+    };
+    if !wasm.is_file() {
+        return usage(format!("{} is not a file", wasm.display()));
+    }
+    let cache_dir = cache_dir.or_else(|| {
+        std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|d| d.join("berth"))
+    });
+    let options = Options { wasm, config, target, focus, skip, repeat, cache_dir };
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio");
+    let report = match runtime.block_on(berth::conformance::run(options, |c| println!("{}", c.line()))) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("berth: conformance: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("\n{}", report.summary());
+    let write = |path: &PathBuf, text: String| {
+        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    };
+    if let Some(p) = &junit
+        && let Err(e) = write(p, report.junit())
+    {
+        return fail(&e);
+    }
+    if let Some(p) = &json
+        && let Err(e) = write(p, format!("{:#}\n", report.json()))
+    {
+        return fail(&e);
+    }
+    if report.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
 /// Runs a client command: a clear message and a documented exit code on failure, never a

@@ -137,10 +137,16 @@ pub struct Rig {
 
 impl Rig {
     pub fn start() -> Rig {
+        Rig::start_with("")
+    }
+
+    /// With more configuration (e.g. `[[backends]]` and `[[volume_types]]`) after the `[tgt]`
+    /// section.
+    pub fn start_with(more: &str) -> Rig {
         let tgtd = TgtdProcess::start();
         let dir = tempfile::tempdir().unwrap();
         let (wrapper, argv_log) = recording_tgtadm(dir.path());
-        let berth = BerthProcess::start(&tgtd.config(&wrapper));
+        let berth = BerthProcess::start(&format!("{}{more}", tgtd.config(&wrapper)));
         Rig { tgtd, berth, argv_log, _dir: dir }
     }
 

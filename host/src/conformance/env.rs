@@ -1,0 +1,410 @@
+//! One check's environment: the driver loaded with a fresh target service and fresh backing
+//! stores, and the host's side of each call (a volume record that carries the model updates
+//! the driver returns, as the service would persist them). Every call is metered with fuel and
+//! recorded, and its cost is added to the check's [`Measure`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value as Json, json};
+
+use super::target::{Daemon, Snapshot, Target, TargetMode};
+use crate::capabilities::backing::BackingStores;
+use crate::capabilities::iscsi::IscsiCapability;
+use crate::capabilities::iscsi::model::TargetModel;
+use crate::capabilities::{DriverCapabilities, Grant};
+use crate::runtime::contract::{
+    AccessMode, Attachment, Connector, DriverError, DriverInfo, ModelUpdate, Protocol, Termination, Volume,
+    VolumeField,
+};
+use crate::runtime::json::{connection_data_to_json, connector_from_json};
+use crate::runtime::{
+    CallError, CallErrorKind, CallOptions, CapabilityCall, Driver, DriverSpec, Limits, Request, Response,
+    Runtime, WasmSource,
+};
+
+/// What a check cost, over all its driver calls.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Measure {
+    pub calls: u32,
+    pub fuel_total: u64,
+    pub fuel_max: u64,
+    pub peak_memory: usize,
+    pub capability_calls: u32,
+    /// Capability calls the host refused as invalid (`op(args): error`).
+    #[serde(skip)]
+    pub invalid_arguments: Vec<String>,
+}
+
+impl Measure {
+    pub fn merge(&mut self, other: &Measure) {
+        self.calls += other.calls;
+        self.fuel_total += other.fuel_total;
+        self.fuel_max = self.fuel_max.max(other.fuel_max);
+        self.peak_memory = self.peak_memory.max(other.peak_memory);
+        self.capability_calls += other.capability_calls;
+        self.invalid_arguments.extend(other.invalid_arguments.iter().cloned());
+    }
+}
+
+/// What every check of a run shares.
+pub struct Shared {
+    pub runtime: Runtime,
+    pub wasm: PathBuf,
+    pub settings: Arc<BTreeMap<String, String>>,
+    pub grants: BTreeSet<Grant>,
+    pub limits: Limits,
+    pub fuel_per_call: u64,
+    pub mode: TargetMode,
+    pub daemon: Option<Arc<Daemon>>,
+    pub work: PathBuf,
+    /// From the driver's `info()` at load.
+    pub info: DriverInfo,
+    pub imports: Vec<String>,
+}
+
+impl Shared {
+    pub fn speaks_iscsi(&self) -> bool {
+        self.info.protocols.iter().any(|p| matches!(p, Protocol::Iscsi))
+    }
+
+    pub fn uses_target_service(&self) -> bool {
+        self.imports.iter().any(|i| i.starts_with("berth:driver/iscsi-target@"))
+    }
+
+    pub fn multiattach(&self) -> bool {
+        self.info.capabilities.multiattach
+    }
+}
+
+/// A check's environment.
+pub struct Env<'s> {
+    pub shared: &'s Shared,
+    pub driver: Driver,
+    pub target: Target,
+    stores: Arc<BackingStores>,
+    pub measure: Measure,
+    /// The capability calls of the last driver call.
+    pub last_calls: Vec<CapabilityCall>,
+}
+
+impl<'s> Env<'s> {
+    pub async fn new(shared: &'s Shared) -> Result<Env<'s>, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("env-")
+            .tempdir_in(&shared.work)
+            .map_err(|e| format!("cannot make a work directory: {e}"))?
+            .keep();
+        let stores = Arc::new(
+            BackingStores::new(dir.join("volumes"), Duration::from_secs(10))
+                .map_err(|e| format!("cannot make the backing store directory: {e}"))?,
+        );
+        let target = match shared.mode {
+            TargetMode::Model => Target::Model(Arc::new(TargetModel::new())),
+            TargetMode::Tgtd => {
+                let daemon = shared.daemon.clone().expect("a tgtd run has a daemon");
+                daemon.clear().await?;
+                Target::Tgtd(daemon)
+            }
+        };
+        let mut caps = DriverCapabilities { settings: shared.settings.clone(), ..Default::default() };
+        if shared.grants.contains(&Grant::BackingStore) {
+            caps.backing = Some(stores.clone());
+        }
+        if shared.grants.contains(&Grant::IscsiTarget) {
+            caps.iscsi = Some(IscsiCapability {
+                service: target.service(),
+                portals: vec![target.portal()],
+                chap: Default::default(),
+                stores: stores.clone(),
+            });
+        }
+        let spec = DriverSpec {
+            backend: "conformance".into(),
+            wasm: WasmSource::File(shared.wasm.clone()),
+            grants: shared.grants.clone(),
+            limits: shared.limits,
+            capabilities: caps,
+        };
+        let driver = shared.runtime.load(spec).await.map_err(|e| e.to_string())?;
+        Ok(Env { shared, driver, target, stores, measure: Measure::default(), last_calls: Vec::new() })
+    }
+
+    /// One call, metered and recorded.
+    pub async fn call(&mut self, request: Request) -> Result<Response, CallError> {
+        self.call_with(request, None).await
+    }
+
+    /// One call, trapping at the n-th capability call when `trap_at` is given.
+    pub async fn call_with(&mut self, request: Request, trap_at: Option<u32>) -> Result<Response, CallError> {
+        let options = CallOptions {
+            record: true,
+            trap_at_capability_call: trap_at,
+            fuel: Some(self.shared.fuel_per_call),
+        };
+        let outcome = self.driver.invoke(&request, &options).await;
+        let s = &outcome.stats;
+        let m = &mut self.measure;
+        m.calls += 1;
+        let fuel = s.fuel.unwrap_or(0);
+        m.fuel_total += fuel;
+        m.fuel_max = m.fuel_max.max(fuel);
+        m.peak_memory = m.peak_memory.max(s.peak_memory);
+        m.capability_calls += s.capability_calls.len() as u32;
+        for c in &s.capability_calls {
+            if c.outcome.starts_with("invalid argument") {
+                m.invalid_arguments.push(format!("{}({}): {}", c.op, c.args.join(", "), c.outcome));
+            }
+        }
+        self.last_calls = outcome.stats.capability_calls;
+        outcome.result
+    }
+
+    /// The backing stores that exist.
+    pub fn stores(&self) -> Vec<String> {
+        std::fs::read_dir(self.stores.dir())
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    }
+
+    pub async fn snapshot(&self) -> Result<Snapshot, String> {
+        self.target.snapshot().await
+    }
+
+    /// A new volume record, as the service makes one before `create-volume`.
+    pub fn volume(&self, multiattach: bool) -> Volume {
+        let id = uuid::Uuid::new_v4().to_string();
+        Volume {
+            name: format!("volume-{id}"),
+            id,
+            size_gib: 1,
+            multiattach,
+            provider_location: None,
+            provider_auth: None,
+            provider_id: None,
+            driver_data: Vec::new(),
+            metadata: Vec::new(),
+        }
+    }
+
+    /// `create-volume`, applying its update (a driver may leave volumes to its backend:
+    /// `unsupported` is accepted).
+    pub async fn create_volume(&mut self, multiattach: bool) -> Result<Volume, String> {
+        let v = self.volume(multiattach);
+        self.create(v).await
+    }
+
+    /// `create-volume` for a given record.
+    pub async fn create(&mut self, mut v: Volume) -> Result<Volume, String> {
+        match self.call(Request::CreateVolume(v.clone())).await {
+            Ok(Response::ModelUpdate(u)) => apply(&mut v, &u),
+            Ok(other) => return Err(unexpected("create-volume", &other)),
+            Err(e) if e.is_unsupported() => {}
+            Err(e) => return Err(failed(&e)),
+        }
+        Ok(v)
+    }
+
+    pub async fn delete_volume(&mut self, v: &Volume) -> Result<(), String> {
+        self.call(Request::DeleteVolume(v.clone())).await.map(drop).map_err(|e| failed(&e))
+    }
+
+    /// `create-export`, applying its update.
+    pub async fn export(&mut self, v: &mut Volume) -> Result<ModelUpdate, String> {
+        match self.call(Request::CreateExport(v.clone(), None)).await {
+            Ok(Response::ModelUpdate(u)) => {
+                apply(v, &u);
+                Ok(u)
+            }
+            Ok(other) => Err(unexpected("create-export", &other)),
+            Err(e) if e.is_unsupported() => Ok(no_update()),
+            Err(e) => Err(failed(&e)),
+        }
+    }
+
+    /// `remove-export`, applying its update.
+    pub async fn remove_export(&mut self, v: &mut Volume) -> Result<(), String> {
+        match self.call(Request::RemoveExport(v.clone())).await {
+            Ok(Response::ModelUpdate(u)) => {
+                apply(v, &u);
+                Ok(())
+            }
+            Ok(other) => Err(unexpected("remove-export", &other)),
+            Err(e) if e.is_unsupported() => Ok(()),
+            Err(e) => Err(failed(&e)),
+        }
+    }
+
+    /// `initialize-connection`: the raw result, with its update applied on success.
+    pub async fn try_connect(&mut self, v: &mut Volume, c: &Connector) -> Result<Connected, CallError> {
+        match self.call(Request::InitializeConnection(v.clone(), c.clone())).await? {
+            Response::Connection(conn) => {
+                apply(v, &conn.update);
+                let data = connection_data_to_json(&conn.info).map_err(|m| CallError {
+                    driver: "conformance".into(),
+                    version: String::new(),
+                    call: crate::runtime::Call::InitializeConnection,
+                    kind: CallErrorKind::InvalidOutput(m),
+                })?;
+                Ok(Connected { driver_volume_type: conn.info.driver_volume_type, data })
+            }
+            other => Err(CallError {
+                driver: "conformance".into(),
+                version: String::new(),
+                call: crate::runtime::Call::InitializeConnection,
+                kind: CallErrorKind::InvalidOutput(format!("unexpected answer {other:?}")),
+            }),
+        }
+    }
+
+    pub async fn connect(&mut self, v: &mut Volume, c: &Connector) -> Result<Connected, String> {
+        self.try_connect(v, c).await.map_err(|e| failed(&e))
+    }
+
+    /// `terminate-connection`: the raw result, with its update applied on success.
+    pub async fn try_terminate(
+        &mut self,
+        v: &mut Volume,
+        c: Option<&Connector>,
+        others: &[Attachment],
+    ) -> Result<Termination, CallError> {
+        match self.call(Request::TerminateConnection(v.clone(), c.cloned(), others.to_vec())).await? {
+            Response::Termination(t) => {
+                apply(v, &t.update);
+                Ok(t)
+            }
+            other => Err(CallError {
+                driver: "conformance".into(),
+                version: String::new(),
+                call: crate::runtime::Call::TerminateConnection,
+                kind: CallErrorKind::InvalidOutput(format!("unexpected answer {other:?}")),
+            }),
+        }
+    }
+
+    pub async fn terminate(
+        &mut self,
+        v: &mut Volume,
+        c: Option<&Connector>,
+        others: &[Attachment],
+    ) -> Result<Termination, String> {
+        self.try_terminate(v, c, others).await.map_err(|e| failed(&e))
+    }
+
+    /// Whether `initiator` can log in with what `initialize-connection` returned.
+    pub async fn login(&self, conn: &Connected, initiator: &str) -> Result<(), String> {
+        let iqn = conn.data.get("target_iqn").and_then(Json::as_str).ok_or("no target_iqn")?;
+        let lun = conn.data.get("target_lun").and_then(Json::as_i64).ok_or("no integer target_lun")?;
+        let chap = conn.chap();
+        self.target
+            .login(iqn, lun as u32, initiator, chap.as_ref().map(|(u, s)| (u.as_str(), s.as_str())))
+            .await
+    }
+
+    /// Whether `initiator` can log in with the given CHAP credentials instead.
+    pub async fn login_as(
+        &self,
+        conn: &Connected,
+        initiator: &str,
+        chap: Option<(&str, &str)>,
+    ) -> Result<(), String> {
+        let iqn = conn.data.get("target_iqn").and_then(Json::as_str).ok_or("no target_iqn")?;
+        let lun = conn.data.get("target_lun").and_then(Json::as_i64).ok_or("no integer target_lun")?;
+        self.target.login(iqn, lun as u32, initiator, chap).await
+    }
+}
+
+/// What `initialize-connection` returned, with its data as Cinder's JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Connected {
+    pub driver_volume_type: String,
+    pub data: Map<String, Json>,
+}
+
+impl Connected {
+    pub fn chap(&self) -> Option<(String, String)> {
+        match self.data.get("auth_method").and_then(Json::as_str) {
+            Some(m) if m.eq_ignore_ascii_case("chap") => Some((
+                self.data.get("auth_username").and_then(Json::as_str).unwrap_or_default().to_string(),
+                self.data.get("auth_password").and_then(Json::as_str).unwrap_or_default().to_string(),
+            )),
+            _ => None,
+        }
+    }
+}
+
+fn no_update() -> ModelUpdate {
+    ModelUpdate {
+        provider_location: None,
+        provider_auth: None,
+        provider_id: None,
+        clear: Vec::new(),
+        set_data: Vec::new(),
+        remove_data: Vec::new(),
+    }
+}
+
+/// Applies a model update to a volume record, as the service persists it.
+pub fn apply(v: &mut Volume, u: &ModelUpdate) {
+    if let Some(l) = &u.provider_location {
+        v.provider_location = Some(l.clone());
+    }
+    if let Some(a) = &u.provider_auth {
+        v.provider_auth = Some(a.clone());
+    }
+    if let Some(i) = &u.provider_id {
+        v.provider_id = Some(i.clone());
+    }
+    for f in &u.clear {
+        match f {
+            VolumeField::ProviderLocation => v.provider_location = None,
+            VolumeField::ProviderAuth => v.provider_auth = None,
+            VolumeField::ProviderId => v.provider_id = None,
+        }
+    }
+    for (k, val) in &u.set_data {
+        v.driver_data.retain(|(key, _)| key != k);
+        v.driver_data.push((k.clone(), val.clone()));
+    }
+    v.driver_data.retain(|(k, _)| !u.remove_data.contains(k));
+    v.driver_data.sort();
+}
+
+/// An os-brick connector for `initiator` on `host`, in `mode`.
+pub fn connector(initiator: &str, host: &str, mode: AccessMode) -> Connector {
+    let j = json!({
+        "initiator": initiator, "host": host, "ip": "192.0.2.10", "platform": "x86_64", "os_type": "linux",
+        "multipath": false, "enforce_multipath": false,
+    });
+    connector_from_json(j.as_object().expect("an object"), mode).expect("a valid connector")
+}
+
+/// A connector from arbitrary JSON (for hostile and unusual ones).
+pub fn connector_json(j: Json) -> Connector {
+    connector_from_json(j.as_object().expect("an object"), AccessMode::Rw).expect("a connector")
+}
+
+/// A live attachment of `c`, as the service passes it to the driver.
+pub fn attachment(c: &Connector) -> Attachment {
+    Attachment {
+        id: uuid::Uuid::new_v4().to_string(),
+        connector: Some(c.clone()),
+        instance: None,
+        mode: c.mode,
+    }
+}
+
+pub fn failed(e: &CallError) -> String {
+    e.kind.to_string()
+}
+
+fn unexpected(call: &str, r: &Response) -> String {
+    format!("{call} answered {r:?}")
+}
+
+/// The typed error of a failed call, if it is one.
+pub fn driver_error(e: &CallError) -> Option<&DriverError> {
+    e.driver_error()
+}

@@ -1,0 +1,247 @@
+//! The driver conformance suite: `berth conformance <driver.wasm>`. A library inside the host, so
+//! the suite and the service share one runtime: what passes here runs the same way in
+//! `berth serve`.
+//!
+//! - `checks.rs`: the checks, named like the specification;
+//! - `env.rs`: each check's fresh environment (the driver, a target service, backing stores), and
+//!   metering (fuel, peak memory, capability calls);
+//! - `target.rs`: the target service: an in-memory model of tgtd, or a real tgtd on loopback;
+//! - `report.rs`: console lines, JUnit XML and JSON.
+
+pub mod checks;
+pub mod env;
+pub mod report;
+pub mod target;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Deserialize;
+
+use crate::capabilities::Grant;
+use crate::runtime::{Limits, Runtime, RuntimeOptions};
+use checks::{CHECKS, Id, Need};
+use env::{Env, Measure, Shared};
+use report::{CheckReport, Report, Status};
+pub use target::TargetMode;
+
+/// The vendor's configuration of the driver under test (`--config FILE`, TOML).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VendorConfig {
+    /// The driver's settings, as a backend's `settings` table.
+    pub settings: BTreeMap<String, String>,
+    /// The capabilities granted (default: all).
+    pub grants: BTreeSet<Grant>,
+    /// Per-call limits (as a backend's `limits`).
+    pub limits: Limits,
+    /// Fuel (roughly, WebAssembly instructions) one call may use.
+    pub fuel_per_call: u64,
+}
+
+impl Default for VendorConfig {
+    fn default() -> Self {
+        VendorConfig {
+            settings: BTreeMap::new(),
+            grants: Grant::ALL.into_iter().collect(),
+            limits: Limits::default(),
+            fuel_per_call: 2_000_000_000,
+        }
+    }
+}
+
+impl VendorConfig {
+    pub fn load(path: &Path) -> Result<VendorConfig, String> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let config: VendorConfig = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        config.limits.validate()?;
+        Ok(config)
+    }
+}
+
+/// A run's options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub wasm: PathBuf,
+    pub config: VendorConfig,
+    pub target: TargetMode,
+    /// Only checks whose name matches.
+    pub focus: Option<regex::Regex>,
+    /// Not the checks whose name matches.
+    pub skip: Option<regex::Regex>,
+    /// Run every check this many times; it passes only if every run does.
+    pub repeat: u32,
+    /// The compiled-driver cache.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// The names of every check, in order.
+pub fn check_names() -> Vec<&'static str> {
+    CHECKS.iter().map(|c| c.name).collect()
+}
+
+/// Runs the suite; `on_check` sees each check's report as soon as it is done.
+pub async fn run(options: Options, mut on_check: impl FnMut(&CheckReport)) -> Result<Report, String> {
+    let started = Instant::now();
+    let runtime = Runtime::new(RuntimeOptions {
+        cache_dir: options.cache_dir.clone(),
+        fuel: true,
+        max_concurrent_calls: 4,
+        ..Default::default()
+    })
+    .map_err(|e| e.to_string())?;
+    let work = tempfile::Builder::new().prefix("berth-conformance-").tempdir().map_err(|e| e.to_string())?;
+    let daemon = match options.target {
+        TargetMode::Model => None,
+        TargetMode::Tgtd => Some(Arc::new(target::Daemon::start(work.path()).await?)),
+    };
+    let selected: Vec<_> = CHECKS
+        .iter()
+        .filter(|c| options.focus.as_ref().is_none_or(|re| re.is_match(c.name)))
+        .filter(|c| options.skip.as_ref().is_none_or(|re| !re.is_match(c.name)))
+        .collect();
+    let mut shared = Shared {
+        runtime,
+        wasm: options.wasm.clone(),
+        settings: Arc::new(options.config.settings.clone()),
+        grants: options.config.grants.clone(),
+        limits: options.config.limits,
+        fuel_per_call: options.config.fuel_per_call,
+        mode: options.target,
+        daemon: daemon.clone(),
+        work: work.path().to_path_buf(),
+        info: placeholder_info(),
+        imports: Vec::new(),
+    };
+    let target_name = match options.target {
+        TargetMode::Model => "model",
+        TargetMode::Tgtd => "tgtd",
+    };
+
+    // Loading is the first check; nothing else can run without it.
+    let load_started = Instant::now();
+    let loaded = Env::new(&shared).await.map(|env| (env.driver.info().clone(), env.driver.imports()));
+    let mut reports = Vec::new();
+    let driver_name = match &loaded {
+        Ok((info, _)) => format!("{} {}", info.name, info.version),
+        Err(_) => options.wasm.display().to_string(),
+    };
+    for check in &selected {
+        if check.id != Id::Load {
+            continue;
+        }
+        let status = match &loaded {
+            Ok(_) => Status::Passed,
+            Err(e) => Status::Failed(e.clone()),
+        };
+        let r = CheckReport {
+            name: check.name,
+            status,
+            duration: load_started.elapsed(),
+            runs: 1,
+            measure: Measure::default(),
+        };
+        on_check(&r);
+        reports.push(r);
+    }
+    match loaded {
+        Ok((info, imports)) => {
+            shared.info = info;
+            shared.imports = imports;
+            for check in selected.iter().filter(|c| c.id != Id::Load) {
+                let r = run_check(&shared, check, options.repeat.max(1)).await;
+                on_check(&r);
+                reports.push(r);
+            }
+        }
+        Err(_) => {
+            for check in selected.iter().filter(|c| c.id != Id::Load) {
+                let r = CheckReport {
+                    name: check.name,
+                    status: Status::Skipped("not run: the driver could not be loaded".into()),
+                    duration: Default::default(),
+                    runs: 0,
+                    measure: Measure::default(),
+                };
+                on_check(&r);
+                reports.push(r);
+            }
+        }
+    }
+    if let Some(d) = &daemon {
+        d.stop().await;
+    }
+    Ok(Report {
+        driver: driver_name,
+        wasm: options.wasm.display().to_string(),
+        target: target_name,
+        checks: reports,
+        duration: started.elapsed(),
+    })
+}
+
+/// Why a check does not apply to this driver (or this run), if it does not.
+fn skip_reason(shared: &Shared, needs: &[Need]) -> Option<String> {
+    needs.iter().find_map(|need| match need {
+        Need::Iscsi if !shared.speaks_iscsi() => {
+            Some("the driver does not advertise the iscsi protocol".into())
+        }
+        Need::TargetService if !shared.uses_target_service() => {
+            Some("the driver does not use the host's iSCSI target service".into())
+        }
+        Need::Multiattach if !shared.multiattach() => {
+            Some("the driver does not advertise multiattach".into())
+        }
+        Need::FaultInjection if shared.mode != TargetMode::Model => {
+            Some("faults can be injected only into the model target (--target model)".into())
+        }
+        _ => None,
+    })
+}
+
+async fn run_check(shared: &Shared, check: &checks::Check, repeat: u32) -> CheckReport {
+    let started = Instant::now();
+    let mut measure = Measure::default();
+    if let Some(reason) = skip_reason(shared, check.needs) {
+        return CheckReport {
+            name: check.name,
+            status: Status::Skipped(reason),
+            duration: started.elapsed(),
+            runs: 0,
+            measure,
+        };
+    }
+    let mut status = Status::Passed;
+    let mut runs = 0;
+    for i in 1..=repeat {
+        runs = i;
+        let outcome = match Env::new(shared).await {
+            Ok(mut env) => {
+                let r = checks::run(check.id, &mut env).await;
+                measure.merge(&env.measure);
+                r
+            }
+            Err(e) => Err(format!("cannot prepare the environment: {e}")),
+        };
+        if let Err(why) = outcome {
+            let why = if repeat > 1 { format!("run {i} of {repeat}: {why}") } else { why };
+            status = Status::Failed(why);
+            break;
+        }
+    }
+    CheckReport { name: check.name, status, duration: started.elapsed(), runs, measure }
+}
+
+fn placeholder_info() -> crate::runtime::contract::DriverInfo {
+    crate::runtime::contract::DriverInfo {
+        name: String::new(),
+        version: String::new(),
+        vendor: String::new(),
+        description: String::new(),
+        protocols: Vec::new(),
+        capabilities: crate::runtime::contract::Capabilities { multiattach: false, shared_targets: true },
+    }
+}

@@ -1,0 +1,308 @@
+//! The iSCSI target service a conformance run gives the driver, and what the suite can observe
+//! of it: a snapshot of its objects, a simulated restart, injected errors, and whether an
+//! initiator could log in.
+//!
+//! - `model` (default): an in-memory model of tgtd, fresh for every check.
+//! - `tgtd`: a real tgtd the suite starts on loopback (free ports, its own control socket) and
+//!   stops at the end; wiped between checks. Logins are tried with libiscsi's `iscsi-inq`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::capabilities::iscsi::model::{LoginRefusal, TargetModel};
+use crate::capabilities::iscsi::tgt::{Tgtd, TgtdConfig};
+use crate::capabilities::iscsi::{Portal, TargetError, TargetService};
+
+/// Which target service to run the suite against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TargetMode {
+    /// An in-memory model of tgtd that records every call (fast, needs nothing).
+    Model,
+    /// A real tgtd on loopback (needs root and the Debian packages tgt and libiscsi-bin).
+    Tgtd,
+}
+
+/// The objects of the target service, comparable between two points in time.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    pub targets: BTreeMap<String, TargetObjects>,
+    pub accounts: BTreeSet<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TargetObjects {
+    pub luns: BTreeSet<u32>,
+    pub initiators: BTreeSet<String>,
+    pub chap_users: BTreeSet<String>,
+}
+
+impl Snapshot {
+    /// Targets, LUNs, ACL entries and accounts: zero for an empty service.
+    pub fn object_count(&self) -> usize {
+        self.accounts.len()
+            + self
+                .targets
+                .values()
+                .map(|t| 1 + t.luns.len() + t.initiators.len() + t.chap_users.len())
+                .sum::<usize>()
+    }
+
+    /// The same state with CHAP user names (random by design) replaced by their count.
+    pub fn without_names(&self) -> Snapshot {
+        Snapshot {
+            targets: self
+                .targets
+                .iter()
+                .map(|(iqn, t)| {
+                    let users = (0..t.chap_users.len()).map(|i| format!("chap-user-{i}")).collect();
+                    (iqn.clone(), TargetObjects { chap_users: users, ..t.clone() })
+                })
+                .collect(),
+            accounts: (0..self.accounts.len()).map(|i| format!("account-{i}")).collect(),
+        }
+    }
+
+    /// What changed, one line per difference (empty when nothing did).
+    pub fn diff(&self, after: &Snapshot) -> Vec<String> {
+        let mut out = Vec::new();
+        for (iqn, t) in &after.targets {
+            match self.targets.get(iqn) {
+                None => out.push(format!("target {iqn} appeared")),
+                Some(b) if b != t => out.push(format!("target {iqn} changed: {b:?} -> {t:?}")),
+                Some(_) => {}
+            }
+        }
+        for iqn in self.targets.keys().filter(|i| !after.targets.contains_key(*i)) {
+            out.push(format!("target {iqn} disappeared"));
+        }
+        if self.accounts.len() != after.accounts.len() {
+            out.push(format!("{} CHAP accounts became {}", self.accounts.len(), after.accounts.len()));
+        }
+        out
+    }
+}
+
+/// A real tgtd started for the run.
+pub struct Daemon {
+    child: tokio::sync::Mutex<Option<tokio::process::Child>>,
+    pub control_port: u16,
+    pub portal: Portal,
+    tgtd: std::path::PathBuf,
+    pub service: Arc<Tgtd>,
+}
+
+impl Daemon {
+    /// Starts tgtd on a free control port and a free loopback portal, with backing files under
+    /// `backing_dir`.
+    pub async fn start(backing_dir: &Path) -> Result<Daemon, String> {
+        let tgtd = std::path::PathBuf::from("/usr/sbin/tgtd");
+        if !tgtd.exists() {
+            return Err("--target tgtd needs tgtd (Debian package tgt)".into());
+        }
+        let control_port = free_control_port();
+        let portal_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| format!("cannot find a free port: {e}"))?;
+        let mut cfg = TgtdConfig::new(control_port, backing_dir);
+        cfg.timeout = Duration::from_secs(10);
+        let daemon = Daemon {
+            child: tokio::sync::Mutex::new(None),
+            control_port,
+            portal: Portal { address: "127.0.0.1".into(), port: portal_port },
+            tgtd,
+            service: Arc::new(Tgtd::new(cfg)),
+        };
+        daemon.spawn().await?;
+        Ok(daemon)
+    }
+
+    async fn spawn(&self) -> Result<(), String> {
+        let socket = format!("/var/run/tgtd/socket.{}", self.control_port);
+        let _ = std::fs::remove_file(&socket);
+        let _ = std::fs::remove_file(format!("{socket}.lock"));
+        let child = tokio::process::Command::new(&self.tgtd)
+            .args(["-f", "-C", &self.control_port.to_string(), "--iscsi"])
+            .arg(format!("portal=127.0.0.1:{}", self.portal.port))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start tgtd: {e}"))?;
+        *self.child.lock().await = Some(child);
+        for _ in 0..200 {
+            if self.service.is_running().await {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Err(format!("tgtd did not answer on control port {} (is this root?)", self.control_port))
+    }
+
+    /// Kills tgtd and starts a fresh, empty one on the same ports, as after a crash.
+    pub async fn restart(&self) -> Result<(), String> {
+        if let Some(mut child) = self.child.lock().await.take() {
+            let _ = child.kill().await;
+        }
+        self.spawn().await
+    }
+
+    /// Deletes every target and account.
+    pub async fn clear(&self) -> Result<(), String> {
+        let targets = self.service.list().await.map_err(|e| e.to_string())?;
+        if targets.is_empty() && self.service.accounts().await.map_err(|e| e.to_string())?.is_empty() {
+            return Ok(());
+        }
+        self.restart().await
+    }
+
+    pub async fn stop(&self) {
+        if let Some(mut child) = self.child.lock().await.take() {
+            let _ = child.kill().await;
+        }
+        let socket = format!("/var/run/tgtd/socket.{}", self.control_port);
+        let _ = std::fs::remove_file(&socket);
+        let _ = std::fs::remove_file(format!("{socket}.lock"));
+    }
+}
+
+/// tgtd's `-C` takes a port below 32768 whose socket file is not in use.
+fn free_control_port() -> u16 {
+    loop {
+        let mut b = [0u8; 2];
+        getrandom::fill(&mut b).expect("the OS random number generator");
+        let n = 2_000 + u16::from_ne_bytes(b) % 30_000;
+        if !Path::new(&format!("/var/run/tgtd/socket.{n}")).exists() {
+            return n;
+        }
+    }
+}
+
+/// The target service of one check.
+#[derive(Clone)]
+pub enum Target {
+    Model(Arc<TargetModel>),
+    Tgtd(Arc<Daemon>),
+}
+
+impl Target {
+    pub fn service(&self) -> Arc<dyn TargetService> {
+        match self {
+            Target::Model(m) => m.clone(),
+            Target::Tgtd(d) => d.service.clone(),
+        }
+    }
+
+    pub fn portal(&self) -> Portal {
+        match self {
+            Target::Model(_) => Portal { address: "127.0.0.1".into(), port: 3260 },
+            Target::Tgtd(d) => d.portal.clone(),
+        }
+    }
+
+    pub async fn snapshot(&self) -> Result<Snapshot, String> {
+        match self {
+            Target::Model(m) => {
+                let s = m.snapshot();
+                Ok(Snapshot {
+                    targets: s
+                        .targets
+                        .into_iter()
+                        .map(|(iqn, t)| {
+                            let objects = TargetObjects {
+                                luns: t.luns.keys().copied().collect(),
+                                initiators: t.initiators,
+                                chap_users: t.chap_users,
+                            };
+                            (iqn, objects)
+                        })
+                        .collect(),
+                    accounts: s.accounts,
+                })
+            }
+            Target::Tgtd(d) => {
+                let targets =
+                    d.service.list().await.map_err(|e| format!("cannot list tgtd's targets: {e}"))?;
+                let accounts =
+                    d.service.accounts().await.map_err(|e| format!("cannot list accounts: {e}"))?;
+                Ok(Snapshot {
+                    targets: targets
+                        .into_iter()
+                        .map(|t| {
+                            let objects = TargetObjects {
+                                luns: t.luns.iter().map(|(l, _)| *l).collect(),
+                                initiators: t.initiators.into_iter().collect(),
+                                chap_users: t.chap_users.into_iter().collect(),
+                            };
+                            (t.iqn, objects)
+                        })
+                        .collect(),
+                    accounts: accounts.into_iter().collect(),
+                })
+            }
+        }
+    }
+
+    /// Forgets everything, as a restarted tgtd does.
+    pub async fn wipe(&self) -> Result<(), String> {
+        match self {
+            Target::Model(m) => {
+                m.wipe();
+                Ok(())
+            }
+            Target::Tgtd(d) => d.restart().await,
+        }
+    }
+
+    /// Makes the next call of `op` fail with `error` (model only).
+    pub fn inject(&self, op: &'static str, error: TargetError) -> bool {
+        match self {
+            Target::Model(m) => {
+                m.inject(op, error);
+                true
+            }
+            Target::Tgtd(_) => false,
+        }
+    }
+
+    /// Whether `initiator` can log in to LUN `lun` of `target` with these credentials; the
+    /// reason when it cannot.
+    pub async fn login(
+        &self,
+        target: &str,
+        lun: u32,
+        initiator: &str,
+        chap: Option<(&str, &str)>,
+    ) -> Result<(), String> {
+        match self {
+            Target::Model(m) => m.login(target, lun, initiator, chap).map_err(|r| match r {
+                LoginRefusal::TargetNotFound => {
+                    "target not found (or the initiator is not in its ACL)".into()
+                }
+                LoginRefusal::AuthenticationFailure => "authentication failure".into(),
+                LoginRefusal::NoSuchLun => format!("LUN {lun} does not exist"),
+            }),
+            Target::Tgtd(d) => {
+                let auth = chap.map(|(u, s)| format!("{u}%{s}@")).unwrap_or_default();
+                let url = format!("iscsi://{auth}127.0.0.1:{}/{target}/{lun}", d.portal.port);
+                let out = tokio::process::Command::new("iscsi-inq")
+                    .args(["-i", initiator, &url])
+                    .stdin(Stdio::null())
+                    .output()
+                    .await
+                    .map_err(|e| format!("cannot run iscsi-inq (Debian package libiscsi-bin): {e}"))?;
+                if out.status.success() {
+                    Ok(())
+                } else {
+                    let stderr = String::from_utf8_lossy(&out.stderr);
+                    let reason = stderr.lines().find(|l| !l.trim().is_empty()).unwrap_or("refused");
+                    Err(reason.replace(chap.map(|(_, s)| s).unwrap_or("\u{0}"), "***"))
+                }
+            }
+        }
+    }
+}

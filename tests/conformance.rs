@@ -1,0 +1,237 @@
+//! The conformance suite, tested: every shipped driver passes it (against the model and against
+//! a real tgtd, with valid JUnit); each flaw of the `flawed` fixture and each misbehaving fixture
+//! fails exactly the checks it should, and together they fail every check; and a driver written
+//! in JavaScript from the WIT alone passes it and serves real attachments in `berth serve`.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+
+use berth::conformance::checks::{CHECKS, Id, name};
+use berth::conformance::report::{Report, Status};
+use berth::conformance::{Options, TargetMode, VendorConfig};
+use berth_tests::drivers::{component, shared_cache};
+use berth_tests::iscsi::{Session, Target};
+use berth_tests::process::berth_binary;
+use berth_tests::server::connector;
+use berth_tests::tgt::Rig;
+use serde_json::json;
+
+async fn suite(wasm: PathBuf, settings: &[(&str, &str)]) -> Report {
+    let config = VendorConfig {
+        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..Default::default()
+    };
+    let options = Options {
+        wasm,
+        config,
+        target: TargetMode::Model,
+        focus: None,
+        skip: None,
+        repeat: 1,
+        cache_dir: Some(shared_cache()),
+    };
+    berth::conformance::run(options, |_| {}).await.expect("the suite runs")
+}
+
+fn failed(report: &Report) -> BTreeSet<&'static str> {
+    report.failures().into_iter().collect()
+}
+
+fn names(ids: &[Id]) -> BTreeSet<&'static str> {
+    ids.iter().map(|id| name(*id)).collect()
+}
+
+fn js_driver() -> PathBuf {
+    let wasm = component("js-iscsi");
+    assert!(
+        wasm.exists(),
+        "{} is missing: build it with `npm ci && npm run build` in drivers/js-iscsi (bash .ci/test does)",
+        wasm.display()
+    );
+    wasm
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shipped_driver_passes() {
+    let tgt = suite(component("tgt-iscsi"), &[]).await;
+    assert!(tgt.ok(), "{:#?}", tgt.failures());
+    assert_eq!(tgt.skipped(), 0, "tgt-iscsi advertises everything the suite checks");
+    assert_eq!(tgt.checks.len(), CHECKS.len());
+
+    let fake = suite(component("fake"), &[]).await;
+    assert!(fake.ok(), "{:#?}", fake.failures());
+    for c in &fake.checks {
+        if let Status::Skipped(why) = &c.status {
+            assert!(why.contains("does not use the host's iSCSI target service"), "{}: {why}", c.name);
+        }
+    }
+}
+
+#[test]
+fn tgt_iscsi_passes_against_a_real_tgtd_and_the_junit_is_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let (junit, json) = (dir.path().join("out.xml"), dir.path().join("out.json"));
+    let out = Command::new(berth_binary())
+        .arg("conformance")
+        .arg(component("tgt-iscsi"))
+        .args(["--target", "tgtd", "--junit"])
+        .arg(&junit)
+        .arg("--json")
+        .arg(&json)
+        .args(["--cache-dir"])
+        .arg(shared_cache())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    // One line per check, with fuel and peak memory; then the summary.
+    let lines: Vec<&str> =
+        stdout.lines().filter(|l| l.starts_with("PASS") || l.starts_with("SKIP")).collect();
+    assert_eq!(lines.len(), CHECKS.len(), "{stdout}");
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.starts_with("PASS") && l.contains("calls"))
+            .all(|l| { l.contains("fuel max") && l.contains("peak memory") })
+    );
+    assert!(stdout.contains("0 failed") && stdout.contains("(target: tgtd)"), "{stdout}");
+
+    // The JUnit file is well-formed and says what the run said.
+    let check = r#"
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+assert root.tag == "testsuites", root.tag
+suites = root.findall("testsuite")
+assert len(suites) == 1
+s = suites[0]
+cases = s.findall("testcase")
+assert int(s.get("tests")) == len(cases), (s.get("tests"), len(cases))
+assert int(s.get("failures")) == 0
+assert int(s.get("skipped")) == len([c for c in cases if c.find("skipped") is not None])
+for c in cases:
+    assert c.get("name") and c.get("classname") and float(c.get("time")) >= 0
+    assert c.find("failure") is None
+print(len(cases))
+"#;
+    let py = Command::new("python3").args(["-c", check]).arg(&junit).output().unwrap();
+    assert!(py.status.success(), "invalid JUnit: {}", String::from_utf8_lossy(&py.stderr));
+    assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), CHECKS.len().to_string());
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["failed"], 0);
+    assert!(report["checks"].as_array().unwrap().iter().any(|c| c["fuel_total"].as_u64() > Some(0)));
+}
+
+/// Each flaw of the `flawed` fixture and the checks it must fail, no more, no fewer.
+fn flaws() -> Vec<(&'static str, Vec<Id>)> {
+    use Id::*;
+    vec![
+        ("accept-any-connector", vec![RequiresInitiator, HostileInitiators]),
+        ("reject-extra-keys", vec![ExtraKeys]),
+        ("impure-validate", vec![HostileInitiators, ValidatePure]),
+        ("leak-store", vec![VolumeLifecycle, NoLeak]),
+        ("fresh-credentials", vec![ExportIdempotent, ExportAfterWipe, Deterministic]),
+        ("strict-remove-export", vec![RemoveUnexported]),
+        ("keep-target", vec![RemoveCleans, NoLeak]),
+        ("nonce", vec![InitializeIdempotent, Deterministic]),
+        ("bad-schema", vec![ConnectionSchema]),
+        ("no-chap", vec![AclExact]),
+        ("unexported-backend", vec![InitializeUnexported]),
+        ("ignore-mode", vec![ConnectionSchema, AccessModeChange]),
+        ("replace-acl", vec![SecondInitiator]),
+        // A retried terminate fails too: it does not converge.
+        ("strict-terminate", vec![TerminateUnknown, TerminateIdempotent, Convergence]),
+        ("no-revoke", vec![TerminateRevokes, TerminateAll, TerminateOneKeepsOther]),
+        ("revoke-shared", vec![TerminateSameInitiator]),
+        ("wrong-in-use", vec![ExportInUse]),
+        ("shared-none", vec![SharedQuery]),
+        ("timeout-as-backend", vec![TimeoutsRetryable]),
+        ("swallow-failures", vec![FailuresTyped]),
+        ("spin", vec![SharedQuery, CpuBudget]),
+        ("hog", vec![SharedQuery, MemoryBudget]),
+        ("oversize", vec![SharedQuery, OutputBounds]),
+        ("crash-unsafe", vec![Convergence]),
+        ("unchecked-deny", vec![ArgumentGrammar]),
+    ]
+}
+
+async fn flaws_fail_exactly_their_checks(part: usize, of: usize) -> BTreeSet<&'static str> {
+    let mut failing = BTreeSet::new();
+    for (flaw, expected) in flaws().into_iter().enumerate().filter(|(i, _)| i % of == part).map(|(_, f)| f) {
+        let report = suite(component("flawed"), &[("flaw", flaw)]).await;
+        assert_eq!(failed(&report), names(&expected), "flaw {flaw}");
+        failing.extend(failed(&report));
+    }
+    failing
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_flaw_fails_exactly_its_checks_first_half() {
+    flaws_fail_exactly_their_checks(0, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_flaw_fails_exactly_its_checks_second_half() {
+    flaws_fail_exactly_their_checks(1, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_misbehaving_fixtures_fail_exactly_their_checks_and_every_check_can_fail() {
+    // Without a flaw, the fixture is tgt-iscsi and passes.
+    assert!(suite(component("flawed"), &[]).await.ok());
+
+    let sneaky = suite(component("sneaky"), &[]).await;
+    assert_eq!(failed(&sneaky), names(&[Id::Load]));
+    let message = match &sneaky.checks[0].status {
+        Status::Failed(m) => m.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(message.contains("wasi:filesystem"), "the refused import is named: {message}");
+    assert!(
+        sneaky.checks[1..]
+            .iter()
+            .all(|c| matches!(&c.status, Status::Skipped(why) if why.contains("could not be loaded")))
+    );
+
+    let misbehaving = suite(component("misbehaving"), &[]).await;
+    assert_eq!(failed(&misbehaving), names(&[Id::VolumeLifecycle, Id::NoLeak]), "it cannot delete volumes");
+
+    // Every check is failed by some fixture: none of them can pass whatever the driver does.
+    let mut failing: BTreeSet<&str> = flaws().iter().flat_map(|(_, ids)| names(ids)).collect();
+    failing.extend(failed(&sneaky));
+    let never: Vec<&str> = CHECKS.iter().map(|c| c.name).filter(|n| !failing.contains(n)).collect();
+    assert!(never.is_empty(), "checks no fixture fails: {never:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_javascript_driver_built_from_the_wit_alone_passes_and_serves_real_attachments() {
+    let wasm = js_driver();
+    let report = suite(wasm.clone(), &[]).await;
+    assert!(report.ok(), "{:#?}", report.failures());
+    assert_eq!(report.skipped(), 0);
+    assert!(report.driver.starts_with("js-iscsi"));
+
+    // berth serve loads it like any driver, and a real initiator logs in to what it exports.
+    let rig = Rig::start_with(&format!(
+        "[[backends]]\nname = \"js\"\nwasm = \"{}\"\ngrants = [\"iscsi-target\", \"backing-store\"]\n\
+         [[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"js\"\n",
+        wasm.display()
+    ));
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let initiator = "iqn.1993-08.org.debian:01:js-host";
+    let r = c.attach(&volume, Some(connector(initiator, "js-host"))).await.expect(200);
+    let info = r.body["attachment"]["connection_info"].clone();
+    assert_eq!(info["driver_volume_type"], "iscsi");
+    let session = Session::login(&Target::from_connection_info(&info), initiator).expect("log in");
+    assert_eq!(session.capacity().unwrap().0 * 512, 1 << 30);
+    let data = vec![0x5a; 4096];
+    session.write(0, &data).unwrap();
+    assert_eq!(session.read(0, data.len()).unwrap(), data);
+    drop(session);
+    let id = r.body["attachment"]["id"].as_str().unwrap();
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+    assert!(!rig.exported(&volume));
+    c.delete(&format!("/volumes/{volume}")).await.expect(202);
+    assert!(!rig.backing_file(&volume).exists());
+}
