@@ -235,3 +235,55 @@ async fn a_javascript_driver_built_from_the_wit_alone_passes_and_serves_real_att
     c.delete(&format!("/volumes/{volume}")).await.expect(202);
     assert!(!rig.backing_file(&volume).exists());
 }
+
+#[test]
+fn the_exit_status_tells_a_failed_check_from_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new(berth_binary())
+            .arg("conformance")
+            .args(["--cache-dir".as_ref(), shared_cache().as_os_str()])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let flawed = component("flawed");
+
+    // A driver that fails one check: status 1, and the line says which and why.
+    let config = dir.path().join("flaw.toml");
+    std::fs::write(&config, "[settings]\nflaw = \"accept-any-connector\"\n").unwrap();
+    let (code, stdout, _) = run(&[
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--focus".as_ref(),
+        "without an initiator".as_ref(),
+        flawed.as_os_str(),
+    ]);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("FAIL  validate-connector should refuse a connector without an initiator"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("1 failed"), "{stdout}");
+
+    // The same driver, correctly configured, passes what was selected.
+    let (code, stdout, _) = run(&["--focus".as_ref(), "without an initiator".as_ref(), flawed.as_os_str()]);
+    assert_eq!(code, Some(0), "{stdout}");
+
+    // Bad flags and configuration: status 2 with a message, before anything runs.
+    let (code, _, stderr) = run(&["--focus".as_ref(), "(".as_ref(), flawed.as_os_str()]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("--focus"), "{stderr}");
+    std::fs::write(&config, "[limits]\nmemory_gib = 1\n").unwrap();
+    let (code, _, stderr) = run(&["--config".as_ref(), config.as_os_str(), flawed.as_os_str()]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("memory_gib"), "{stderr}");
+    let (code, _, stderr) = run(&[dir.path().join("missing.wasm").as_os_str()]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("is not a file"), "{stderr}");
+}

@@ -46,7 +46,9 @@ enum Command {
         #[arg(long, env = "BERTH_CONFIG")]
         config: Option<PathBuf>,
     },
-    /// Run the driver conformance suite on a component; exit status 1 if any check fails.
+    /// Run the driver conformance suite on a component. Exit status: 0 every check passed (or was
+    /// skipped), 1 a check failed, 2 bad flags or configuration, 3 the suite could not run (e.g.
+    /// tgtd did not start) or its report could not be written.
     Conformance {
         /// The driver component (`.wasm`).
         wasm: PathBuf,
@@ -246,7 +248,7 @@ fn conformance(
         Ok(r) => r,
         Err(e) => {
             eprintln!("berth: conformance: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(3);
         }
     };
     println!("\n{}", report.summary());
@@ -256,12 +258,14 @@ fn conformance(
     if let Some(p) = &junit
         && let Err(e) = write(p, report.junit())
     {
-        return fail(&e);
+        eprintln!("berth: {e}");
+        return ExitCode::from(3);
     }
     if let Some(p) = &json
         && let Err(e) = write(p, format!("{:#}\n", report.json()))
     {
-        return fail(&e);
+        eprintln!("berth: {e}");
+        return ExitCode::from(3);
     }
     if report.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
