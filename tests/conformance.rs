@@ -135,6 +135,7 @@ fn flaws() -> Vec<(&'static str, Vec<Id>)> {
         ("keep-target", vec![RemoveCleans, NoLeak]),
         ("nonce", vec![InitializeIdempotent, Deterministic]),
         ("bad-schema", vec![ConnectionSchema]),
+        ("mislabeled", vec![ConnectionSchema]),
         ("no-chap", vec![AclExact]),
         ("unexported-backend", vec![InitializeUnexported]),
         ("ignore-mode", vec![ConnectionSchema, AccessModeChange]),
@@ -286,4 +287,26 @@ fn the_exit_status_tells_a_failed_check_from_bad_input() {
     let (code, _, stderr) = run(&[dir.path().join("missing.wasm").as_os_str()]);
     assert_eq!(code, Some(2));
     assert!(stderr.contains("is not a file"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drivers_of_other_protocols_are_checked_against_their_own_schema() {
+    // The fake driver speaks each protocol as Cinder's drivers of that kind do, and passes.
+    for protocol in ["iser", "fibre_channel", "nvmeof", "rbd", "nfs"] {
+        let report = suite(component("fake"), &[("protocol", protocol)]).await;
+        assert!(report.ok(), "{protocol}: {:#?}", report.failures());
+        let schema = report.checks.iter().find(|c| c.name == name(Id::ConnectionSchema)).unwrap();
+        assert_eq!(schema.status, Status::Passed, "{protocol}: the schema check runs for every protocol");
+        // The iSCSI-only checks say why they did not run.
+        let requires = report.checks.iter().find(|c| c.name == name(Id::RequiresInitiator)).unwrap();
+        if protocol != "iser" {
+            assert!(
+                matches!(&requires.status, Status::Skipped(why) if why.contains("iscsi")),
+                "{protocol}: {:?}",
+                requires.status
+            );
+        }
+    }
+    // That each schema refuses what os-brick could not use is in the unit tests of
+    // `conformance/checks.rs`; answering under another protocol's name is the `mislabeled` flaw.
 }

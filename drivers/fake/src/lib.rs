@@ -12,6 +12,11 @@
 //! - `panic`: crash
 //!
 //! `validate-connector`, which has no volume, reads only the settings.
+//!
+//! The setting `protocol` (`iscsi` by default, or `iser`, `fibre_channel`, `nvmeof`, `rbd`,
+//! `nfs`) chooses what it advertises, what it requires of a connector and the connection data it
+//! answers with, shaped as Cinder's drivers of that kind shape it; the conformance suite's tests
+//! check every protocol's schema with it.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -60,6 +65,66 @@ fn iqn(volume: &Volume) -> String {
     format!("{PREFIX}{}", volume.name)
 }
 
+fn protocol_name() -> String {
+    config::get_or("protocol", "iscsi")
+}
+
+fn protocol() -> Protocol {
+    match protocol_name().as_str() {
+        "iscsi" => Protocol::Iscsi,
+        "iser" => Protocol::Iser,
+        "fibre_channel" => Protocol::FibreChannel,
+        "nvmeof" => Protocol::Nvmeof,
+        "rbd" => Protocol::Rbd,
+        "nfs" => Protocol::Nfs,
+        other => Protocol::Other(other.to_string()),
+    }
+}
+
+/// What the protocol needs from a connector.
+fn check_connector(connector: &Connector) -> DriverResult<()> {
+    match protocol() {
+        Protocol::Iscsi | Protocol::Iser => connector.iscsi_initiator().map(|_| ()),
+        Protocol::Nvmeof if connector.nqn.is_none() => Err(DriverError::missing("nqn")),
+        Protocol::FibreChannel if connector.wwpns.is_empty() => Err(DriverError::missing("wwpns")),
+        _ => Ok(()),
+    }
+}
+
+/// The connection data of a protocol other than iSCSI.
+fn other_connection(volume: &Volume, connector: &Connector) -> Connection {
+    let mode = connector.mode.as_str();
+    let info = ConnectionInfoBuilder::new(&protocol_name());
+    let info = match protocol() {
+        Protocol::FibreChannel => {
+            let map = connector.wwpns.iter().map(|w| format!("\"{w}\": [\"500a0981891b8dc5\"]"));
+            info.text_list("target_wwn", vec!["500a0981891b8dc5".into()])
+                .integer("target_lun", 1)
+                .boolean("target_discovered", false)
+                .value(
+                    "initiator_target_map",
+                    Value::Json(format!("{{{}}}", map.collect::<Vec<_>>().join(","))),
+                )
+        }
+        Protocol::Nvmeof => info
+            .text("target_nqn", format!("nqn.2014-08.org.openstack:{}", volume.name))
+            .value("portals", Value::Json(r#"[["127.0.0.1", "4420", "tcp"]]"#.into()))
+            .text("vol_uuid", volume.id.clone())
+            .text("host_nqn", connector.nqn.clone().unwrap_or_default()),
+        Protocol::Rbd => info
+            .text("name", format!("volumes/{}", volume.name))
+            .text_list("hosts", vec!["127.0.0.1".into()])
+            .text_list("ports", vec!["6789".into()])
+            .boolean("auth_enabled", true)
+            .text("auth_username", "cinder")
+            .text("secret_type", "ceph")
+            .text("cluster_name", "ceph"),
+        Protocol::Nfs => info.text("export", "127.0.0.1:/srv/cinder").text("name", volume.name.clone()),
+        _ => info,
+    };
+    info.text("access_mode", mode).boolean("encrypted", false).connection()
+}
+
 impl Driver for Fake {
     fn info() -> DriverInfo {
         DriverInfo {
@@ -68,14 +133,14 @@ impl Driver for Fake {
             vendor: "Berth".into(),
             description: "Scriptable test driver; answers like an iSCSI backend without touching anything"
                 .into(),
-            protocols: vec![Protocol::Iscsi],
+            protocols: vec![protocol()],
             capabilities: Capabilities { multiattach: true, shared_targets: false },
         }
     }
 
     fn validate_connector(connector: &Connector) -> DriverResult<()> {
         script("validate-connector", None)?;
-        connector.iscsi_initiator().map(|_| ())
+        check_connector(connector)
     }
 
     fn create_volume(volume: &Volume) -> DriverResult<ModelUpdate> {
@@ -103,13 +168,16 @@ impl Driver for Fake {
 
     fn initialize_connection(volume: &Volume, connector: &Connector) -> DriverResult<Connection> {
         script("initialize-connection", Some(volume))?;
-        connector.iscsi_initiator()?;
+        check_connector(connector)?;
         let Some(auth) = volume.provider_auth.as_deref() else {
             return Err(DriverError::NotFound(format!("volume {} is not exported", volume.id)));
         };
+        if !matches!(protocol(), Protocol::Iscsi | Protocol::Iser) {
+            return Ok(other_connection(volume, connector));
+        }
         let mut words = auth.split_whitespace().skip(1);
         let (user, secret) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
-        let mut info = ConnectionInfoBuilder::new("iscsi")
+        let mut info = ConnectionInfoBuilder::new(&protocol_name())
             .boolean("target_discovered", false)
             .text("target_portal", "127.0.0.1:3260")
             .text("target_iqn", iqn(volume))

@@ -373,10 +373,16 @@ pub fn apply(v: &mut Volume, u: &ModelUpdate) {
 }
 
 /// An os-brick connector for `initiator` on `host`, in `mode`.
+/// The connector os-brick reports for `host`: the iSCSI initiator given, and, as on a host with
+/// every kind of initiator, an NVMe host NQN and Fibre Channel ports of its own, so that drivers
+/// of every protocol can be checked with the same connectors.
 pub fn connector(initiator: &str, host: &str, mode: AccessMode) -> Connector {
+    let n = host.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b))) & 0xffff;
     let j = json!({
         "initiator": initiator, "host": host, "ip": "192.0.2.10", "platform": "x86_64", "os_type": "linux",
         "multipath": false, "enforce_multipath": false,
+        "nqn": format!("nqn.2014-08.org.nvmexpress:{host}"),
+        "wwpns": [format!("10000090fa53{n:04x}")], "wwnns": [format!("20000090fa53{n:04x}")],
     });
     connector_from_json(j.as_object().expect("an object"), mode).expect("a valid connector")
 }
