@@ -118,8 +118,29 @@ print(len(cases))
     assert!(py.status.success(), "invalid JUnit: {}", String::from_utf8_lossy(&py.stderr));
     assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), CHECKS.len().to_string());
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    assert_eq!(report["failed"], 0);
+    assert_eq!((report["failed"].as_u64(), report["skipped"].as_u64()), (Some(0), Some(0)), "all checks run");
     assert!(report["checks"].as_array().unwrap().iter().any(|c| c["fuel_total"].as_u64() > Some(0)));
+}
+
+#[test]
+fn injected_faults_reach_the_driver_in_front_of_a_real_tgtd_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("flaw.toml");
+    std::fs::write(&config, "[settings]\nflaw = \"timeout-as-backend\"\n").unwrap();
+    let out = Command::new(berth_binary())
+        .arg("conformance")
+        .arg(component("flawed"))
+        .args(["--target", "tgtd", "--focus", "target-service", "--config"])
+        .arg(&config)
+        .args(["--cache-dir"])
+        .arg(shared_cache())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("FAIL  {}", name(Id::TimeoutsRetryable))), "{stdout}");
+    assert!(stdout.contains(&format!("PASS  {}", name(Id::FailuresTyped))), "{stdout}");
+    assert!(stdout.contains("(target: tgtd)"), "{stdout}");
 }
 
 /// Each flaw of the `flawed` fixture and the checks it must fail, no more, no fewer.

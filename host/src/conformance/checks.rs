@@ -24,8 +24,6 @@ pub enum Need {
     TargetService,
     /// The driver advertises multiattach.
     Multiattach,
-    /// Faults can be injected into the target service (the model target).
-    FaultInjection,
 }
 
 /// One check.
@@ -187,12 +185,12 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "target-service timeouts should surface as retryable errors",
-        needs: &[TargetService, FaultInjection],
+        needs: &[TargetService],
         id: Id::TimeoutsRetryable,
     },
     Check {
         name: "target-service failures should surface as typed errors, never as success",
-        needs: &[TargetService, FaultInjection],
+        needs: &[TargetService],
         id: Id::FailuresTyped,
     },
     Check { name: "every call should stay within its CPU budget", needs: &[], id: Id::CpuBudget },

@@ -106,7 +106,8 @@ impl<'s> Env<'s> {
             TargetMode::Tgtd => {
                 let daemon = shared.daemon.clone().expect("a tgtd run has a daemon");
                 daemon.clear().await?;
-                Target::Tgtd(daemon)
+                let faulty = Arc::new(super::target::Faulty::new(daemon.service.clone()));
+                Target::Tgtd(daemon, faulty)
             }
         };
         let mut caps = DriverCapabilities { settings: shared.settings.clone(), ..Default::default() };

@@ -195,9 +195,6 @@ fn skip_reason(shared: &Shared, needs: &[Need]) -> Option<String> {
         Need::Multiattach if !shared.multiattach() => {
             Some("the driver does not advertise multiattach".into())
         }
-        Need::FaultInjection if shared.mode != TargetMode::Model => {
-            Some("faults can be injected only into the model target (--target model)".into())
-        }
         _ => None,
     })
 }

@@ -5,16 +5,21 @@
 //! - `model` (default): an in-memory model of tgtd, fresh for every check.
 //! - `tgtd`: a real tgtd the suite starts on loopback (free ports, its own control socket) and
 //!   stops at the end; wiped between checks. Logins are tried with libiscsi's `iscsi-inq`.
+//!   Errors are injected in front of it (`Faulty`): the failing operation never reaches tgtd.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use async_trait::async_trait;
 
 use crate::capabilities::iscsi::model::{LoginRefusal, TargetModel};
 use crate::capabilities::iscsi::tgt::{Tgtd, TgtdConfig};
-use crate::capabilities::iscsi::{Portal, TargetError, TargetService};
+use crate::capabilities::iscsi::{
+    ChapCredentials, Iqn, Lun, Portal, TargetError, TargetService, TargetState,
+};
 
 /// Which target service to run the suite against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -182,25 +187,93 @@ fn free_control_port() -> u16 {
     }
 }
 
+/// A target service with one injectable error: the next call of an operation fails with it
+/// before reaching the service, as when tgtd does not answer or refuses.
+pub struct Faulty {
+    inner: Arc<dyn TargetService>,
+    inject: Mutex<Option<(&'static str, TargetError)>>,
+}
+
+impl Faulty {
+    pub fn new(inner: Arc<dyn TargetService>) -> Self {
+        Faulty { inner, inject: Mutex::new(None) }
+    }
+
+    pub fn inject(&self, op: &'static str, error: TargetError) {
+        *self.inject.lock().unwrap_or_else(|p| p.into_inner()) = Some((op, error));
+    }
+
+    fn check(&self, op: &'static str) -> Result<(), TargetError> {
+        let mut inject = self.inject.lock().unwrap_or_else(|p| p.into_inner());
+        match inject.take() {
+            Some((o, error)) if o == op => Err(error),
+            other => {
+                *inject = other;
+                Ok(())
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl TargetService for Faulty {
+    async fn show(&self, iqn: &Iqn) -> Result<Option<TargetState>, TargetError> {
+        self.check("show-target")?;
+        self.inner.show(iqn).await
+    }
+    async fn create_target(&self, iqn: &Iqn) -> Result<TargetState, TargetError> {
+        self.check("create-target")?;
+        self.inner.create_target(iqn).await
+    }
+    async fn delete_target(&self, iqn: &Iqn) -> Result<(), TargetError> {
+        self.check("delete-target")?;
+        self.inner.delete_target(iqn).await
+    }
+    async fn add_lun(&self, iqn: &Iqn, lun: Lun, path: &str) -> Result<(), TargetError> {
+        self.check("add-lun")?;
+        self.inner.add_lun(iqn, lun, path).await
+    }
+    async fn remove_lun(&self, iqn: &Iqn, lun: Lun) -> Result<(), TargetError> {
+        self.check("remove-lun")?;
+        self.inner.remove_lun(iqn, lun).await
+    }
+    async fn allow_initiator(&self, iqn: &Iqn, initiator: &Iqn) -> Result<(), TargetError> {
+        self.check("allow-initiator")?;
+        self.inner.allow_initiator(iqn, initiator).await
+    }
+    async fn deny_initiator(&self, iqn: &Iqn, initiator: &Iqn) -> Result<(), TargetError> {
+        self.check("deny-initiator")?;
+        self.inner.deny_initiator(iqn, initiator).await
+    }
+    async fn set_chap(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError> {
+        self.check("set-chap")?;
+        self.inner.set_chap(iqn, credentials).await
+    }
+    async fn list(&self) -> Result<Vec<TargetState>, TargetError> {
+        self.inner.list().await
+    }
+}
+
 /// The target service of one check.
 #[derive(Clone)]
 pub enum Target {
     Model(Arc<TargetModel>),
-    Tgtd(Arc<Daemon>),
+    /// A real tgtd, behind an error injector.
+    Tgtd(Arc<Daemon>, Arc<Faulty>),
 }
 
 impl Target {
     pub fn service(&self) -> Arc<dyn TargetService> {
         match self {
             Target::Model(m) => m.clone(),
-            Target::Tgtd(d) => d.service.clone(),
+            Target::Tgtd(_, faulty) => faulty.clone(),
         }
     }
 
     pub fn portal(&self) -> Portal {
         match self {
             Target::Model(_) => Portal { address: "127.0.0.1".into(), port: 3260 },
-            Target::Tgtd(d) => d.portal.clone(),
+            Target::Tgtd(d, _) => d.portal.clone(),
         }
     }
 
@@ -224,7 +297,7 @@ impl Target {
                     accounts: s.accounts,
                 })
             }
-            Target::Tgtd(d) => {
+            Target::Tgtd(d, _) => {
                 let targets =
                     d.service.list().await.map_err(|e| format!("cannot list tgtd's targets: {e}"))?;
                 let accounts =
@@ -254,18 +327,15 @@ impl Target {
                 m.wipe();
                 Ok(())
             }
-            Target::Tgtd(d) => d.restart().await,
+            Target::Tgtd(d, _) => d.restart().await,
         }
     }
 
-    /// Makes the next call of `op` fail with `error` (model only).
-    pub fn inject(&self, op: &'static str, error: TargetError) -> bool {
+    /// Makes the next call of `op` fail with `error`.
+    pub fn inject(&self, op: &'static str, error: TargetError) {
         match self {
-            Target::Model(m) => {
-                m.inject(op, error);
-                true
-            }
-            Target::Tgtd(_) => false,
+            Target::Model(m) => m.inject(op, error),
+            Target::Tgtd(_, faulty) => faulty.inject(op, error),
         }
     }
 
@@ -286,7 +356,7 @@ impl Target {
                 LoginRefusal::AuthenticationFailure => "authentication failure".into(),
                 LoginRefusal::NoSuchLun => format!("LUN {lun} does not exist"),
             }),
-            Target::Tgtd(d) => {
+            Target::Tgtd(d, _) => {
                 let auth = chap.map(|(u, s)| format!("{u}%{s}@")).unwrap_or_default();
                 let url = format!("iscsi://{auth}127.0.0.1:{}/{target}/{lun}", d.portal.port);
                 let out = tokio::process::Command::new("iscsi-inq")
