@@ -11,9 +11,9 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use berth::store::Synchronous;
-use berth_tests::server::{Client, Db, TestServer, connector, fake_config};
+use berth_tests::bench::{closed_loop, workers};
+use berth_tests::server::{Db, TestServer, fake_config};
 use berth_tests::stats::{Summary, human};
-use serde_json::json;
 
 /// The same allocator as the `berth` binary.
 #[global_allocator]
@@ -23,10 +23,6 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(run());
     berth_tests::pg::stop_private_clusters();
-}
-
-fn seconds() -> Duration {
-    Duration::from_secs(std::env::var("BERTH_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5))
 }
 
 /// The latency of one durable 4 KiB write (write + fdatasync) on the data directory's filesystem.
@@ -42,13 +38,6 @@ fn fsync_latency() -> Duration {
         samples.push(t.elapsed());
     }
     Summary::of(&mut samples).p50
-}
-
-async fn cycle(c: &Client, volume: &str, initiator: &str) {
-    let r = c.attach(volume, Some(connector(initiator, "bench-host"))).await.expect(200);
-    let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
-    c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
-    c.delete(&format!("/attachments/{id}")).await.expect(200);
 }
 
 async fn run() {
@@ -78,34 +67,10 @@ async fn run() {
             };
             let server = TestServer::start_on(db, url, config).await;
             let base = server.client("bench").at("3.54");
-            let mut workers = Vec::new();
-            for i in 0..clients {
-                let c = base.fresh_connection();
-                let volume = c.create_volume(json!({"size": 1})).await;
-                workers.push((c, volume, format!("iqn.1993-08.org.debian:01:bench{i}")));
-            }
-            // Warm up.
-            for (c, v, i) in &workers {
-                cycle(c, v, i).await;
-            }
+            let workers = workers(&base, clients).await;
             let store = server.service.store().clone();
             let commits_before = store.commits();
-            let deadline = Instant::now() + seconds();
-            let started = Instant::now();
-            let mut tasks = tokio::task::JoinSet::new();
-            for (c, volume, initiator) in workers {
-                tasks.spawn(async move {
-                    let mut latencies = Vec::new();
-                    while Instant::now() < deadline {
-                        let t = Instant::now();
-                        cycle(&c, &volume, &initiator).await;
-                        latencies.push(t.elapsed());
-                    }
-                    latencies
-                });
-            }
-            let mut latencies: Vec<Duration> = tasks.join_all().await.into_iter().flatten().collect();
-            let elapsed = started.elapsed();
+            let (mut latencies, elapsed) = closed_loop(workers).await;
             let cycles = latencies.len();
             let commits = (store.commits() - commits_before) as f64 / cycles as f64;
             let summary = Summary::of(&mut latencies);

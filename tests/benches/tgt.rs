@@ -8,8 +8,9 @@
 
 use std::time::{Duration, Instant};
 
+use berth_tests::bench::{attach_cycle, closed_loop, workers};
 use berth_tests::process::BerthProcess;
-use berth_tests::server::{Client, connector};
+use berth_tests::server::Client;
 use berth_tests::stats::{Summary, human};
 use berth_tests::tgt::{TgtdProcess, recording_tgtadm};
 use serde_json::json;
@@ -17,17 +18,6 @@ use serde_json::json;
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(run());
-}
-
-fn seconds() -> Duration {
-    Duration::from_secs(std::env::var("BERTH_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5))
-}
-
-async fn cycle(c: &Client, volume: &str, initiator: &str) {
-    let r = c.attach(volume, Some(connector(initiator, "bench-host"))).await.expect(200);
-    let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
-    c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
-    c.delete(&format!("/attachments/{id}")).await.expect(200);
 }
 
 /// One `tgtadm --op show --mode sys` round trip: the cost of a process spawn plus a control-socket
@@ -58,11 +48,11 @@ async fn run() {
         let berth = BerthProcess::start(&tgtd.config(&wrapper));
         let c = Client::for_base(&berth.base, "bench").at("3.54");
         let volume = c.create_volume(json!({"size": 1})).await;
-        cycle(&c, &volume, "iqn.1993-08.org.debian:01:warmup").await;
+        attach_cycle(&c, &volume, "iqn.1993-08.org.debian:01:warmup").await;
         let before = std::fs::read_to_string(&log).unwrap().lines().count();
         let n = 20;
         for _ in 0..n {
-            cycle(&c, &volume, "iqn.1993-08.org.debian:01:count").await;
+            attach_cycle(&c, &volume, "iqn.1993-08.org.debian:01:count").await;
         }
         let after = std::fs::read_to_string(&log).unwrap().lines().count();
         println!("tgtadm commands per cycle: {:.1}", (after - before) as f64 / n as f64);
@@ -71,30 +61,8 @@ async fn run() {
     let berth = BerthProcess::start(&tgtd.config(std::path::Path::new("/usr/sbin/tgtadm")));
     for clients in [1usize, 4] {
         let base = Client::for_base(&berth.base, "bench").at("3.54");
-        let mut workers = Vec::new();
-        for i in 0..clients {
-            let c = base.fresh_connection();
-            let volume = c.create_volume(json!({"size": 1})).await;
-            let initiator = format!("iqn.1993-08.org.debian:01:bench{i}");
-            cycle(&c, &volume, &initiator).await; // warm up
-            workers.push((c, volume, initiator));
-        }
-        let deadline = Instant::now() + seconds();
-        let started = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for (c, volume, initiator) in workers {
-            tasks.spawn(async move {
-                let mut latencies = Vec::new();
-                while Instant::now() < deadline {
-                    let t = Instant::now();
-                    cycle(&c, &volume, &initiator).await;
-                    latencies.push(t.elapsed());
-                }
-                latencies
-            });
-        }
-        let mut latencies: Vec<Duration> = tasks.join_all().await.into_iter().flatten().collect();
-        let rate = latencies.len() as f64 / started.elapsed().as_secs_f64();
+        let (mut latencies, elapsed) = closed_loop(workers(&base, clients).await).await;
+        let rate = latencies.len() as f64 / elapsed.as_secs_f64();
         let summary = Summary::of(&mut latencies);
         println!(
             "{clients} client(s), each on its own volume: {rate:>6.1} cycles/s, cycle p50 {} p99 {} (n={})",

@@ -1,5 +1,6 @@
 //! Shared helpers for Berth's integration tests and benchmarks.
 
+pub mod bench;
 pub mod drivers;
 pub mod initiator;
 pub mod iscsi;
