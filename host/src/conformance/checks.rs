@@ -356,8 +356,7 @@ async fn hostile_initiators(env: &mut Env<'_>) -> Result<(), String> {
             .collect();
         ensure!(reached.is_empty(), "the initiator {shown} reached capability calls: {reached:?}");
     }
-    let after = env.snapshot().await?;
-    ensure!(before == after, "hostile connectors changed the target service: {:?}", before.diff(&after));
+    env.unchanged_since(&before, "hostile connectors changed the target service").await?;
     Ok(())
 }
 
@@ -402,8 +401,7 @@ async fn volume_lifecycle(env: &mut Env<'_>) -> Result<(), String> {
     let v = env.create_volume(false).await?;
     env.delete_volume(&v).await?;
     ensure!(env.stores() == stores, "backing stores left behind: {:?}", env.stores());
-    let after = env.snapshot().await?;
-    ensure!(after == snapshot, "the target service changed: {:?}", snapshot.diff(&after));
+    env.unchanged_since(&snapshot, "the target service changed").await?;
     env.delete_volume(&v).await.map_err(|e| format!("deleting a deleted volume failed: {e}"))
 }
 
@@ -414,12 +412,7 @@ async fn export_idempotent(env: &mut Env<'_>) -> Result<(), String> {
     for _ in 0..REPEAT {
         env.export(&mut v).await?;
         ensure!(v == record, "a repeated create-export changed the volume record: {record:?} -> {v:?}");
-        let after = env.snapshot().await?;
-        ensure!(
-            after == snapshot,
-            "a repeated create-export changed the target service: {:?}",
-            snapshot.diff(&after)
-        );
+        env.unchanged_since(&snapshot, "a repeated create-export changed the target service").await?;
     }
     Ok(())
 }
@@ -436,8 +429,7 @@ async fn export_after_wipe(env: &mut Env<'_>) -> Result<(), String> {
     ensure!(again.chap() == first.chap(), "the credentials changed after the export was re-created");
     ensure!(again.data.get("target_iqn") == first.data.get("target_iqn"), "the target name changed");
     env.login(&again, A).await.map_err(|e| format!("cannot log in to the re-created export: {e}"))?;
-    let after = env.snapshot().await?;
-    ensure!(after == before, "the re-created export differs: {:?}", before.diff(&after));
+    env.unchanged_since(&before, "the re-created export differs").await?;
     Ok(())
 }
 
@@ -447,8 +439,7 @@ async fn remove_unexported(env: &mut Env<'_>) -> Result<(), String> {
     let snapshot = env.snapshot().await?;
     env.remove_export(&mut v).await.map_err(|e| format!("on a volume never exported: {e}"))?;
     env.remove_export(&mut v).await.map_err(|e| format!("the second time: {e}"))?;
-    let after = env.snapshot().await?;
-    ensure!(after == snapshot, "the target service changed: {:?}", snapshot.diff(&after));
+    env.unchanged_since(&snapshot, "the target service changed").await?;
     Ok(())
 }
 
@@ -457,8 +448,7 @@ async fn remove_cleans(env: &mut Env<'_>) -> Result<(), String> {
     let base = env.snapshot().await?;
     env.export(&mut v).await?;
     env.remove_export(&mut v).await?;
-    let after = env.snapshot().await?;
-    ensure!(after == base, "left behind: {:?}", base.diff(&after));
+    env.unchanged_since(&base, "left behind").await?;
     Ok(())
 }
 
@@ -471,8 +461,7 @@ async fn initialize_idempotent(env: &mut Env<'_>) -> Result<(), String> {
         let again = env.connect(&mut v, &a()).await?;
         ensure!(again == first, "call {i} answered differently: {:?} then {:?}", first.data, again.data);
         ensure!(v == record, "call {i} changed the volume record");
-        let after = env.snapshot().await?;
-        ensure!(after == snapshot, "call {i} changed the target service: {:?}", snapshot.diff(&after));
+        env.unchanged_since(&snapshot, &format!("call {i} changed the target service")).await?;
     }
     Ok(())
 }
@@ -779,12 +768,7 @@ async fn access_mode_change(env: &mut Env<'_>) -> Result<(), String> {
                 failed(&e)
             );
             ensure!(v == record, "the refused call changed the volume record");
-            let after = env.snapshot().await?;
-            ensure!(
-                after == snapshot,
-                "the refused call changed the target service: {:?}",
-                snapshot.diff(&after)
-            );
+            env.unchanged_since(&snapshot, "the refused call changed the target service").await?;
             Ok(())
         }
     }
@@ -807,8 +791,7 @@ async fn terminate_unknown(env: &mut Env<'_>) -> Result<(), String> {
     let snapshot = env.snapshot().await?;
     let others = [attachment(&a())];
     env.terminate(&mut v, Some(&b()), &others).await.map_err(|e| format!("refused: {e}"))?;
-    let after = env.snapshot().await?;
-    ensure!(after == snapshot, "it changed the target service: {:?}", snapshot.diff(&after));
+    env.unchanged_since(&snapshot, "it changed the target service").await?;
     if env.shared.uses_target_service() {
         env.login(&conn, A).await.map_err(|e| format!("the connected initiator lost access: {e}"))?;
     }
@@ -824,8 +807,7 @@ async fn terminate_idempotent(env: &mut Env<'_>) -> Result<(), String> {
     for i in 2..=REPEAT {
         env.terminate(&mut v, Some(&a()), &[]).await.map_err(|e| format!("call {i}: {e}"))?;
         ensure!(v == record, "call {i} changed the volume record");
-        let after = env.snapshot().await?;
-        ensure!(after == snapshot, "call {i} changed the target service: {:?}", snapshot.diff(&after));
+        env.unchanged_since(&snapshot, &format!("call {i} changed the target service")).await?;
     }
     Ok(())
 }
@@ -909,8 +891,7 @@ async fn shared_query(env: &mut Env<'_>) -> Result<(), String> {
             None => first = Some(ids),
         }
     }
-    let after = env.snapshot().await?;
-    ensure!(after == snapshot, "the query changed the target service: {:?}", snapshot.diff(&after));
+    env.unchanged_since(&snapshot, "the query changed the target service").await?;
     Ok(())
 }
 
@@ -1120,8 +1101,7 @@ async fn no_leak(env: &mut Env<'_>) -> Result<(), String> {
         }
         env.remove_export(&mut v).await.map_err(|e| format!("cycle {i}: {e}"))?;
         if i == 1 || i == LIFECYCLES {
-            let now = env.snapshot().await?;
-            ensure!(now == base, "after {i} cycle(s) the target service holds {:?}", base.diff(&now));
+            env.unchanged_since(&base, &format!("after {i} cycle(s) the target service holds")).await?;
         }
     }
     env.delete_volume(&v).await?;

@@ -174,6 +174,12 @@ impl<'s> Env<'s> {
         self.target.snapshot().await
     }
 
+    /// Fails, saying `what` and the difference, unless the target service is as in `before`.
+    pub async fn unchanged_since(&self, before: &Snapshot, what: &str) -> Result<(), String> {
+        let now = self.snapshot().await?;
+        if now == *before { Ok(()) } else { Err(format!("{what}: {:?}", before.diff(&now))) }
+    }
+
     /// A new volume record, as the service makes one before `create-volume`.
     pub fn volume(&self, multiattach: bool) -> Volume {
         let id = uuid::Uuid::new_v4().to_string();
