@@ -45,16 +45,6 @@ pub struct TargetObjects {
 }
 
 impl Snapshot {
-    /// Targets, LUNs, ACL entries and accounts: zero for an empty service.
-    pub fn object_count(&self) -> usize {
-        self.accounts.len()
-            + self
-                .targets
-                .values()
-                .map(|t| 1 + t.luns.len() + t.initiators.len() + t.chap_users.len())
-                .sum::<usize>()
-    }
-
     /// The same state with CHAP user names (random by design) replaced by their count.
     pub fn without_names(&self) -> Snapshot {
         Snapshot {
