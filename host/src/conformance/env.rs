@@ -13,7 +13,6 @@ use serde_json::{Map, Value as Json, json};
 use super::target::{Daemon, Snapshot, Target, TargetMode};
 use crate::capabilities::backing::BackingStores;
 use crate::capabilities::iscsi::IscsiCapability;
-use crate::capabilities::iscsi::model::TargetModel;
 use crate::capabilities::{DriverCapabilities, Grant};
 use crate::runtime::contract::{
     AccessMode, Attachment, Connector, DriverError, DriverInfo, ModelUpdate, Protocol, Termination, Volume,
@@ -102,12 +101,11 @@ impl<'s> Env<'s> {
                 .map_err(|e| format!("cannot make the backing store directory: {e}"))?,
         );
         let target = match shared.mode {
-            TargetMode::Model => Target::Model(Arc::new(TargetModel::new())),
+            TargetMode::Model => Target::model(),
             TargetMode::Tgtd => {
                 let daemon = shared.daemon.clone().expect("a tgtd run has a daemon");
                 daemon.clear().await?;
-                let faulty = Arc::new(super::target::Faulty::new(daemon.service.clone()));
-                Target::Tgtd(daemon, faulty)
+                Target::tgtd(daemon)
             }
         };
         let mut caps = DriverCapabilities { settings: shared.settings.clone(), ..Default::default() };
@@ -379,7 +377,6 @@ pub fn apply(v: &mut Volume, u: &ModelUpdate) {
     v.driver_data.sort();
 }
 
-/// An os-brick connector for `initiator` on `host`, in `mode`.
 /// The connector os-brick reports for `host`: the iSCSI initiator given, and, as on a host with
 /// every kind of initiator, an NVMe host NQN and Fibre Channel ports of its own, so that drivers
 /// of every protocol can be checked with the same connectors.

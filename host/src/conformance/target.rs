@@ -5,7 +5,9 @@
 //! - `model` (default): an in-memory model of tgtd, fresh for every check.
 //! - `tgtd`: a real tgtd the suite starts on loopback (free ports, its own control socket) and
 //!   stops at the end; wiped between checks. Logins are tried with libiscsi's `iscsi-inq`.
-//!   Errors are injected in front of it (`Faulty`): the failing operation never reaches tgtd.
+//!
+//! In both, errors are injected in front of the service (`Faulty`): the failing operation never
+//! reaches it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -244,32 +246,46 @@ impl TargetService for Faulty {
     }
 }
 
-/// The target service of one check.
+/// The target service of one check: the model or a real tgtd, behind an error injector.
 #[derive(Clone)]
-pub enum Target {
+pub struct Target {
+    backend: Backend,
+    faults: Arc<Faulty>,
+}
+
+#[derive(Clone)]
+enum Backend {
     Model(Arc<TargetModel>),
-    /// A real tgtd, behind an error injector.
-    Tgtd(Arc<Daemon>, Arc<Faulty>),
+    Tgtd(Arc<Daemon>),
 }
 
 impl Target {
+    /// A fresh model.
+    pub fn model() -> Target {
+        let model = Arc::new(TargetModel::new());
+        Target { faults: Arc::new(Faulty::new(model.clone())), backend: Backend::Model(model) }
+    }
+
+    /// The run's tgtd (the caller clears it).
+    pub fn tgtd(daemon: Arc<Daemon>) -> Target {
+        Target { faults: Arc::new(Faulty::new(daemon.service.clone())), backend: Backend::Tgtd(daemon) }
+    }
+
+    /// What the driver's capability calls reach.
     pub fn service(&self) -> Arc<dyn TargetService> {
-        match self {
-            Target::Model(m) => m.clone(),
-            Target::Tgtd(_, faulty) => faulty.clone(),
-        }
+        self.faults.clone()
     }
 
     pub fn portal(&self) -> Portal {
-        match self {
-            Target::Model(_) => Portal { address: "127.0.0.1".into(), port: 3260 },
-            Target::Tgtd(d, _) => d.portal.clone(),
+        match &self.backend {
+            Backend::Model(_) => Portal { address: "127.0.0.1".into(), port: 3260 },
+            Backend::Tgtd(d) => d.portal.clone(),
         }
     }
 
     pub async fn snapshot(&self) -> Result<Snapshot, String> {
-        match self {
-            Target::Model(m) => {
+        match &self.backend {
+            Backend::Model(m) => {
                 let s = m.snapshot();
                 Ok(Snapshot {
                     targets: s
@@ -287,7 +303,7 @@ impl Target {
                     accounts: s.accounts,
                 })
             }
-            Target::Tgtd(d, _) => {
+            Backend::Tgtd(d) => {
                 let targets =
                     d.service.list().await.map_err(|e| format!("cannot list tgtd's targets: {e}"))?;
                 let accounts =
@@ -312,21 +328,18 @@ impl Target {
 
     /// Forgets everything, as a restarted tgtd does.
     pub async fn wipe(&self) -> Result<(), String> {
-        match self {
-            Target::Model(m) => {
+        match &self.backend {
+            Backend::Model(m) => {
                 m.wipe();
                 Ok(())
             }
-            Target::Tgtd(d, _) => d.restart().await,
+            Backend::Tgtd(d) => d.restart().await,
         }
     }
 
-    /// Makes the next call of `op` fail with `error`.
+    /// Makes the next call of `op` fail with `error`; the operation never reaches the service.
     pub fn inject(&self, op: &'static str, error: TargetError) {
-        match self {
-            Target::Model(m) => m.inject(op, error),
-            Target::Tgtd(_, faulty) => faulty.inject(op, error),
-        }
+        self.faults.inject(op, error);
     }
 
     /// Whether `initiator` can log in to LUN `lun` of `target` with these credentials; the
@@ -338,15 +351,15 @@ impl Target {
         initiator: &str,
         chap: Option<(&str, &str)>,
     ) -> Result<(), String> {
-        match self {
-            Target::Model(m) => m.login(target, lun, initiator, chap).map_err(|r| match r {
+        match &self.backend {
+            Backend::Model(m) => m.login(target, lun, initiator, chap).map_err(|r| match r {
                 LoginRefusal::TargetNotFound => {
                     "target not found (or the initiator is not in its ACL)".into()
                 }
                 LoginRefusal::AuthenticationFailure => "authentication failure".into(),
                 LoginRefusal::NoSuchLun => format!("LUN {lun} does not exist"),
             }),
-            Target::Tgtd(d, _) => {
+            Backend::Tgtd(d) => {
                 let auth = chap.map(|(u, s)| format!("{u}%{s}@")).unwrap_or_default();
                 let url = format!("iscsi://{auth}127.0.0.1:{}/{target}/{lun}", d.portal.port);
                 let out = tokio::process::Command::new("iscsi-inq")

@@ -1,7 +1,7 @@
 //! An in-memory model of an iSCSI target service with tgtd's semantics (host-assigned target
 //! ids, global CHAP accounts bound to targets, initiator ACLs, LUN 0 reserved). It records every
-//! call, can simulate a daemon restart (`wipe`) and inject one error, and answers whether an
-//! initiator could log in. Used by the conformance suite's default mode and by tests.
+//! call, can simulate a daemon restart (`wipe`), and answers whether an initiator could log in.
+//! Used by the conformance suite's default mode and by tests.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -65,7 +65,6 @@ struct State {
     secrets: BTreeMap<String, Secret>,
     next_tid: u32,
     calls: Vec<ModelCall>,
-    inject: Option<(&'static str, TargetError)>,
 }
 
 /// The model target service.
@@ -93,11 +92,6 @@ impl TargetModel {
         let mut s = self.lock();
         s.snapshot = ModelSnapshot::default();
         s.secrets.clear();
-    }
-
-    /// Makes the next call of `op` fail with `error`.
-    pub fn inject(&self, op: &'static str, error: TargetError) {
-        self.lock().inject = Some((op, error));
     }
 
     /// Whether `initiator` could log in to LUN `lun` of `target` with these CHAP credentials.
@@ -132,8 +126,7 @@ impl TargetModel {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Runs one operation: records it, applies an injected error, and notes whether it changed
-    /// anything.
+    /// Runs one operation: records it and notes whether it changed anything.
     fn op<T>(
         &self,
         op: &'static str,
@@ -141,11 +134,6 @@ impl TargetModel {
         f: impl FnOnce(&mut State) -> Result<T, TargetError>,
     ) -> Result<T, TargetError> {
         let mut s = self.lock();
-        if s.inject.as_ref().is_some_and(|(o, _)| *o == op) {
-            let (_, error) = s.inject.take().expect("checked above");
-            s.calls.push(ModelCall { op, args, changed: false });
-            return Err(error);
-        }
         let before = (s.snapshot.clone(), s.secrets.len());
         let result = f(&mut s);
         let changed = (s.snapshot.clone(), s.secrets.len()) != before;
