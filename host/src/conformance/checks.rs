@@ -228,6 +228,24 @@ fn b() -> Connector {
     connector(B, "host-b", AccessMode::Rw)
 }
 
+/// Connection data for a message, with credentials masked: secrets never reach a report.
+fn redacted(data: &serde_json::Map<String, Json>) -> String {
+    let masked: serde_json::Map<String, Json> = data
+        .iter()
+        .map(|(k, v)| {
+            let secret = k.contains("password") || k.contains("secret");
+            (k.clone(), if secret { Json::String("***".into()) } else { v.clone() })
+        })
+        .collect();
+    Json::Object(masked).to_string()
+}
+
+/// A volume record for a message, with its credentials (`provider_auth`) masked.
+fn redacted_volume(v: &Volume) -> String {
+    let masked = Volume { provider_auth: v.provider_auth.as_ref().map(|_| "***".to_string()), ..v.clone() };
+    format!("{masked:?}")
+}
+
 macro_rules! ensure {
     ($cond:expr, $($msg:tt)+) => {
         if !$cond {
@@ -342,7 +360,10 @@ async fn hostile_initiators(env: &mut Env<'_>) -> Result<(), String> {
         }
         ensure!(env.last_calls.is_empty(), "validate-connector made capability calls for {shown}");
         if let Ok(conn) = env.try_connect(&mut v, &c).await {
-            return Err(format!("initialize-connection accepted the initiator {shown}: {:?}", conn.data));
+            return Err(format!(
+                "initialize-connection accepted the initiator {shown}: {}",
+                redacted(&conn.data)
+            ));
         }
         let reached: Vec<String> = env
             .last_calls
@@ -411,7 +432,12 @@ async fn export_idempotent(env: &mut Env<'_>) -> Result<(), String> {
     let (record, snapshot) = (v.clone(), env.snapshot().await?);
     for _ in 0..REPEAT {
         env.export(&mut v).await?;
-        ensure!(v == record, "a repeated create-export changed the volume record: {record:?} -> {v:?}");
+        ensure!(
+            v == record,
+            "a repeated create-export changed the volume record: {} -> {}",
+            redacted_volume(&record),
+            redacted_volume(&v)
+        );
         env.unchanged_since(&snapshot, "a repeated create-export changed the target service").await?;
     }
     Ok(())
@@ -459,7 +485,12 @@ async fn initialize_idempotent(env: &mut Env<'_>) -> Result<(), String> {
     let (record, snapshot) = (v.clone(), env.snapshot().await?);
     for i in 2..=REPEAT {
         let again = env.connect(&mut v, &a()).await?;
-        ensure!(again == first, "call {i} answered differently: {:?} then {:?}", first.data, again.data);
+        ensure!(
+            again == first,
+            "call {i} answered differently: {} then {}",
+            redacted(&first.data),
+            redacted(&again.data)
+        );
         ensure!(v == record, "call {i} changed the volume record");
         env.unchanged_since(&snapshot, &format!("call {i} changed the target service")).await?;
     }
@@ -1372,6 +1403,16 @@ mod tests {
             json!({"export": "192.0.2.1:/srv/cinder", "name": "volume-1", "options": null, "format": "raw"}),
             &[("export", json!("/srv/cinder")), ("name", json!("../etc/passwd")), ("name", Json::Null)],
         );
+    }
+
+    #[test]
+    fn messages_never_carry_credentials() {
+        let data = json!({"auth_username": "user", "auth_password": "s3cretvalue", "secret_uuid": "x"});
+        let shown = super::redacted(data.as_object().unwrap());
+        assert!(!shown.contains("s3cretvalue") && shown.contains("user"), "{shown}");
+        let mut v = super::fixed_volume();
+        v.provider_auth = Some("CHAP user s3cretvalue".into());
+        assert!(!super::redacted_volume(&v).contains("s3cretvalue"));
     }
 
     #[test]
