@@ -3,16 +3,22 @@
 //! clients, on SQLite (synchronous=FULL, and NORMAL as the measure of Berth's own overhead) and on
 //! PostgreSQL (fsync on), with the measured fsync latency and the durable commits per cycle.
 //!
+//! Then where one client's cycle goes (SQLite synchronous=NORMAL): the same cycle called on the
+//! service in-process, its three parts, and an HTTP round trip that does nothing.
+//!
 //! Run: `cargo bench -p berth-tests --bench api` (BERTH_BENCH_SECONDS sets the measured time per
-//! run, default 5; BERTH_BENCH_ONLY=<substring> runs only matching runs, e.g. `NORMAL, 16`).
+//! run, default 5; BERTH_BENCH_ONLY=<substring> runs only matching runs, e.g. `NORMAL, 16` or
+//! `breakdown`).
 //! Figures go to BENCHMARKS.md.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use berth::attach::Caller;
+use berth::attach::attachments::NewAttachment;
 use berth::store::Synchronous;
-use berth_tests::bench::{closed_loop, workers};
-use berth_tests::server::{Db, TestServer, fake_config};
+use berth_tests::bench::{closed_loop, seconds, workers};
+use berth_tests::server::{Db, TestServer, connector, fake_config};
 use berth_tests::stats::{Summary, human};
 
 /// The same allocator as the `berth` binary.
@@ -91,4 +97,66 @@ async fn run() {
             println!();
         }
     }
+    if std::env::var("BERTH_BENCH_ONLY").is_ok_and(|only| !"breakdown".contains(&only)) {
+        return;
+    }
+    breakdown().await;
+}
+
+/// One client's cycle taken apart: the service without HTTP, and HTTP without the service.
+async fn breakdown() {
+    let mut config = fake_config();
+    config.sqlite_synchronous = Synchronous::Normal;
+    let server = TestServer::start_on(Db::Sqlite, None, config).await;
+    let volume = server.client("bench").at("3.54").create_volume(serde_json::json!({"size": 1})).await;
+    let caller =
+        Caller { user_id: "bench".into(), project_id: "bench".into(), roles: vec![], is_service: false };
+    let connector = connector("iqn.1993-08.org.debian:01:bench", "bench-host").as_object().cloned();
+    let service = &server.service;
+    let (mut cycles, mut parts) = (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]);
+    let deadline = Instant::now() + seconds();
+    while Instant::now() < deadline {
+        let started = Instant::now();
+        let request = NewAttachment {
+            volume_id: volume.clone(),
+            connector: connector.clone(),
+            mode: Some("rw".into()),
+            ..Default::default()
+        };
+        let row = service.create_attachment(&caller, request).await.unwrap();
+        let created = Instant::now();
+        service.complete_attachment(&caller, &row.id).await.unwrap();
+        let completed = Instant::now();
+        service.delete_attachment(&caller, &row.id).await.unwrap();
+        let deleted = Instant::now();
+        parts[0].push(created - started);
+        parts[1].push(completed - created);
+        parts[2].push(deleted - completed);
+        cycles.push(deleted - started);
+    }
+    let [create, complete, delete] = parts.map(|mut p| Summary::of(&mut p).p50);
+    println!(
+        "breakdown, the cycle on the service without HTTP, SQLite synchronous=NORMAL: cycle p50 {} \
+         (create {}, complete {}, delete {})",
+        human(Summary::of(&mut cycles).p50),
+        human(create),
+        human(complete),
+        human(delete)
+    );
+
+    let http = reqwest::Client::new();
+    let url = format!("{}/healthcheck", server.base);
+    let mut trips = Vec::new();
+    let deadline = Instant::now() + seconds();
+    while Instant::now() < deadline {
+        let t = Instant::now();
+        let response = http.get(&url).send().await.unwrap();
+        assert!(response.status().is_success());
+        response.bytes().await.unwrap();
+        trips.push(t.elapsed());
+    }
+    println!(
+        "breakdown, an HTTP round trip that does nothing (GET /healthcheck): p50 {}",
+        human(Summary::of(&mut trips).p50)
+    );
 }
