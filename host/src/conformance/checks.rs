@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value as Json, json};
 
-use super::env::{Env, attachment, connector, connector_json, driver_error, failed};
+use super::env::{Env, Shared, attachment, connector, connector_json, driver_error, failed};
 use crate::capabilities::iscsi::TargetError;
 use crate::runtime::contract::{AccessMode, Attachment, Connector, DriverError, Protocol, Volume};
 use crate::runtime::{CallError, CallErrorKind, Request, Response};
@@ -1001,19 +1001,25 @@ const TARGET_OPS: [&str; 8] = [
     "set-chap",
 ];
 
+/// A fresh environment in which `step` ran without a fault; `None` when the driver does not
+/// support the step.
+async fn uninterrupted<'a>(shared: &'a Shared, step: Step) -> Result<Option<Env<'a>>, String> {
+    let mut clean = Env::new(shared).await?;
+    let v = step.prepare(&mut clean).await?;
+    match clean.call(step.request(&v)).await {
+        Ok(_) => Ok(Some(clean)),
+        Err(e) if e.is_unsupported() => Ok(None),
+        Err(e) => Err(format!("{} (no fault): {}", step.name(), failed(&e))),
+    }
+}
+
 // C23, C24
 async fn injected_errors(env: &mut Env<'_>, kind: Injection) -> Result<(), String> {
     let shared = env.shared;
     let mut problems = Vec::new();
     for step in STEPS {
         // Which operations does the step use?
-        let mut clean = Env::new(shared).await?;
-        let v = step.prepare(&mut clean).await?;
-        match clean.call(step.request(&v)).await {
-            Ok(_) => {}
-            Err(e) if e.is_unsupported() => continue,
-            Err(e) => return Err(format!("{} (no fault): {}", step.name(), failed(&e))),
-        }
+        let Some(clean) = uninterrupted(shared, step).await? else { continue };
         let ops: BTreeSet<&'static str> = clean
             .last_calls
             .iter()
@@ -1215,13 +1221,7 @@ async fn convergence(env: &mut Env<'_>) -> Result<(), String> {
     let steps: &[Step] =
         if shared.speaks_iscsi() { &STEPS } else { &[Step::CreateExport, Step::RemoveExport] };
     for &step in steps {
-        let mut clean = Env::new(shared).await?;
-        let v = step.prepare(&mut clean).await?;
-        match clean.call(step.request(&v)).await {
-            Ok(_) => {}
-            Err(e) if e.is_unsupported() => continue,
-            Err(e) => return Err(format!("{} (no fault): {}", step.name(), failed(&e))),
-        }
+        let Some(clean) = uninterrupted(shared, step).await? else { continue };
         let calls = clean.last_calls.len() as u32;
         let expected = clean.snapshot().await?.without_names();
         env.measure.merge(&clean.measure);
