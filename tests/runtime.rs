@@ -69,7 +69,7 @@ async fn other_calls_keep_running_while_one_driver_loops() {
     let mut served = 0;
     while !looping.is_finished() {
         let v = volume("aaaaaaaa-2222-3333-4444-555555555555", &[]);
-        healthy.create_volume(&v).await.expect("the healthy driver keeps serving");
+        healthy.calls().create_volume(&v).await.expect("the healthy driver keeps serving");
         served += 1;
     }
     let kind = looping.await.unwrap();
@@ -168,7 +168,8 @@ async fn a_call_stuck_in_a_host_call_fails_at_its_wall_time_limit() {
     let mut s = with_settings(spec("fake"), &[("fake.create-volume", "delay:5000")]);
     s.limits = limits(|l| l.timeout_ms = 200);
     let driver = load(s).await.unwrap();
-    let error = driver.create_volume(&volume("bbbbbbbb-2222-3333-4444-555555555555", &[])).await.unwrap_err();
+    let error =
+        driver.calls().create_volume(&volume("bbbbbbbb-2222-3333-4444-555555555555", &[])).await.unwrap_err();
     assert!(matches!(error.kind, CallErrorKind::Timeout(d) if d == Duration::from_millis(200)), "{error}");
 }
 
@@ -178,6 +179,7 @@ async fn time_blocked_in_host_calls_does_not_count_against_the_cpu_limit() {
     s.limits = limits(|l| l.cpu_ms = 100);
     let driver = load(s).await.unwrap();
     driver
+        .calls()
         .create_volume(&volume("cccccccc-2222-3333-4444-555555555555", &[]))
         .await
         .expect("sleeping is not computing");
@@ -265,7 +267,7 @@ async fn scripted_driver_errors_arrive_as_typed_variants() {
     ];
     for (directive, is) in cases {
         let v = volume("dddddddd-2222-3333-4444-555555555555", &[("fake.create-volume", directive)]);
-        let error = driver.create_volume(&v).await.unwrap_err();
+        let error = driver.calls().create_volume(&v).await.unwrap_err();
         assert!(error.driver_error().is_some_and(is), "{directive}: {error}");
     }
 }
@@ -278,7 +280,7 @@ async fn driver_error_messages_never_carry_the_volumes_secrets() {
         &[("fake.create-export", "backend:login as chapUser01 with s3cretS3cretS3cret failed\n\x1b[31m")],
     );
     v.provider_auth = Some("CHAP chapUser01 s3cretS3cretS3cret".into());
-    let error = driver.create_export(&v, None).await.unwrap_err();
+    let error = driver.calls().create_export(&v, None).await.unwrap_err();
     let text = error.to_string();
     assert!(!text.contains("s3cretS3cretS3cret") && !text.contains("chapUser01"), "{text}");
     assert!(!text.contains('\n') && !text.contains('\x1b'), "{text:?}");

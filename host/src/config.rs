@@ -29,7 +29,12 @@ pub struct Config {
     pub public_endpoint: Option<String>,
     /// The volume type used when a request names none (default: the first configured type).
     pub default_volume_type: Option<String>,
+    /// This node's name, which owns its operations (default: generated once and kept in the data
+    /// directory, `node-id`).
+    pub node: Option<String>,
     pub auth: AuthConfig,
+    pub operations: OperationsConfig,
+    pub reconcile: ReconcileConfig,
     pub runtime: RuntimeConfig,
     pub tgt: TgtConfig,
     pub backends: Vec<BackendConfig>,
@@ -46,7 +51,10 @@ impl Default for Config {
             max_connections: 16,
             public_endpoint: None,
             default_volume_type: None,
+            node: None,
             auth: AuthConfig::default(),
+            operations: OperationsConfig::default(),
+            reconcile: ReconcileConfig::default(),
             runtime: RuntimeConfig::default(),
             tgt: TgtConfig::default(),
             backends: Vec::new(),
@@ -70,6 +78,52 @@ pub enum AuthStrategy {
 pub struct AuthConfig {
     pub strategy: AuthStrategy,
     pub tokens_file: Option<PathBuf>,
+}
+
+/// Operations the service owns (`attach/ops.rs`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OperationsConfig {
+    /// How long an operation stays its node's without renewal; another node may take it over
+    /// after that.
+    pub lease_seconds: u64,
+    /// At shutdown, how long to wait for operations in flight before exiting (what is left is
+    /// recovered at the next start).
+    pub shutdown_wait_seconds: u64,
+}
+
+impl Default for OperationsConfig {
+    fn default() -> Self {
+        OperationsConfig { lease_seconds: 30, shutdown_wait_seconds: 30 }
+    }
+}
+
+/// What the reconciler does (`attach/reconcile.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReconcileMode {
+    /// Re-create what is missing and remove what nobody needs.
+    #[default]
+    Repair,
+    /// Re-create what is missing; only report what nobody needs.
+    Report,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcileConfig {
+    /// Seconds between passes (the first runs at start-up, in the background).
+    pub interval_seconds: u64,
+    /// How long a target or ACL entry that no connected attachment needs must have been seen
+    /// before it is removed.
+    pub grace_seconds: u64,
+    pub mode: ReconcileMode,
+}
+
+impl Default for ReconcileConfig {
+    fn default() -> Self {
+        ReconcileConfig { interval_seconds: 15, grace_seconds: 60, mode: ReconcileMode::Repair }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -105,8 +159,6 @@ pub struct TgtConfig {
     pub command_timeout_ms: u64,
     pub chap_username_length: usize,
     pub chap_secret_length: usize,
-    /// How often to check that tgtd still has the targets of live attachments.
-    pub watch_seconds: u64,
 }
 
 impl Default for TgtConfig {
@@ -121,7 +173,6 @@ impl Default for TgtConfig {
             command_timeout_ms: 10_000,
             chap_username_length: 20,
             chap_secret_length: 20,
-            watch_seconds: 15,
         }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Rooms: `api` (HTTP), `attach` (state machine and orchestration), `store` (SQL), `runtime`
 //! (wasmtime), `capabilities` (what drivers may do to the outside world), `client` (`berth` as an
-//! attach client).
+//! attach client), `failpoint` (crash points for tests, compiled in only for them).
 
 pub mod api;
 pub mod attach;
@@ -10,6 +10,7 @@ pub mod capabilities;
 pub mod client;
 pub mod config;
 pub mod conformance;
+pub mod failpoint;
 pub mod runtime;
 pub mod serve;
 pub mod shipped;

@@ -1,7 +1,10 @@
 //! `berth serve`: assembles the service from its configuration (store, runtime, capabilities,
-//! drivers, catalog) and serves the API until SIGINT or SIGTERM.
+//! drivers, catalog) and serves the API until SIGINT or SIGTERM. The API answers as soon as the
+//! listener is bound; reconciliation (`attach/reconcile.rs`) runs in the background, first at
+//! start-up and then periodically, and operations left by a killed process are finished before
+//! anything else happens to their volumes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,12 +14,14 @@ use anyhow::{Context, bail};
 
 use crate::api::auth::Auth;
 use crate::api::{AppState, app};
+use crate::attach::ops::Owner;
+use crate::attach::reconcile::{Options as ReconcileOptions, Reconciled};
 use crate::attach::{Backend, Catalog, Service, VolumeType};
 use crate::capabilities::backing::BackingStores;
 use crate::capabilities::iscsi::tgt::{Tgtd, TgtdConfig};
 use crate::capabilities::iscsi::{ChapPolicy, IscsiCapability, Portal, TargetService};
 use crate::capabilities::{DriverCapabilities, Grant};
-use crate::config::{AuthStrategy, Config};
+use crate::config::{AuthStrategy, Config, ReconcileMode};
 use crate::runtime::{DriverSpec, Runtime, RuntimeOptions, WasmSource};
 use crate::store::{Store, StoreOptions};
 
@@ -26,6 +31,8 @@ pub struct Assembled {
     pub config: Config,
     /// The target service drivers were granted, if any.
     pub targets: Option<Arc<dyn TargetService>>,
+    /// The data directory's lock, held for as long as the service lives.
+    _lock: std::fs::File,
 }
 
 /// Builds everything `serve` needs, without listening.
@@ -34,6 +41,8 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     let data_dir = config.data_dir();
     std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
     set_private(&data_dir)?;
+    let lock = lock_data_dir(&data_dir)?;
+    let node = node_name(&config, &data_dir)?;
 
     let auth = match config.auth.strategy {
         AuthStrategy::Noauth => {
@@ -98,7 +107,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             capabilities,
         };
         let driver = runtime.load(spec).await?;
-        backends.push(Backend::new(&b.name, driver));
+        backends.push(Backend::new(&b.name, driver, b.grants.contains(&Grant::IscsiTarget)));
     }
     let types: Vec<VolumeType> = config
         .volume_types
@@ -107,9 +116,10 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         .collect();
     let default_type = config.default_volume_type.clone().unwrap_or_else(|| types[0].name.clone());
     let catalog = Catalog::new(types, default_type, backends).map_err(anyhow::Error::msg)?;
-    let service = Arc::new(Service::new(store, catalog));
+    let owner = Owner::new(&node, Duration::from_secs(config.operations.lease_seconds.max(1)));
+    let service = Arc::new(Service::new(store, catalog, owner));
     let state = AppState { service, auth: Arc::new(auth), public_endpoint: config.public_endpoint.clone() };
-    Ok(Assembled { state, targets: iscsi.map(|i| i.service), config })
+    Ok(Assembled { state, targets: iscsi.map(|i| i.service), config, _lock: lock })
 }
 
 async fn iscsi_capability(config: &Config, stores: Arc<BackingStores>) -> anyhow::Result<IscsiCapability> {
@@ -151,85 +161,129 @@ fn set_private(dir: &std::path::Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot restrict {}", dir.display()))
 }
 
-/// Re-creates the exports of live attachments (see `attach/reconcile.rs`) and reports targets
-/// that belong to none of them. Returns the targets of live attachments.
-pub async fn reconcile(assembled: &Assembled) -> anyhow::Result<BTreeSet<String>> {
-    let report = assembled.state.service.reconcile().await?;
-    tracing::info!(
-        volumes = report.volumes,
-        attachments = report.attachments,
-        failed = report.failed.len(),
-        "re-created the exports of live attachments"
-    );
-    if let Some(targets) = &assembled.targets {
-        match targets.list().await {
-            Ok(present) => {
-                for t in present.iter().filter(|t| !report.targets.contains(&t.iqn)) {
-                    tracing::warn!(
-                        target_iqn = %t.iqn, tid = t.tid, sessions = t.sessions,
-                        "drift: this target exists in tgtd but belongs to no live attachment"
+/// Only one `berth serve` per data directory: its database, volumes and operations are this
+/// process's alone (a second would take over its operations as if it had died).
+fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join("berth.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: flock(2) on a file descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!("another berth serve is using the data directory {}", dir.display());
+    }
+    Ok(file)
+}
+
+/// The node's name: configured, or generated once and kept in the data directory.
+fn node_name(config: &Config, dir: &std::path::Path) -> anyhow::Result<String> {
+    if let Some(node) = config.node.as_deref().filter(|n| !n.trim().is_empty()) {
+        return Ok(node.trim().to_string());
+    }
+    let path = dir.join("node-id");
+    match std::fs::read_to_string(&path) {
+        Ok(text) if !text.trim().is_empty() => Ok(text.trim().to_string()),
+        _ => {
+            let id = uuid::Uuid::new_v4().to_string();
+            std::fs::write(&path, format!("{id}\n"))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            Ok(id)
+        }
+    }
+}
+
+impl Assembled {
+    /// The reconciler's options from the configuration.
+    pub fn reconcile_options(&self) -> ReconcileOptions {
+        ReconcileOptions {
+            grace: Duration::from_secs(self.config.reconcile.grace_seconds),
+            remove: self.config.reconcile.mode == ReconcileMode::Repair,
+        }
+    }
+
+    /// One reconciliation pass (see `attach/reconcile.rs`).
+    pub async fn reconcile(&self) -> anyhow::Result<Reconciled> {
+        Ok(self.state.service.reconcile(self.targets.as_deref(), &self.reconcile_options()).await?)
+    }
+}
+
+/// Reconciles at start-up and then every `interval`, in the background.
+async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
+    let mut pass = 0u64;
+    loop {
+        pass += 1;
+        let started = std::time::Instant::now();
+        match assembled.reconcile().await {
+            Ok(r) => {
+                let millis = started.elapsed().as_millis() as u64;
+                if pass == 1 || r.changed() || !r.failed.is_empty() {
+                    tracing::info!(
+                        pass,
+                        millis,
+                        recovered = r.recovered,
+                        repaired = r.repaired.len(),
+                        revoked = r.revoked.len(),
+                        removed = r.removed.len(),
+                        waiting = r.waiting,
+                        drift = r.drift.len(),
+                        failed = r.failed.len(),
+                        "reconcile pass finished"
+                    );
+                } else {
+                    tracing::debug!(
+                        pass,
+                        millis,
+                        waiting = r.waiting,
+                        drift = r.drift.len(),
+                        "reconcile pass finished"
                     );
                 }
+                for (volume, why) in &r.failed {
+                    tracing::warn!(volume = %volume, "reconcile could not fix this volume yet: {why}");
+                }
             }
-            Err(e) => tracing::warn!("cannot list tgtd's targets to check for drift: {e}"),
+            Err(e) => tracing::warn!(pass, "reconcile pass failed: {e:#}"),
         }
+        tokio::time::sleep(interval).await;
     }
-    Ok(report.targets)
-}
-
-/// Watches tgtd: when it has lost targets of live attachments (it was restarted), reconciles.
-async fn watch_targets(assembled: Arc<Assembled>, mut expected: BTreeSet<String>, every: Duration) {
-    let Some(targets) = assembled.targets.clone() else { return };
-    loop {
-        tokio::time::sleep(every).await;
-        let Ok(present) = targets.list().await else { continue };
-        let present: BTreeSet<String> = present.into_iter().map(|t| t.iqn).collect();
-        let lost = expected.iter().any(|iqn| !present.contains(iqn));
-        let empty_but_live = present.is_empty() && has_connected_attachments(&assembled).await;
-        if lost || empty_but_live {
-            tracing::warn!("tgtd lost targets of live attachments (was it restarted?); re-creating them");
-            match reconcile(&assembled).await {
-                Ok(now) => expected = now,
-                Err(e) => tracing::error!("reconciliation failed: {e:#}"),
-            }
-        }
-    }
-}
-
-async fn has_connected_attachments(assembled: &Assembled) -> bool {
-    assembled
-        .state
-        .service
-        .store()
-        .read(async |tx| {
-            let rows = tx.query("SELECT 1 FROM attachment_specs LIMIT 1", &[]).await?;
-            Ok::<_, crate::store::StoreError>(!rows.is_empty())
-        })
-        .await
-        .unwrap_or(false)
 }
 
 /// Serves until SIGINT or SIGTERM.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let assembled = Arc::new(assemble(config).await?);
-    let expected = reconcile(&assembled).await?;
-    let every = Duration::from_secs(assembled.config.tgt.watch_seconds.max(1));
-    tokio::spawn(watch_targets(assembled.clone(), expected, every));
     let listen = assembled.config.listen;
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     let types: BTreeMap<&str, &str> =
         assembled.config.volume_types.iter().map(|t| (t.name.as_str(), t.backend.as_str())).collect();
+    let service = assembled.state.service.clone();
     tracing::info!(
         listen = %listener.local_addr()?, data_dir = %assembled.config.data_dir().display(),
-        database = %crate::store::redact_url(&assembled.config.database_url()), ?types, "berth is serving"
+        database = %crate::store::redact_url(&assembled.config.database_url()), node = %service.owner().node,
+        ?types, "berth is serving"
     );
-    let store = assembled.state.service.store().clone();
+    let interval = Duration::from_secs(assembled.config.reconcile.interval_seconds.max(1));
+    let reconciler = tokio::spawn(reconcile_loop(assembled.clone(), interval));
+    let leases = tokio::spawn(service.clone().renew_leases());
     let app = app(assembled.state.clone());
     axum::serve(listener, axum::ServiceExt::<axum::extract::Request>::into_make_service(app))
         .with_graceful_shutdown(shutdown())
         .await?;
-    store.close().await;
+    reconciler.abort();
+    let wait = Duration::from_secs(assembled.config.operations.shutdown_wait_seconds);
+    let left = service.owner().drain(wait).await;
+    if left > 0 {
+        tracing::warn!(
+            operations = left,
+            "stopping with operations in flight; they are recovered at the next start"
+        );
+    }
+    leases.abort();
+    service.store().close().await;
     tracing::info!("berth stopped");
     Ok(())
 }

@@ -221,7 +221,7 @@ both_databases! {
         let att = id(&c.attach(&volume, Some(conn.clone())).await.expect(200));
         let store = s.service.store();
         let stored = store.read(async |tx| berth::store::attachments::connectors(tx, &[att.as_str()]).await).await.unwrap();
-        assert_eq!(Value::Object(stored[&att].clone()), conn);
+        assert_eq!(Value::Object(stored[&att].json().clone()), conn);
         // The store keeps one row per key.
         c.at("3.27").delete(&format!("/attachments/{att}")).await.expect(200);
         let gone = store.read(async |tx| berth::store::attachments::connectors(tx, &[att.as_str()]).await).await.unwrap();

@@ -111,7 +111,10 @@ async fn breakdown() {
     let volume = server.client("bench").at("3.54").create_volume(serde_json::json!({"size": 1})).await;
     let caller =
         Caller { user_id: "bench".into(), project_id: "bench".into(), roles: vec![], is_service: false };
-    let connector = connector("iqn.1993-08.org.debian:01:bench", "bench-host").as_object().cloned();
+    let connector = connector("iqn.1993-08.org.debian:01:bench", "bench-host")
+        .as_object()
+        .cloned()
+        .map(|c| berth::attach::model::Connector::parse(c).unwrap());
     let service = &server.service;
     let (mut cycles, mut parts) = (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]);
     let deadline = Instant::now() + seconds();
@@ -120,7 +123,7 @@ async fn breakdown() {
         let request = NewAttachment {
             volume_id: volume.clone(),
             connector: connector.clone(),
-            mode: Some("rw".into()),
+            mode: Some(berth::runtime::contract::AccessMode::Rw),
             ..Default::default()
         };
         let row = service.create_attachment(&caller, request).await.unwrap();

@@ -91,7 +91,7 @@ impl TgtdProcess {
     /// The `[tgt]` section of a Berth configuration for this tgtd.
     pub fn config(&self, tgtadm: &Path) -> String {
         format!(
-            "[tgt]\nportal = \"127.0.0.1:{}\"\ncontrol_port = {}\nstart = false\ntgtadm = \"{}\"\nwatch_seconds = 1\n",
+            "[tgt]\nportal = \"127.0.0.1:{}\"\ncontrol_port = {}\nstart = false\ntgtadm = \"{}\"\n\n[reconcile]\ninterval_seconds = 1\ngrace_seconds = 0\n",
             self.portal_port,
             self.control_port,
             tgtadm.display()

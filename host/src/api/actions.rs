@@ -12,11 +12,13 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
+use super::attachments::connector as parse_connector;
 use super::body::JsonBody;
 use super::error::ApiError;
 use super::{AppState, uuid_param};
 use crate::attach::Caller;
 use crate::attach::legacy::LegacyAttach;
+use crate::attach::model::{AttachMode, Connector};
 
 pub fn routes() -> Router<AppState> {
     Router::new().route("/volumes/{id}/action", post(action))
@@ -90,20 +92,20 @@ fn argument<T: DeserializeOwned>(action: &str, value: Value, null_ok: Option<T>)
 }
 
 /// A connector given as an object, or as a string holding one (Cinder accepts both).
-fn connector(value: Value) -> Result<Map<String, Value>, ApiError> {
+fn connector(value: Value) -> Result<Connector, ApiError> {
     let value = match value {
         Value::String(s) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
         other => other,
     };
     match value {
-        Value::Object(map) => Ok(map),
+        Value::Object(map) => parse_connector(map),
         other => Err(ApiError::bad_request(format!(
             "Invalid input for field/attribute connector. Value: {other}. The connector must be an object"
         ))),
     }
 }
 
-fn optional_connector(value: Option<Value>) -> Result<Option<Map<String, Value>>, ApiError> {
+fn optional_connector(value: Option<Value>) -> Result<Option<Connector>, ApiError> {
     match value {
         None | Some(Value::Null) => Ok(None),
         Some(v) => connector(v).map(Some),
@@ -135,35 +137,51 @@ async fn action(
     }
     let service = &state.service;
     match name.as_str() {
-        "os-reserve" => service.legacy_reserve(&caller, &volume).await?,
-        "os-unreserve" => service.legacy_unreserve(&caller, &volume).await?,
-        "os-begin_detaching" => service.legacy_begin_detaching(&caller, &volume).await?,
-        "os-roll_detaching" => service.legacy_roll_detaching(&caller, &volume).await?,
+        "os-reserve" => {
+            service.owned(move |s| async move { s.legacy_reserve(&caller, &volume).await }).await?
+        }
+        "os-unreserve" => {
+            service.owned(move |s| async move { s.legacy_unreserve(&caller, &volume).await }).await?
+        }
+        "os-begin_detaching" => {
+            service.owned(move |s| async move { s.legacy_begin_detaching(&caller, &volume).await }).await?
+        }
+        "os-roll_detaching" => {
+            service.owned(move |s| async move { s.legacy_roll_detaching(&caller, &volume).await }).await?
+        }
         "os-initialize_connection" => {
             let arg: Initialize = argument(&name, value, None)?;
-            let info = service.legacy_initialize(&caller, &volume, connector(arg.connector)?).await?;
+            let c = connector(arg.connector)?;
+            let info =
+                service.owned(move |s| async move { s.legacy_initialize(&caller, &volume, c).await }).await?;
             return Ok((StatusCode::OK, Json(json!({ "connection_info": nested(info) }))).into_response());
         }
         "os-attach" => {
             let arg: Attach = argument(&name, value, None)?;
-            service.legacy_attach(&caller, &volume, attach_request(arg)?).await?;
+            let req = attach_request(arg)?;
+            service.owned(move |s| async move { s.legacy_attach(&caller, &volume, req).await }).await?;
         }
         "os-terminate_connection" => {
             let arg: Terminate = argument(&name, value, None)?;
-            service.legacy_terminate(&caller, &volume, optional_connector(Some(arg.connector))?).await?;
+            let c = optional_connector(Some(arg.connector))?;
+            service.owned(move |s| async move { s.legacy_terminate(&caller, &volume, c).await }).await?;
         }
         "os-detach" => {
             let arg: Detach = argument(&name, value, Some(Detach::default()))?;
-            service.legacy_detach(&caller, &volume, attachment_id(arg.attachment_id)?.as_deref()).await?;
+            let id = attachment_id(arg.attachment_id)?;
+            service
+                .owned(move |s| async move { s.legacy_detach(&caller, &volume, id.as_deref()).await })
+                .await?;
         }
         "os-force_detach" => {
             if !caller.is_admin() {
                 return Err(ApiError::forbidden("volume_extension:volume_admin_actions:force_detach"));
             }
             let arg: ForceDetach = argument(&name, value, Some(ForceDetach::default()))?;
-            let conn = optional_connector(arg.connector)?;
+            let c = optional_connector(arg.connector)?;
+            let id = attachment_id(arg.attachment_id)?;
             service
-                .force_detach(&caller, &volume, conn, attachment_id(arg.attachment_id)?.as_deref())
+                .owned(move |s| async move { s.force_detach(&caller, &volume, c, id.as_deref()).await })
                 .await?;
         }
         _ => unreachable!("every name in ACTIONS has a branch"),
@@ -189,12 +207,15 @@ fn attach_request(arg: Attach) -> Result<LegacyAttach, ApiError> {
             "Invalid input for field/attribute host_name: it must be 1 to 255 characters",
         ));
     }
-    let mode = arg.mode.unwrap_or_else(|| "rw".into());
-    if mode != "rw" && mode != "ro" {
-        return Err(ApiError::bad_request(format!(
-            "Invalid input for field/attribute mode. Value: {mode}. '{mode}' is not one of ['rw', 'ro']"
-        )));
-    }
+    let mode = match arg.mode.as_deref().unwrap_or("rw") {
+        "rw" => AttachMode::Rw,
+        "ro" => AttachMode::Ro,
+        mode => {
+            return Err(ApiError::bad_request(format!(
+                "Invalid input for field/attribute mode. Value: {mode}. '{mode}' is not one of ['rw', 'ro']"
+            )));
+        }
+    };
     Ok(LegacyAttach {
         instance_uuid: arg.instance_uuid.as_deref().map(|i| uuid_param("instance_uuid", i)).transpose()?,
         host_name: arg.host_name,

@@ -16,10 +16,11 @@ use super::microversion::{ATTACHMENT_CREATE_MODE, NEW_ATTACH, NEW_ATTACH_COMPLET
 use super::query::{ListSpec, parse};
 use super::views::{attachment_detail, attachment_summary};
 use super::{AppState, uuid_param};
-use crate::attach::Caller;
 use crate::attach::attachments::NewAttachment;
-use crate::store::Scope;
-use crate::store::attachments::{AttachmentFilter, SORT_KEYS};
+use crate::attach::list::{ATTACHMENT_SORT_KEYS, AttachmentFilter, Scope};
+use crate::attach::model::{Attachment, Connector};
+use crate::attach::{AttachError, Caller};
+use crate::runtime::contract::AccessMode;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -71,11 +72,12 @@ async fn create(
     let request = NewAttachment {
         volume_id: uuid_param("volume_uuid", &a.volume_uuid)?,
         instance_uuid: a.instance_uuid.as_deref().map(|i| uuid_param("instance_uuid", i)).transpose()?,
-        connector: a.connector,
-        mode: a.mode,
+        connector: a.connector.filter(|c| !c.is_empty()).map(connector).transpose()?,
+        mode: a.mode.map(|m| if m == "ro" { AccessMode::Ro } else { AccessMode::Rw }),
         legacy: false,
     };
-    let row = state.service.create_attachment(&caller, request).await?;
+    let row =
+        state.service.owned(move |s| async move { s.create_attachment(&caller, request).await }).await?;
     Ok(Json(json!({ "attachment": attachment_detail(&row) })).into_response())
 }
 
@@ -105,7 +107,8 @@ async fn update(
         ));
     }
     let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
-    let row = state.service.update_attachment(&caller, &id, body.attachment.connector).await?;
+    let c = connector(body.attachment.connector)?;
+    let row = state.service.owned(move |s| async move { s.update_attachment(&caller, &id, c).await }).await?;
     Ok(Json(json!({ "attachment": attachment_detail(&row) })).into_response())
 }
 
@@ -123,8 +126,13 @@ async fn show(
     Ok(Json(json!({ "attachment": view })).into_response())
 }
 
+/// Parses a client's connector; a malformed one is a 400 naming the key.
+pub(super) fn connector(json: Map<String, Value>) -> Result<Connector, ApiError> {
+    Connector::parse(json).map_err(|e| AttachError::InvalidInput(e).into())
+}
+
 const LIST: ListSpec = ListSpec {
-    sort_keys: SORT_KEYS,
+    sort_keys: ATTACHMENT_SORT_KEYS,
     filters: &[
         ("volume_id", "volume_id"),
         ("instance_id", "instance_uuid"),
@@ -141,7 +149,7 @@ async fn list(
     caller: &Caller,
     version: Version,
     raw: Option<String>,
-    view: fn(&crate::store::attachments::AttachmentRow) -> Value,
+    view: fn(&Attachment) -> Value,
 ) -> Result<Response, ApiError> {
     version.require(NEW_ATTACH)?;
     let q = parse(raw.as_deref(), &LIST, version)?;
@@ -186,7 +194,8 @@ async fn remove(
 ) -> Result<Response, ApiError> {
     version.require(NEW_ATTACH)?;
     let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
-    let remaining = state.service.delete_attachment(&caller, &id).await?;
+    let remaining =
+        state.service.owned(move |s| async move { s.delete_attachment(&caller, &id).await }).await?;
     Ok(Json(json!({ "attachments": remaining.iter().map(attachment_summary).collect::<Vec<_>>() }))
         .into_response())
 }
@@ -206,6 +215,6 @@ async fn action(
         )));
     }
     let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
-    state.service.complete_attachment(&caller, &id).await?;
+    state.service.owned(move |s| async move { s.complete_attachment(&caller, &id).await }).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

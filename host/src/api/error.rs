@@ -133,9 +133,10 @@ impl From<AttachError> for ApiError {
             | AttachError::InvalidInput(_)) => ApiError::bad_request(e.to_string()),
             e @ AttachError::Conflict(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
             AttachError::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, m),
-            e @ AttachError::BackendUnavailable(_) => {
+            e @ (AttachError::BackendUnavailable(_) | AttachError::Unavailable(_)) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
             }
+            AttachError::Internal(detail) => ApiError::internal(detail),
             AttachError::Driver(call) => call.into(),
             AttachError::Store(e) => e.into(),
         }

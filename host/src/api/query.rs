@@ -7,8 +7,7 @@ use std::collections::BTreeMap;
 
 use super::error::ApiError;
 use super::microversion::{RESOURCE_FILTER, Version};
-use crate::store::Page;
-use crate::store::volumes::MAX_PAGE;
+use crate::attach::list::{MAX_PAGE, Page};
 
 /// A parsed list query.
 #[derive(Debug, Clone, Default)]

@@ -8,10 +8,9 @@
 use serde_json::{Map, Value as Json, json};
 
 use super::microversion::{GROUP_ID, PROVIDER_ID, SHARED_TARGETS, Version};
-use crate::attach::Caller;
-use crate::attach::VolumeType;
-use crate::store::attachments::AttachmentRow;
-use crate::store::volumes::VolumeRow;
+use crate::attach::model::{Attachment, Volume};
+use crate::attach::state::AttachStatus;
+use crate::attach::{Caller, VolumeType};
 
 /// Cinder's timestamp format: naive UTC, `%Y-%m-%dT%H:%M:%S.%f`.
 pub fn timestamp(micros: i64) -> String {
@@ -29,27 +28,23 @@ fn optional_time(micros: Option<i64>) -> Json {
 }
 
 /// The summary view: index lists and the delete response.
-pub fn attachment_summary(a: &AttachmentRow) -> Json {
+pub fn attachment_summary(a: &Attachment) -> Json {
     json!({
         "id": a.id,
-        "status": a.attach_status,
+        "status": a.status.as_str(),
         "instance": a.instance_uuid,
         "volume_id": a.volume_id,
     })
 }
 
 /// The detail view: show, detail lists, create, update.
-pub fn attachment_detail(a: &AttachmentRow) -> Json {
+pub fn attachment_detail(a: &Attachment) -> Json {
     let mut view = attachment_summary(a);
-    let connection_info = a
-        .connection_info
-        .as_deref()
-        .and_then(|text| serde_json::from_str::<Json>(text).ok())
-        .unwrap_or_else(|| Json::Object(Map::new()));
+    let connection_info = a.connection_info.clone().unwrap_or_else(|| Json::Object(Map::new()));
     let extra = json!({
         "attached_at": optional_time(a.attach_time),
         "detached_at": optional_time(a.detach_time),
-        "attach_mode": a.attach_mode,
+        "attach_mode": a.attach_mode.as_str(),
         "connection_info": connection_info,
     });
     merge(&mut view, extra);
@@ -78,14 +73,14 @@ impl Links {
     }
 }
 
-pub fn volume_summary(v: &VolumeRow, links: &Links) -> Json {
+pub fn volume_summary(v: &Volume, links: &Links) -> Json {
     json!({ "id": v.id, "name": v.name, "links": links.of(&v.project_id, "volumes", &v.id) })
 }
 
 /// The volume detail view at a microversion, for a caller.
 pub fn volume_detail(
-    v: &VolumeRow,
-    attachments: &[AttachmentRow],
+    v: &Volume,
+    attachments: &[Attachment],
     caller: &Caller,
     version: Version,
     links: &Links,
@@ -93,7 +88,7 @@ pub fn volume_detail(
     let admin = caller.is_admin();
     let attached: Vec<Json> = attachments
         .iter()
-        .filter(|a| a.attach_status == "attached")
+        .filter(|a| a.status == AttachStatus::Attached)
         .map(|a| {
             json!({
                 "id": v.id,
@@ -106,12 +101,11 @@ pub fn volume_detail(
             })
         })
         .collect();
-    let metadata: Json = serde_json::from_str(&v.metadata).unwrap_or_else(|_| json!({}));
     let mut view = json!({
         "id": v.id,
         "name": v.name,
         "description": v.description,
-        "status": v.status,
+        "status": v.status.as_str(),
         "size": v.size_gib,
         "availability_zone": "nova",
         "created_at": timestamp(v.created_at),
@@ -121,7 +115,7 @@ pub fn volume_detail(
         "bootable": "false",
         "encrypted": false,
         "multiattach": v.multiattach,
-        "metadata": metadata,
+        "metadata": v.metadata,
         "snapshot_id": null,
         "source_volid": null,
         "consistencygroup_id": null,
@@ -145,7 +139,7 @@ pub fn volume_detail(
         merge(&mut view, json!({ "group_id": null }));
     }
     if version >= PROVIDER_ID && admin {
-        merge(&mut view, json!({ "provider_id": v.provider_id }));
+        merge(&mut view, json!({ "provider_id": v.fields.provider_id }));
     }
     if version >= SHARED_TARGETS {
         merge(
@@ -189,16 +183,16 @@ mod tests {
 
     #[test]
     fn a_reserved_attachment_looks_like_cinders() {
-        let a = AttachmentRow {
+        let a = Attachment {
             id: "a".into(),
             volume_id: "v".into(),
             project_id: "p".into(),
             instance_uuid: Some("i".into()),
             attached_host: None,
             mountpoint: None,
-            attach_mode: Some("null".into()),
-            attach_status: "reserved".into(),
-            exclusive: true,
+            attach_mode: crate::attach::model::AttachMode::Null,
+            status: AttachStatus::Reserved,
+            slot: crate::attach::state::Slot::Exclusive,
             connection_info: None,
             attach_time: None,
             detach_time: None,

@@ -18,9 +18,8 @@ use super::query::{ListSpec, parse};
 use super::views::{Links, volume_detail, volume_summary};
 use super::{AppState, uuid_param};
 use crate::attach::Caller;
+use crate::attach::list::{Scope, VOLUME_SORT_KEYS, VolumeFilter};
 use crate::attach::volumes::NewVolume;
-use crate::store::Scope;
-use crate::store::volumes::{SORT_KEYS, VolumeFilter};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -44,8 +43,7 @@ async fn metadata_show(
 ) -> Result<Response, ApiError> {
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let (volume, _) = state.service.show_volume(&caller, &id).await?;
-    let metadata: Value = serde_json::from_str(&volume.metadata).unwrap_or_else(|_| json!({}));
-    Ok(Json(json!({ "metadata": metadata })).into_response())
+    Ok(Json(json!({ "metadata": volume.metadata })).into_response())
 }
 
 async fn metadata_change(
@@ -56,7 +54,10 @@ async fn metadata_change(
     replace: bool,
 ) -> Result<Response, ApiError> {
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
-    let metadata = state.service.update_metadata(&caller, &id, changes, replace, None).await?;
+    let metadata = state
+        .service
+        .owned(move |s| async move { s.update_metadata(&caller, &id, changes, replace, None).await })
+        .await?;
     Ok(Json(json!({ "metadata": metadata })).into_response())
 }
 
@@ -85,8 +86,8 @@ async fn metadata_item(
 ) -> Result<Response, ApiError> {
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let (volume, _) = state.service.show_volume(&caller, &id).await?;
-    let metadata: BTreeMap<String, String> = serde_json::from_str(&volume.metadata).unwrap_or_default();
-    let value = metadata
+    let value = volume
+        .metadata
         .get(&key)
         .ok_or_else(|| ApiError::not_found(format!("Metadata item was not found: {key}")))?;
     Ok(Json(json!({ "meta": { key: value } })).into_response())
@@ -98,7 +99,12 @@ async fn metadata_delete(
     Path((id, key)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
-    state.service.update_metadata(&caller, &id, BTreeMap::new(), false, Some(&key)).await?;
+    state
+        .service
+        .owned(
+            move |s| async move { s.update_metadata(&caller, &id, BTreeMap::new(), false, Some(&key)).await },
+        )
+        .await?;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -215,8 +221,9 @@ async fn create(
             ));
         }
     }
-    let row = state.service.create_volume(&caller, request).await?;
-    let links = links(&state, &headers);
+    let view_caller = caller.clone();
+    let row = state.service.owned(move |s| async move { s.create_volume(&caller, request).await }).await?;
+    let (caller, links) = (view_caller, links(&state, &headers));
     let view = volume_detail(&row, &[], &caller, version, &links);
     Ok((StatusCode::ACCEPTED, Json(json!({ "volume": view }))).into_response())
 }
@@ -235,7 +242,7 @@ async fn show(
 }
 
 const LIST: ListSpec = ListSpec {
-    sort_keys: SORT_KEYS,
+    sort_keys: VOLUME_SORT_KEYS,
     filters: &[
         ("name", "name"),
         ("status", "status"),
@@ -326,7 +333,7 @@ async fn remove(
     if force && !caller.is_admin() {
         return Err(ApiError::forbidden("volume:force_delete"));
     }
-    state.service.delete_volume(&caller, &id, force).await?;
+    state.service.owned(move |s| async move { s.delete_volume(&caller, &id, force).await }).await?;
     Ok(StatusCode::ACCEPTED.into_response())
 }
 

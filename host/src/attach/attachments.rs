@@ -1,47 +1,46 @@
-//! Attachment flows: reserve, connect, complete, remove, show with shared connections.
+//! Attachment flows: reserve, connect, complete, remove, show with shared connections. As the
+//! seeds describe them (the Ocata attach API), on the operations of `ops.rs`:
 //!
-//! The pattern of every flow: a conditional update derived from the transition table (which
-//! records the intent, e.g. the connector, before any driver call), the driver calls under the
-//! volume's lock, then one transaction that persists the driver's model update and the final
-//! state. A driver failure is undone when it can be (the reservation of a failed create is rolled
-//! back, Cinder's LP 1907295 / Q5); when it cannot, the attachment is left in `error_attaching` or
-//! `error_detaching` with its connector stored, so deleting it later cleans up.
+//! - **Reserve** (create without connector): one transaction; no driver, no operation.
+//! - **Connect** (create with connector, update, legacy initialize): under the volume's lock,
+//!   the connector and the operation are written with the reservation; then `create-export` and
+//!   `initialize-connection`; then one transaction records the connection and ends the
+//!   operation. A failure revokes whatever may have been granted: a create's reservation goes
+//!   (Cinder leaves it, LP 1907295 / Q5), an update's stays reserved without connector; when
+//!   revoking fails too, the attachment is `error_attaching` and deleting it cleans up.
+//! - **Complete**: one transaction.
+//! - **Remove** (delete; legacy unreserve, detach, terminate): the operation is written, then
+//!   `terminate-connection` and, when nothing else uses the export, `remove-export`; then one
+//!   transaction removes the attachment and ends the operation. A failure leaves it
+//!   `error_detaching`.
 
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 
-use super::state::{AttachStatus, Event, VolumeStatus, as_seen, settle, transition};
-use super::{
-    AttachError, Caller, Service, access_mode, apply_update, attach_status, attachment_not_found, connector,
-    contract_attachment, contract_volume, volume_not_found, volume_status, with_fields,
-};
-use crate::runtime::contract::{Attachment, Connector};
+use super::list::{AttachmentFilter, Page, Scope};
+use super::model::{AfterDisconnect, AttachMode, Attachment, ConnectOrigin, Connector, Live, OpKind, Volume};
+use super::ops::Op;
+use super::state::{AttachStatus, Event, Slot, transition};
+use super::{AttachError, Caller, Service, attachment_not_found, conclude, names, volume_not_found};
+use crate::failpoint;
+use crate::runtime::contract::{self, Attachment as DriverAttachment};
 use crate::runtime::json::connection_data_to_json;
-use crate::runtime::{Call, CallError, CallErrorKind, Driver};
-use crate::store::attachments::{self as rows, AttachmentFilter, AttachmentRow, Connected};
+use crate::runtime::model::VolumeFields;
+use crate::runtime::{Call, CallError, DriverCalls};
+use crate::store::attachments::{self as rows, Connected};
 use crate::store::sql::Tx;
-use crate::store::volumes::{self, DriverFields, VolumeRow};
-use crate::store::{Page, Scope, StoreError, now_micros};
+use crate::store::{ONE_ATTACHMENT_PER_SLOT, now_micros, targets, volumes};
 
 /// A request to create an attachment.
 #[derive(Debug, Clone, Default)]
 pub struct NewAttachment {
     pub volume_id: String,
     pub instance_uuid: Option<String>,
-    /// The connector; `None` or an empty object reserves only.
-    pub connector: Option<Map<String, Json>>,
+    /// The connector; `None` reserves only.
+    pub connector: Option<Connector>,
     /// `rw` or `ro` (microversion 3.54); `None` stores Cinder's literal `null`.
-    pub mode: Option<String>,
+    pub mode: Option<contract::AccessMode>,
     /// Made by the legacy volume actions (`legacy.rs`).
     pub legacy: bool,
-}
-
-/// Why `connect` runs: it decides what a failure undoes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Origin {
-    /// A create with a connector: a failure rolls the reservation back.
-    Create,
-    /// An update: a failure leaves the attachment reserved without a connector.
-    Update,
 }
 
 impl Service {
@@ -49,28 +48,62 @@ impl Service {
         &self,
         caller: &Caller,
         req: NewAttachment,
-    ) -> Result<AttachmentRow, AttachError> {
+    ) -> Result<Attachment, AttachError> {
         let volume = self.volume(caller, &req.volume_id).await?;
-        if volume.status.contains("error") {
-            return Err(reserve_refused(&volume));
-        }
-        let connector_json = req.connector.filter(|c| !c.is_empty());
-        if let Some(json) = &connector_json {
+        if let Some(c) = &req.connector {
             // Checked before anything is reserved: a bad connector changes nothing.
-            let mode = access_mode(req.mode.as_deref(), Some(json));
-            self.driver(&volume)?.validate_connector(&connector(json, mode)?).await?;
+            let mode = AttachMode::from_request(req.mode).effective(Some(c));
+            self.driver(&volume)?.calls().validate_connector(&c.for_mode(mode)).await?;
         }
+        if req.connector.is_none() {
+            return self.reserve(&volume, &req, None).await;
+        }
+        let _lock = self.locks.lock(&volume.id).await;
+        self.create_locked(caller, req).await
+    }
+
+    /// A create with a connector; the caller holds the volume's lock and has validated the
+    /// connector.
+    pub(super) async fn create_locked(
+        &self,
+        caller: &Caller,
+        req: NewAttachment,
+    ) -> Result<Attachment, AttachError> {
+        self.clear_interrupted(&req.volume_id).await?;
+        let volume = self.volume(caller, &req.volume_id).await?;
+        let connector = req.connector.clone().expect("a create that connects has a connector");
+        let id = uuid::Uuid::new_v4().to_string();
+        let op = self.operation(
+            OpKind::Connect { origin: ConnectOrigin::Create, revoke: None },
+            &volume.id,
+            Some(&id),
+            Some(&connector),
+        );
+        let row = self.reserve(&volume, &req, Some((&id, &op))).await?;
+        failpoint::hit("attach.create.intent");
+        self.connect(&op, row, &connector, ConnectOrigin::Create, Vec::new()).await
+    }
+
+    /// Reserves a new attachment (`Event::Reserve`, or `ReserveForMigration` for a second
+    /// attachment of a non-multiattach volume's instance). With a connector, the same
+    /// transaction stores it and begins the connect's operation.
+    async fn reserve(
+        &self,
+        volume: &Volume,
+        req: &NewAttachment,
+        connect: Option<(&str, &Op<'_>)>,
+    ) -> Result<Attachment, AttachError> {
         let now = now_micros();
-        let row = AttachmentRow {
-            id: uuid::Uuid::new_v4().to_string(),
+        let row = Attachment {
+            id: connect.map(|(id, _)| id.to_string()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
             volume_id: volume.id.clone(),
             project_id: volume.project_id.clone(),
-            instance_uuid: req.instance_uuid,
+            instance_uuid: req.instance_uuid.clone(),
             attached_host: None,
             mountpoint: None,
-            attach_mode: Some(req.mode.unwrap_or_else(|| "null".into())),
-            attach_status: AttachStatus::Reserved.as_str().into(),
-            exclusive: !volume.multiattach,
+            attach_mode: AttachMode::from_request(req.mode),
+            status: AttachStatus::Reserved,
+            slot: if volume.multiattach { Slot::Shared } else { Slot::Exclusive },
             connection_info: None,
             attach_time: None,
             detach_time: None,
@@ -78,256 +111,246 @@ impl Service {
             updated_at: now,
             legacy: req.legacy,
         };
-
-        let t = transition(Event::Reserve);
         let reserved = self
-            .store()
+            .store
             .write(async |tx| {
-                let from = t.volume_from_text(volume.multiattach);
-                let Some(locked) = volumes::lock(tx, &volume.id, &from, None).await? else {
-                    return Ok(false);
+                let Some((row, locked, t)) =
+                    reserve_in(tx, row.clone(), req.instance_uuid.as_deref()).await?
+                else {
+                    return Ok::<_, AttachError>(None);
                 };
-                match rows::insert(tx, &row).await {
-                    Ok(()) => {}
-                    // The backstop: another attachment won the race.
-                    Err(StoreError::Constraint(_)) => return Ok(false),
-                    Err(e) => return Err(AttachError::from(e)),
+                if let Some((_, op)) = connect {
+                    rows::put_connector(tx, &row.id, req.connector.as_ref()).await?;
+                    op.begin(tx).await?;
                 }
-                if let Some(json) = &connector_json {
-                    rows::put_connector(tx, &row.id, json).await?;
-                }
-                settle_volume(tx, &locked, true).await?;
-                Ok(true)
+                conclude(tx, &locked, t).await?;
+                Ok(Some(row))
             })
             .await?;
-        if !reserved {
-            return Err(self.refusal(caller, &volume.id).await);
+        match reserved {
+            Some(row) => Ok(row),
+            None => Err(self.refusal(volume).await),
         }
-
-        let Some(json) = connector_json else { return Ok(row) };
-        let _guard = self.locks.lock(&volume.id).await;
-        self.connect(row, &json, Origin::Create).await
     }
 
     pub async fn update_attachment(
         &self,
         caller: &Caller,
         id: &str,
-        connector_json: Map<String, Json>,
-    ) -> Result<AttachmentRow, AttachError> {
+        connector: Connector,
+    ) -> Result<Attachment, AttachError> {
         let row = self.attachment(caller, id).await?;
         let volume = self.volume(caller, &row.volume_id).await?;
-        if volume.status.contains("error") {
+        if matches!(
+            volume.status,
+            super::state::VolumeStatus::Error | super::state::VolumeStatus::ErrorDeleting
+        ) {
             return Err(AttachError::Conflict(format!(
                 "Volume attachments can not be updated if the volume is in an error state. The Volume {} \
                  currently has a status of: {}",
                 volume.id, volume.status
             )));
         }
-        let mode = access_mode(row.attach_mode.as_deref(), Some(&connector_json));
-        let new = connector(&connector_json, mode)?;
-        self.driver(&volume)?.validate_connector(&new).await?;
-
-        let _guard = self.locks.lock(&volume.id).await;
-        self.update_locked(caller, id, connector_json).await
+        let mode = row.attach_mode.effective(Some(&connector));
+        self.driver(&volume)?.calls().validate_connector(&connector.for_mode(mode)).await?;
+        let _lock = self.locks.lock(&volume.id).await;
+        self.update_locked(caller, id, connector).await
     }
 
     /// Gives an attachment a (validated) connector and connects it; the caller holds the volume's
-    /// lock.
+    /// lock. An attachment holds access for one connector at most: a different one replaces the
+    /// old, whose access is revoked first (Cinder leaves it, and the old host keeps the LUN).
     pub(super) async fn update_locked(
         &self,
         caller: &Caller,
         id: &str,
-        connector_json: Map<String, Json>,
-    ) -> Result<AttachmentRow, AttachError> {
+        connector: Connector,
+    ) -> Result<Attachment, AttachError> {
+        let row = self.attachment(caller, id).await?;
+        self.clear_interrupted(&row.volume_id).await?;
         let (row, stored) = self
-            .store()
+            .store
             .read(async |tx| {
                 let row = rows::get(tx, id, caller.scope()).await?.ok_or_else(|| attachment_not_found(id))?;
                 let stored = rows::connectors(tx, &[id]).await?.remove(id);
                 Ok::<_, AttachError>((row, stored))
             })
             .await?;
-        let status = attach_status(&row)?;
-        if !transition(Event::Connect).attachment_from.contains(&status) {
+        let t = transition(Event::Connect);
+        if !t.allows_attachment(row.status) {
             return Err(AttachError::InvalidAttachment(format!(
-                "attachment {id} is {status}; it can be updated only when {}",
-                names(transition(Event::Connect).attachment_from)
+                "attachment {id} is {}; it can be updated only when it is {}",
+                row.status,
+                names(t.attachment_from())
             )));
         }
-        // An attachment holds access for one connector at most: a different one replaces the old,
-        // whose access is revoked first (Cinder leaves it, and the old host keeps the LUN).
-        let volume = self.fresh_volume(&row.volume_id).await?;
-        let driver = self.driver(&volume)?;
-        let fields = match stored.as_ref().filter(|old| **old != connector_json) {
-            Some(old) => {
-                let old_connector = connector(old, access_mode(row.attach_mode.as_deref(), Some(old)))?;
-                let others = self.other_attachments(&volume.id, id).await?;
-                Some(self.disconnect(driver, &volume, &others, Some(&old_connector)).await?)
-            }
-            None => None,
-        };
-        self.store()
+        let replaced = stored.filter(|old| old.json() != connector.json());
+        let op = self.operation(
+            OpKind::Connect {
+                origin: ConnectOrigin::Update,
+                revoke: replaced.as_ref().map(|c| c.json().clone()),
+            },
+            &row.volume_id,
+            Some(id),
+            Some(&connector),
+        );
+        self.store
             .write(async |tx| {
-                if let Some(fields) = &fields {
-                    volumes::lock(tx, &volume.id, &[], Some(fields)).await?;
-                }
-                rows::put_connector(tx, id, &connector_json).await
+                rows::put_connector(tx, id, Some(&connector)).await?;
+                op.begin(tx).await
             })
             .await?;
-        self.connect(row, &connector_json, Origin::Update).await
+        failpoint::hit("attach.update.intent");
+        self.connect(&op, row, &connector, ConnectOrigin::Update, replaced.into_iter().collect()).await
     }
 
-    /// Connects an attachment whose connector is stored: export, initialize, persist. The caller
-    /// holds the volume's lock.
+    /// Connects an attachment whose connector and operation are recorded: revokes the connectors
+    /// it replaces (`revoke`), exports, initializes, and records the connection. The caller holds
+    /// the volume's lock.
     pub(super) async fn connect(
         &self,
-        row: AttachmentRow,
-        connector_json: &Map<String, Json>,
-        origin: Origin,
-    ) -> Result<AttachmentRow, AttachError> {
+        op: &Op<'_>,
+        row: Attachment,
+        connector: &Connector,
+        origin: ConnectOrigin,
+        revoke: Vec<Connector>,
+    ) -> Result<Attachment, AttachError> {
         let volume = self.fresh_volume(&row.volume_id).await?;
-        let driver = self.driver(&volume)?;
-        let mode = access_mode(row.attach_mode.as_deref(), Some(connector_json));
-        let conn = connector(connector_json, mode)?;
-
-        let mut fields = volume.driver_fields();
+        let backend = self.backend(&volume)?;
+        let mut calls = backend.driver.calls();
+        let mode = row.attach_mode.effective(Some(connector));
+        let conn = connector.for_mode(mode);
+        let mut fields = volume.fields.clone();
         let connected = async {
-            match driver.create_export(&contract_volume(&volume), Some(&conn)).await {
-                Ok(update) => apply_update(driver, Call::CreateExport, &mut fields, &update)?,
-                Err(e) if e.is_unsupported() => {}
-                Err(e) => return Err(e),
+            if !revoke.is_empty() {
+                let others = self.other_attachments(&volume.id, &row.id).await?;
+                for old in &revoke {
+                    let old = old.for_mode(row.attach_mode.effective(Some(old)));
+                    fields =
+                        disconnect(&mut calls, &volume.with_fields(&fields), &others, Some(&old)).await?;
+                }
             }
-            let exported = with_fields(&volume, &fields);
-            let connection = driver.initialize_connection(&contract_volume(&exported), &conn).await?;
-            apply_update(driver, Call::InitializeConnection, &mut fields, &connection.update)?;
-            flatten(driver, &connection.info, &row.id, &conn)
+            match calls.create_export(&volume.with_fields(&fields).contract(), Some(&conn)).await {
+                Ok(update) => backend.driver.apply(Call::CreateExport, &mut fields, &update)?,
+                Err(e) if e.is_unsupported() => {}
+                Err(e) => return Err(e.into()),
+            }
+            failpoint::hit("attach.connect.create-export");
+            let connection =
+                calls.initialize_connection(&volume.with_fields(&fields).contract(), &conn).await?;
+            backend.driver.apply(Call::InitializeConnection, &mut fields, &connection.update)?;
+            failpoint::hit("attach.connect.initialize-connection");
+            Ok::<_, AttachError>(flatten(&calls, &connection.info, &row.id, &conn)?)
         }
         .await;
         let info = match connected {
             Ok(info) => info,
             Err(error) => {
-                let volume = with_fields(&volume, &fields);
+                let mut all = vec![connector.clone()];
+                all.extend(revoke);
                 return Err(self
-                    .undo(driver, &volume, &row, &conn, origin, AttachError::Driver(error))
+                    .undo_connect(op, calls, &volume.with_fields(&fields), &row, all, origin, error)
                     .await);
             }
         };
 
         let t = transition(Event::Connect);
         let done = Connected {
-            connection_info: info.to_string(),
-            attach_mode: mode.as_str().to_string(),
-            attached_host: conn.host.clone(),
-            mountpoint: Some(conn.mountpoint.clone().unwrap_or_else(|| "na".into())),
+            connection_info: info,
+            attach_mode: mode.into(),
+            attached_host: connector.host().map(str::to_string),
+            mountpoint: Some(connector.mountpoint().unwrap_or("na").to_string()),
         };
+        failpoint::hit("attach.connect.commit");
         let finished = self
-            .store()
+            .store
             .write(async |tx| {
-                let from = t.volume_from_text(volume.multiattach);
-                let Some(locked) = volumes::lock(tx, &volume.id, &from, Some(&fields)).await? else {
-                    let changed = format!("volume {} changed state during the attach", volume.id);
-                    return Ok(Err(AttachError::InvalidVolume(changed)));
+                let Some(locked) = volumes::lock(tx, &volume.id, t, Some(&fields)).await? else {
+                    return Ok(Err(AttachError::InvalidVolume(format!(
+                        "volume {} changed state during the attach",
+                        volume.id
+                    ))));
                 };
-                let to = AttachStatus::Attaching.as_str();
-                if !rows::transition(tx, &row.id, &t.attachment_from_text(), to, Some(&done)).await? {
+                let Some(written) = rows::transition(tx, &row.id, t, Some(&done)).await? else {
                     return Ok(Err(attachment_not_found(&row.id)));
-                }
-                settle_volume(tx, &locked, true).await?;
-                Ok::<_, AttachError>(Ok(()))
+                };
+                conclude(tx, &locked, t).await?;
+                targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
+                op.finish(tx).await?;
+                Ok::<_, AttachError>(Ok(written))
             })
             .await?;
-        if let Err(error) = finished {
-            return Err(self.undo(driver, &with_fields(&volume, &fields), &row, &conn, origin, error).await);
+        match finished {
+            Ok(written) => Ok(written),
+            Err(error) => {
+                let volume = volume.with_fields(&fields);
+                Err(self.undo_connect(op, calls, &volume, &row, vec![connector.clone()], origin, error).await)
+            }
         }
-        Ok(AttachmentRow {
-            attach_status: AttachStatus::Attaching.as_str().into(),
-            connection_info: Some(done.connection_info),
-            attach_mode: Some(done.attach_mode),
-            attached_host: done.attached_host,
-            mountpoint: done.mountpoint,
-            attach_time: Some(now_micros()),
-            ..row
-        })
     }
 
-    /// After a failed connect: revoke whatever access may have been granted, then roll the
-    /// attachment back (or mark it `error_attaching` when that is not possible). Returns `error`.
-    async fn undo(
+    /// After a failed connect: revokes whatever access may have been granted (every connector in
+    /// `revoke`), then rolls the attachment back (`Remove` for a create, `UndoConnect` for an
+    /// update), or marks it `error_attaching` when revoking failed; ends the operation. Returns
+    /// `error`. Also what recovery does with an interrupted connect.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn undo_connect(
         &self,
-        driver: &Driver,
-        volume: &VolumeRow,
-        row: &AttachmentRow,
-        conn: &Connector,
-        origin: Origin,
+        op: &Op<'_>,
+        mut calls: DriverCalls<'_>,
+        volume: &Volume,
+        row: &Attachment,
+        revoke: Vec<Connector>,
+        origin: ConnectOrigin,
         error: AttachError,
     ) -> AttachError {
-        let cleaned = match self.other_attachments(&volume.id, &row.id).await {
-            Ok(others) => {
-                self.disconnect(driver, volume, &others, Some(conn)).await.map_err(AttachError::Driver)
+        let mut fields = volume.fields.clone();
+        let cleaned: Result<(), AttachError> = async {
+            let others = self.other_attachments(&volume.id, &row.id).await?;
+            for c in &revoke {
+                let conn = c.for_mode(row.attach_mode.effective(Some(c)));
+                fields = disconnect(&mut calls, &volume.with_fields(&fields), &others, Some(&conn)).await?;
             }
-            Err(e) => Err(e),
+            Ok(())
+        }
+        .await;
+        let event = match (&cleaned, origin) {
+            (Ok(()), ConnectOrigin::Create) => Event::Remove,
+            (Ok(()), ConnectOrigin::Update) => Event::UndoConnect,
+            (Err(_), _) => Event::FailAttach,
         };
+        let t = transition(event);
         let recorded: Result<(), AttachError> = self
-            .store()
+            .store
             .write(async |tx| {
-                let Some(locked) = volumes::lock(tx, &volume.id, &[], cleaned.as_ref().ok()).await? else {
-                    return Ok(());
-                };
-                match (&cleaned, origin) {
-                    (Ok(_), Origin::Create) => {
-                        rows::soft_delete(tx, &row.id).await?;
+                let locked = volumes::lock(tx, &volume.id, t, cleaned.is_ok().then_some(&fields)).await?;
+                match (locked, event) {
+                    (Some(locked), Event::Remove) => {
+                        rows::remove(tx, &row.id, t).await?;
+                        rows::promote_migration(tx, &volume.id).await?;
+                        conclude(tx, &locked, t).await?;
                     }
-                    (Ok(_), Origin::Update) => {
-                        rows::put_connector(tx, &row.id, &Map::new()).await?;
-                        let from = transition(Event::Connect).attachment_from_text();
-                        rows::transition(tx, &row.id, &from, AttachStatus::Reserved.as_str(), None).await?;
+                    (Some(locked), _) => {
+                        if event == Event::UndoConnect {
+                            rows::put_connector(tx, &row.id, None).await?;
+                        }
+                        rows::transition(tx, &row.id, t, None).await?;
+                        conclude(tx, &locked, t).await?;
                     }
-                    (Err(_), _) => {
-                        let from = transition(Event::FailAttach).attachment_from_text();
-                        rows::transition(tx, &row.id, &from, AttachStatus::ErrorAttaching.as_str(), None)
-                            .await?;
-                    }
+                    // The attachment or volume is gone already: nothing to roll back.
+                    (None, _) => {}
                 }
-                settle_volume(tx, &locked, true).await
+                targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
+                op.finish(tx).await
             })
             .await;
         if let Err(e) = recorded {
             tracing::error!(attachment = %row.id, "could not record the outcome of a failed attach: {e}");
         }
         if let Err(e) = &cleaned {
-            tracing::warn!(attachment = %row.id, "attach failed and its cleanup failed too ({e}); the attachment is error_attaching");
+            tracing::warn!(attachment = %row.id, "attach failed and revoking its access failed too ({e}); the attachment is error_attaching");
         }
         error
-    }
-
-    /// Revokes a connector's access through the driver, and removes the export when nothing else
-    /// uses it. Returns the volume's driver fields afterwards. `unsupported` answers count as
-    /// "nothing to do".
-    pub(super) async fn disconnect(
-        &self,
-        driver: &Driver,
-        volume: &VolumeRow,
-        others: &[Attachment],
-        conn: Option<&Connector>,
-    ) -> Result<DriverFields, CallError> {
-        let mut fields = volume.driver_fields();
-        let in_use = match driver.terminate_connection(&contract_volume(volume), conn, others).await {
-            Ok(t) => {
-                apply_update(driver, Call::TerminateConnection, &mut fields, &t.update)?;
-                t.export_in_use
-            }
-            Err(e) if e.is_unsupported() => others.iter().any(|a| a.connector.is_some()),
-            Err(e) => return Err(e),
-        };
-        if !in_use {
-            match driver.remove_export(&contract_volume(&with_fields(volume, &fields))).await {
-                Ok(update) => apply_update(driver, Call::RemoveExport, &mut fields, &update)?,
-                Err(e) if e.is_unsupported() => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(fields)
     }
 
     /// The volume's live attachments other than `except`, as the driver sees them.
@@ -335,28 +358,20 @@ impl Service {
         &self,
         volume_id: &str,
         except: &str,
-    ) -> Result<Vec<Attachment>, AttachError> {
-        self.store()
-            .read(async |tx| {
-                let all = rows::of_volume(tx, volume_id).await?;
-                let others: Vec<&AttachmentRow> = all.iter().filter(|r| r.id != except).collect();
-                let ids: Vec<&str> = others.iter().map(|r| r.id.as_str()).collect();
-                let connectors = rows::connectors(tx, &ids).await?;
-                Ok(others.iter().map(|r| contract_attachment(r, connectors.get(&r.id))).collect())
-            })
-            .await
+    ) -> Result<Vec<DriverAttachment>, AttachError> {
+        let live = self.store.read(async |tx| rows::live(tx, volume_id).await).await?;
+        Ok(live.iter().filter(|l| l.attachment.id != except).map(Live::contract).collect())
     }
 
     pub async fn complete_attachment(&self, caller: &Caller, id: &str) -> Result<(), AttachError> {
         let t = transition(Event::Complete);
-        self.store()
+        self.store
             .write(async |tx| {
                 let row = rows::get(tx, id, caller.scope()).await?.ok_or_else(|| attachment_not_found(id))?;
-                let volume = volumes::get(tx, &row.volume_id, Scope::All)
-                    .await?
-                    .ok_or_else(|| volume_not_found(&row.volume_id))?;
-                let from = t.volume_from_text(volume.multiattach);
-                let Some(locked) = volumes::lock(tx, &volume.id, &from, None).await? else {
+                let Some(locked) = volumes::lock(tx, &row.volume_id, t, None).await? else {
+                    let volume = volumes::get(tx, &row.volume_id, Scope::All)
+                        .await?
+                        .ok_or_else(|| volume_not_found(&row.volume_id))?;
                     return Err(AttachError::InvalidVolume(format!(
                         "volume {} is {}; attachments complete only when it is {}",
                         volume.id,
@@ -364,111 +379,114 @@ impl Service {
                         names(t.volume_from(volume.multiattach))
                     )));
                 };
-                if !rows::transition(tx, id, &t.attachment_from_text(), AttachStatus::Attached.as_str(), None)
-                    .await?
-                {
+                if rows::transition(tx, id, t, None).await?.is_none() {
                     return Err(AttachError::InvalidAttachment(format!(
                         "attachment {id} is {}; only a connected attachment ({}) can be completed",
-                        row.attach_status,
-                        names(t.attachment_from)
+                        row.status,
+                        names(t.attachment_from())
                     )));
                 }
-                settle_volume(tx, &locked, true).await
+                conclude(tx, &locked, t).await?;
+                Ok(())
             })
             .await
     }
 
     /// Removes an attachment: revokes its connector's access (and the export, when unused), then
     /// deletes it. Returns the volume's remaining live attachments.
-    pub async fn delete_attachment(
-        &self,
-        caller: &Caller,
-        id: &str,
-    ) -> Result<Vec<AttachmentRow>, AttachError> {
+    pub async fn delete_attachment(&self, caller: &Caller, id: &str) -> Result<Vec<Attachment>, AttachError> {
         let row = self.attachment(caller, id).await?;
-        let _guard = self.locks.lock(&row.volume_id).await;
-        self.remove_locked(caller, id, false).await
+        let _lock = self.locks.lock(&row.volume_id).await;
+        self.remove_locked(caller, id, AfterDisconnect::Remove).await
     }
 
-    /// Removes an attachment; the caller holds the volume's lock. `release_detaching` ends a
-    /// legacy detach lock (`os-detach`). Returns the volume's remaining live attachments.
+    /// Revokes an attachment's access and then removes it (`Remove`, `Detach`) or keeps it
+    /// without connector (`Terminate`); the caller holds the volume's lock. Returns the volume's
+    /// remaining live attachments.
     pub(crate) async fn remove_locked(
         &self,
         caller: &Caller,
         id: &str,
-        release_detaching: bool,
-    ) -> Result<Vec<AttachmentRow>, AttachError> {
-        let (row, volume, mut connectors, all) = self
-            .store()
+        then: AfterDisconnect,
+    ) -> Result<Vec<Attachment>, AttachError> {
+        let row = self.attachment(caller, id).await?;
+        self.clear_interrupted(&row.volume_id).await?;
+        let (volume, live) = self
+            .store
             .read(async |tx| {
-                let row = rows::get(tx, id, caller.scope()).await?.ok_or_else(|| attachment_not_found(id))?;
                 let volume = volumes::get(tx, &row.volume_id, Scope::All)
                     .await?
                     .ok_or_else(|| volume_not_found(&row.volume_id))?;
-                let all = rows::of_volume(tx, &volume.id).await?;
-                let ids: Vec<&str> = all.iter().map(|r| r.id.as_str()).collect();
-                let connectors = rows::connectors(tx, &ids).await?;
-                Ok::<_, AttachError>((row, volume, connectors, all))
+                let live = rows::live(tx, &volume.id).await?;
+                Ok::<_, AttachError>((volume, live))
             })
             .await?;
-        let stored = connectors.remove(id);
-        let others: Vec<Attachment> = all
-            .iter()
-            .filter(|r| r.id != id)
-            .map(|r| contract_attachment(r, connectors.get(&r.id)))
-            .collect();
-        let fields = match &stored {
-            Some(json) if !json.is_empty() => {
-                let driver = self.driver(&volume)?;
-                let conn = connector(json, access_mode(row.attach_mode.as_deref(), Some(json)))?;
-                match self.disconnect(driver, &volume, &others, Some(&conn)).await {
-                    Ok(fields) => fields,
-                    Err(error) => {
-                        self.mark(&volume, id, Event::FailDetach, AttachStatus::ErrorDetaching).await?;
-                        return Err(AttachError::Driver(error));
-                    }
-                }
-            }
-            // Only reserved: nothing was exported for it.
-            _ => volume.driver_fields(),
+        let this = live.iter().find(|l| l.attachment.id == id).ok_or_else(|| attachment_not_found(id))?;
+        let t = transition(after_event(then));
+        if !t.allows(volume.status, volume.multiattach) {
+            return Err(AttachError::InvalidVolume(format!(
+                "volume {} is {}; attachments can be removed only when it is {}",
+                volume.id,
+                volume.status,
+                names(t.volume_from(volume.multiattach))
+            )));
+        }
+        let Some(connector) = this.connector.clone() else {
+            // Only reserved: nothing was exported for it, so no driver call and no operation.
+            return self.store.write(async |tx| apply_after(tx, &volume, id, then, None).await).await;
         };
-        let t = transition(Event::Remove);
-        self.store()
-            .write(async |tx| {
-                let from = t.volume_from_text(volume.multiattach);
-                let Some(locked) = volumes::lock(tx, &volume.id, &from, Some(&fields)).await? else {
-                    return Err(AttachError::InvalidVolume(format!(
-                        "volume {} is {}; attachments can be removed only when it is {}",
-                        volume.id,
-                        volume.status,
-                        names(t.volume_from(volume.multiattach))
-                    )));
-                };
-                if !rows::soft_delete(tx, id).await? {
-                    return Err(attachment_not_found(id));
-                }
-                settle_volume(tx, &locked, !release_detaching).await?;
-                Ok(rows::of_volume(tx, &volume.id).await?)
-            })
-            .await
+        let others: Vec<DriverAttachment> =
+            live.iter().filter(|l| l.attachment.id != id).map(Live::contract).collect();
+        let op = self.operation(OpKind::Disconnect { then }, &volume.id, Some(id), Some(&connector));
+        self.store.write(async |tx| op.begin(tx).await).await?;
+        failpoint::hit("attach.remove.intent");
+        let backend = self.backend(&volume)?;
+        let mut calls = backend.driver.calls();
+        let conn = connector.for_mode(this.attachment.attach_mode.effective(Some(&connector)));
+        match disconnect(&mut calls, &volume, &others, Some(&conn)).await {
+            Ok(fields) => {
+                failpoint::hit("attach.remove.commit");
+                self.store
+                    .write(async |tx| {
+                        let remaining = apply_after(tx, &volume, id, then, Some(&fields)).await?;
+                        targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
+                        op.finish(tx).await?;
+                        Ok(remaining)
+                    })
+                    .await
+            }
+            Err(error) => {
+                self.fail_detach(&op, &volume, &[id.to_string()], &calls).await;
+                Err(error)
+            }
+        }
     }
 
-    /// Moves an attachment to an error status after a driver failure.
-    async fn mark(
+    /// After a failed disconnect: the attachments are `error_detaching`, the operation ends.
+    pub(super) async fn fail_detach(
         &self,
-        volume: &VolumeRow,
-        id: &str,
-        event: Event,
-        to: AttachStatus,
-    ) -> Result<(), AttachError> {
-        self.store()
+        op: &Op<'_>,
+        volume: &Volume,
+        ids: &[String],
+        calls: &DriverCalls<'_>,
+    ) {
+        let t = transition(Event::FailDetach);
+        let recorded: Result<(), AttachError> = self
+            .store
             .write(async |tx| {
-                let Some(locked) = volumes::lock(tx, &volume.id, &[], None).await? else { return Ok(()) };
-                rows::transition(tx, id, &transition(event).attachment_from_text(), to.as_str(), None)
-                    .await?;
-                settle_volume(tx, &locked, true).await
+                if let Some(locked) = volumes::lock(tx, &volume.id, t, None).await? {
+                    for id in ids {
+                        rows::transition(tx, id, t, None).await?;
+                    }
+                    conclude(tx, &locked, t).await?;
+                }
+                targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
+                op.finish(tx).await
             })
-            .await
+            .await;
+        if let Err(e) = recorded {
+            tracing::error!(volume = %volume.id, "could not record the outcome of a failed detach: {e}");
+        }
     }
 
     /// An attachment with the ids of the volume's other live attachments that share its
@@ -478,31 +496,28 @@ impl Service {
         &self,
         caller: &Caller,
         id: &str,
-    ) -> Result<(AttachmentRow, Vec<String>), AttachError> {
-        let (row, stored) = self
-            .store()
-            .read(async |tx| {
-                let row = rows::get(tx, id, caller.scope()).await?.ok_or_else(|| attachment_not_found(id))?;
-                let stored = rows::connectors(tx, &[id]).await?.remove(id).filter(|c| !c.is_empty());
-                Ok::<_, AttachError>((row, stored))
-            })
-            .await?;
-        let Some(json) = stored else { return Ok((row, Vec::new())) };
-        let volume = self.fresh_volume(&row.volume_id).await?;
-        let others: Vec<Attachment> = self
-            .other_attachments(&volume.id, id)
-            .await?
-            .into_iter()
-            .filter(|a| a.connector.is_some())
+    ) -> Result<(Attachment, Vec<String>), AttachError> {
+        let row = self.attachment(caller, id).await?;
+        let live = self.store.read(async |tx| rows::live(tx, &row.volume_id).await).await?;
+        let Some(connector) = live.iter().find(|l| l.attachment.id == id).and_then(|l| l.connector.clone())
+        else {
+            return Ok((row, Vec::new()));
+        };
+        let others: Vec<DriverAttachment> = live
+            .iter()
+            .filter(|l| l.attachment.id != id && l.connector.is_some())
+            .map(Live::contract)
             .collect();
         if others.is_empty() {
             return Ok((row, Vec::new()));
         }
-        let conn = connector(&json, access_mode(row.attach_mode.as_deref(), Some(&json)))?;
+        let volume = self.fresh_volume(&row.volume_id).await?;
+        let conn = connector.for_mode(row.attach_mode.effective(Some(&connector)));
         let ids: Vec<String> = others.iter().map(|a| a.id.clone()).collect();
         let shared = match self
             .driver(&volume)?
-            .shared_connections(&contract_volume(&volume), &conn, &others)
+            .calls()
+            .shared_connections(&volume.contract(), &conn, &others)
             .await
         {
             Ok(answer) => answer.into_iter().filter(|i| ids.contains(i)).collect(),
@@ -519,8 +534,8 @@ impl Service {
         scope: Scope<'_>,
         filter: &AttachmentFilter,
         page: &Page,
-    ) -> Result<Vec<AttachmentRow>, AttachError> {
-        self.store()
+    ) -> Result<Vec<Attachment>, AttachError> {
+        self.store
             .read(async |tx| {
                 let marker = match &page.marker {
                     Some(m) => Some(rows::get(tx, m, scope).await?.ok_or_else(|| {
@@ -533,30 +548,128 @@ impl Service {
             .await
     }
 
-    /// The live volume as stored now (after any earlier driver call persisted its update).
-    pub(crate) async fn fresh_volume(&self, id: &str) -> Result<VolumeRow, AttachError> {
-        self.store()
-            .read(async |tx| volumes::get(tx, id, Scope::All).await?.ok_or_else(|| volume_not_found(id)))
-            .await
-    }
-
-    /// An attachment visible to the caller.
-    pub(crate) async fn attachment(&self, caller: &Caller, id: &str) -> Result<AttachmentRow, AttachError> {
-        self.store()
-            .read(async |tx| rows::get(tx, id, caller.scope()).await?.ok_or_else(|| attachment_not_found(id)))
-            .await
-    }
-
     /// The error for a refused reserve, naming the volume's current status.
-    async fn refusal(&self, caller: &Caller, volume_id: &str) -> AttachError {
-        match self.volume(caller, volume_id).await {
-            Ok(volume) => reserve_refused(&volume),
+    async fn refusal(&self, volume: &Volume) -> AttachError {
+        match self.fresh_volume(&volume.id).await {
+            Ok(now) => reserve_refused(&now),
             Err(e) => e,
         }
     }
 }
 
-pub(super) fn reserve_refused(volume: &VolumeRow) -> AttachError {
+/// In a write transaction: reserves `row` on its volume when the table allows (`Reserve`; for a
+/// non-multiattach volume in use, `ReserveForMigration` when the request names the instance of
+/// its attachment). Returns the reservation with the locked volume and the event applied.
+async fn reserve_in(
+    tx: &mut Tx,
+    mut row: Attachment,
+    instance: Option<&str>,
+) -> Result<Option<(Attachment, Volume, &'static super::state::Transition)>, AttachError> {
+    let t = transition(Event::Reserve);
+    if let Some(locked) = volumes::lock(tx, &row.volume_id, t, None).await? {
+        return Ok(insert_reservation(tx, &row).await?.then_some((row, locked, t)));
+    }
+    let Some(instance) = instance else { return Ok(None) };
+    let t = transition(Event::ReserveForMigration);
+    let Some(locked) = volumes::lock(tx, &row.volume_id, t, None).await? else { return Ok(None) };
+    let live = rows::of_volume(tx, &row.volume_id).await?;
+    let same_instance =
+        live.iter().any(|a| a.slot == Slot::Exclusive && a.instance_uuid.as_deref() == Some(instance));
+    if !same_instance {
+        return Ok(None);
+    }
+    row.slot = Slot::Migration;
+    Ok(insert_reservation(tx, &row).await?.then_some((row, locked, t)))
+}
+
+/// Inserts a reservation; false when the backstop (one attachment per slot) refuses it.
+async fn insert_reservation(tx: &mut Tx, row: &Attachment) -> Result<bool, AttachError> {
+    match rows::insert(tx, row).await {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_constraint(ONE_ATTACHMENT_PER_SLOT) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The event that ends a disconnect.
+pub(super) fn after_event(then: AfterDisconnect) -> Event {
+    match then {
+        AfterDisconnect::Remove => Event::Remove,
+        AfterDisconnect::Detach => Event::Detach,
+        AfterDisconnect::Terminate => Event::Terminate,
+    }
+}
+
+/// In a write transaction: what a disconnect does to its attachment once access is revoked, with
+/// the driver's fields afterwards. Returns the volume's remaining live attachments.
+pub(super) async fn apply_after(
+    tx: &mut Tx,
+    volume: &Volume,
+    id: &str,
+    then: AfterDisconnect,
+    fields: Option<&VolumeFields>,
+) -> Result<Vec<Attachment>, AttachError> {
+    let t = transition(after_event(then));
+    let Some(locked) = volumes::lock(tx, &volume.id, t, fields).await? else {
+        let now =
+            volumes::get(tx, &volume.id, Scope::All).await?.ok_or_else(|| volume_not_found(&volume.id))?;
+        return Err(AttachError::InvalidVolume(format!(
+            "volume {} is {}; attachments can be removed only when it is {}",
+            now.id,
+            now.status,
+            names(t.volume_from(now.multiattach))
+        )));
+    };
+    match then {
+        AfterDisconnect::Terminate => {
+            if rows::get(tx, id, Scope::All).await?.is_none_or(|a| !t.allows_attachment(a.status)) {
+                return Err(attachment_not_found(id));
+            }
+            rows::put_connector(tx, id, None).await?;
+        }
+        AfterDisconnect::Remove | AfterDisconnect::Detach => {
+            if !rows::remove(tx, id, t).await? {
+                return Err(attachment_not_found(id));
+            }
+            rows::promote_migration(tx, &volume.id).await?;
+        }
+    }
+    conclude(tx, &locked, t).await?;
+    Ok(rows::of_volume(tx, &volume.id).await?)
+}
+
+/// Revokes a connector's access through the driver (none: every access, a force detach), and
+/// removes the export when nothing else uses it. Returns the volume's driver fields afterwards.
+/// `unsupported` answers count as "nothing to do".
+pub(super) async fn disconnect(
+    calls: &mut DriverCalls<'_>,
+    volume: &Volume,
+    others: &[DriverAttachment],
+    conn: Option<&contract::Connector>,
+) -> Result<VolumeFields, AttachError> {
+    let driver = calls.driver().clone();
+    let mut fields = volume.fields.clone();
+    let in_use = match calls.terminate_connection(&volume.contract(), conn, others).await {
+        Ok(t) => {
+            driver.apply(Call::TerminateConnection, &mut fields, &t.update)?;
+            t.export_in_use
+        }
+        Err(e) if e.is_unsupported() => others.iter().any(|a| a.connector.is_some()),
+        Err(e) => return Err(e.into()),
+    };
+    failpoint::hit("attach.disconnect.terminate-connection");
+    if !in_use {
+        match calls.remove_export(&volume.with_fields(&fields).contract()).await {
+            Ok(update) => driver.apply(Call::RemoveExport, &mut fields, &update)?,
+            Err(e) if e.is_unsupported() => {}
+            Err(e) => return Err(e.into()),
+        }
+        failpoint::hit("attach.disconnect.remove-export");
+    }
+    Ok(fields)
+}
+
+pub(super) fn reserve_refused(volume: &Volume) -> AttachError {
     let t = transition(Event::Reserve);
     AttachError::InvalidVolume(format!(
         "Volume {} status must be {} to reserve, but the current status is {}.",
@@ -566,30 +679,11 @@ pub(super) fn reserve_refused(volume: &VolumeRow) -> AttachError {
     ))
 }
 
-pub(super) fn names<T: std::fmt::Display>(items: &[T]) -> String {
-    items.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(" or ")
-}
-
-/// Derives and writes the volume's status from its live attachments. The volume is locked.
-/// `keep_detaching` keeps a legacy detach lock in place.
-pub(crate) async fn settle_volume(
-    tx: &mut Tx,
-    locked: &VolumeRow,
-    keep_detaching: bool,
-) -> Result<(), AttachError> {
-    let statuses: Vec<AttachStatus> = rows::statuses(tx, &locked.id)
-        .await?
-        .iter()
-        .map(|(s, legacy)| {
-            AttachStatus::parse(s)
-                .map(|s| as_seen(s, *legacy))
-                .ok_or_else(|| StoreError::Corrupt(format!("attachment status {s:?}")))
-        })
-        .collect::<Result<_, _>>()?;
-    let detaching = keep_detaching && volume_status(locked)? == VolumeStatus::Detaching;
-    let (status, attach) = settle(&statuses, detaching);
-    volumes::set_status(tx, &locked.id, status.as_str(), attach.as_str()).await?;
-    Ok(())
+impl AttachMode {
+    /// The mode a create asked for (`None`: Cinder's `null`).
+    pub fn from_request(mode: Option<contract::AccessMode>) -> AttachMode {
+        mode.map(AttachMode::from).unwrap_or(AttachMode::Null)
+    }
 }
 
 /// Cinder's flattened `connection_info`: the driver's data at the top level, plus
@@ -597,17 +691,13 @@ pub(crate) async fn settle_volume(
 /// manager adds when the driver did not (`qos_specs`, `access_mode`, `encrypted`, `cacheable`).
 /// Unlike Cinder (Q7), `access_mode` follows the attachment's mode.
 pub(super) fn flatten(
-    driver: &Driver,
-    info: &crate::runtime::contract::ConnectionInfo,
+    calls: &DriverCalls<'_>,
+    info: &contract::ConnectionInfo,
     attachment_id: &str,
-    conn: &Connector,
+    conn: &contract::Connector,
 ) -> Result<Json, CallError> {
-    let mut data = connection_data_to_json(info).map_err(|message| CallError {
-        driver: driver.backend().to_string(),
-        version: driver.info().version.clone(),
-        call: Call::InitializeConnection,
-        kind: CallErrorKind::InvalidOutput(message),
-    })?;
+    let mut data = connection_data_to_json(info)
+        .map_err(|message| calls.driver().invalid(Call::InitializeConnection, message))?;
     data.entry("qos_specs").or_insert(Json::Null);
     data.insert("access_mode".into(), Json::String(conn.mode.as_str().into()));
     data.entry("encrypted").or_insert(Json::Bool(false));

@@ -48,14 +48,18 @@ pub struct Backend {
     pub driver: Driver,
     /// Cinder's `service_uuid`: a stable identity clients lock on for shared targets.
     pub service_uuid: String,
+    /// The driver was granted the host's iSCSI target service: the reconciler compares that
+    /// service's targets with this backend's attachments.
+    pub uses_targets: bool,
 }
 
 impl Backend {
-    pub fn new(name: &str, driver: Driver) -> Self {
+    pub fn new(name: &str, driver: Driver, uses_targets: bool) -> Self {
         Backend {
             name: name.to_string(),
             service_uuid: uuid::Uuid::new_v5(&NAMESPACE, format!("backend:{name}").as_bytes()).to_string(),
             driver,
+            uses_targets,
         }
     }
 }

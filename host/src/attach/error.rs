@@ -25,6 +25,13 @@ pub enum AttachError {
     /// No driver serves the volume's backend (a configuration change removed it).
     #[error("backend {0} is not available")]
     BackendUnavailable(String),
+    /// The volume cannot be changed right now (another node's operation holds it, or an
+    /// interrupted operation could not be finished yet); retrying later may succeed.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A bug: an operation's task stopped without an answer.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// A driver call failed. `api/error.rs` documents the status for each kind.
     #[error(transparent)]
     Driver(#[from] CallError),

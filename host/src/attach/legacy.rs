@@ -20,19 +20,20 @@
 //!   keeps its row, without connector, until `os-detach` removes it.
 //! - `os-force_detach` revokes access on the backend first, and changes the database only when
 //!   that succeeded.
+//!
+//! Every call that reaches a driver is an operation of `ops.rs`, as in the attachments API.
 
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 
-use super::attachments::{NewAttachment, flatten, names, settle_volume};
+use super::attachments::{NewAttachment, disconnect, flatten};
+use super::model::{AfterDisconnect, AttachMode, Attachment, Connector, Live, OpKind};
 use super::state::{AttachStatus, Event, transition};
-use super::{
-    AttachError, Caller, Service, access_mode, apply_update, connector, contract_attachment, contract_volume,
-    with_fields,
-};
+use super::{AttachError, Caller, Service, attachment_not_found, conclude, names};
+use crate::failpoint;
 use crate::runtime::Call;
-use crate::runtime::contract::Attachment;
-use crate::store::attachments::{self as rows, AttachmentRow};
-use crate::store::volumes;
+use crate::runtime::contract::Attachment as DriverAttachment;
+use crate::store::attachments as rows;
+use crate::store::{targets, volumes};
 
 /// `os-attach`'s request.
 #[derive(Debug, Clone)]
@@ -40,69 +41,45 @@ pub struct LegacyAttach {
     pub instance_uuid: Option<String>,
     pub host_name: Option<String>,
     pub mountpoint: String,
-    /// `rw` or `ro`.
-    pub mode: String,
+    pub mode: AttachMode,
 }
 
 /// A volume's live attachments with their stored connectors, oldest first.
-struct Live {
-    rows: Vec<(AttachmentRow, Option<Map<String, Json>>)>,
+struct Volume {
+    live: Vec<Live>,
 }
 
-impl Live {
-    fn matching<'a>(&'a self, json: &'a Map<String, Json>) -> impl Iterator<Item = &'a AttachmentRow> + 'a {
-        self.rows.iter().filter(|(_, c)| c.as_ref().is_some_and(|c| same_connector(c, json))).map(|(r, _)| r)
+impl Volume {
+    fn matching<'a>(&'a self, c: &'a Connector) -> impl Iterator<Item = &'a Attachment> + 'a {
+        self.live
+            .iter()
+            .filter(|l| l.connector.as_ref().is_some_and(|s| s.same_connection(c)))
+            .map(|l| &l.attachment)
     }
 
-    fn connected(&self) -> impl Iterator<Item = &AttachmentRow> {
-        self.rows.iter().filter(|(_, c)| c.is_some()).map(|(r, _)| r)
+    fn connected(&self) -> impl Iterator<Item = &Attachment> {
+        self.live.iter().filter(|l| l.connector.is_some()).map(|l| &l.attachment)
     }
 
-    fn connector_of(&self, id: &str) -> Option<&Map<String, Json>> {
-        self.rows.iter().find(|(r, _)| r.id == id).and_then(|(_, c)| c.as_ref())
+    fn connector_of(&self, id: &str) -> Option<&Connector> {
+        self.live.iter().find(|l| l.attachment.id == id).and_then(|l| l.connector.as_ref())
     }
 
     /// The others, as the driver sees them.
-    fn except(&self, ids: &[&str]) -> Vec<Attachment> {
-        self.rows
-            .iter()
-            .filter(|(r, _)| !ids.contains(&r.id.as_str()))
-            .map(|(r, c)| contract_attachment(r, c.as_ref()))
-            .collect()
+    fn except(&self, ids: &[&str]) -> Vec<DriverAttachment> {
+        self.live.iter().filter(|l| !ids.contains(&l.attachment.id.as_str())).map(Live::contract).collect()
     }
-}
-
-/// Two connectors name the same connection when they agree on the host and every initiator
-/// identity they carry (iSCSI initiator, NVMe host NQN, FC WWPNs).
-pub fn same_connector(a: &Map<String, Json>, b: &Map<String, Json>) -> bool {
-    ["host", "initiator", "nqn", "wwpns"]
-        .iter()
-        .all(|k| a.get(*k).filter(|v| !v.is_null()) == b.get(*k).filter(|v| !v.is_null()))
 }
 
 /// A legacy reservation that `os-attach` has not completed (or whose removal failed and may be
 /// retried).
-fn is_pending(row: &AttachmentRow) -> bool {
-    row.legacy && row.attach_status != AttachStatus::Attached.as_str()
+fn is_pending(a: &Attachment) -> bool {
+    a.legacy && a.status != AttachStatus::Attached
 }
 
 impl Service {
-    async fn live(&self, volume_id: &str) -> Result<Live, AttachError> {
-        self.store()
-            .read(async |tx| {
-                let all = rows::of_volume(tx, volume_id).await?;
-                let ids: Vec<&str> = all.iter().map(|r| r.id.as_str()).collect();
-                let mut connectors = rows::connectors(tx, &ids).await?;
-                let rows = all
-                    .into_iter()
-                    .map(|r| {
-                        let c = connectors.remove(&r.id).filter(|c| !c.is_empty());
-                        (r, c)
-                    })
-                    .collect();
-                Ok::<_, AttachError>(Live { rows })
-            })
-            .await
+    async fn legacy_volume(&self, volume_id: &str) -> Result<Volume, AttachError> {
+        Ok(Volume { live: self.store.read(async |tx| rows::live(tx, volume_id).await).await? })
     }
 
     /// `os-reserve`.
@@ -115,10 +92,13 @@ impl Service {
     /// given. Nothing to do is not an error.
     pub async fn legacy_unreserve(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
         self.volume(caller, volume_id).await?;
-        let _guard = self.locks.lock(volume_id).await;
-        let live = self.live(volume_id).await?;
-        let Some((row, _)) = live.rows.iter().rev().find(|(r, _)| is_pending(r)) else { return Ok(()) };
-        self.remove_locked(caller, &row.id, false).await.map(drop)
+        let _lock = self.locks.lock(volume_id).await;
+        self.clear_interrupted(volume_id).await?;
+        let volume = self.legacy_volume(volume_id).await?;
+        let Some(pending) = volume.live.iter().rev().find(|l| is_pending(&l.attachment)) else {
+            return Ok(());
+        };
+        self.remove_locked(caller, &pending.attachment.id, AfterDisconnect::Remove).await.map(drop)
     }
 
     /// `os-initialize_connection`: Cinder's flattened connection info of the connector's
@@ -127,52 +107,72 @@ impl Service {
         &self,
         caller: &Caller,
         volume_id: &str,
-        json: Map<String, Json>,
+        connector: Connector,
     ) -> Result<Json, AttachError> {
-        let volume = self.volume(caller, volume_id).await?;
-        let conn = connector(&json, access_mode(None, Some(&json)))?;
-        self.driver(&volume)?.validate_connector(&conn).await?;
-        {
-            let _guard = self.locks.lock(volume_id).await;
-            let live = self.live(volume_id).await?;
-            if let Some(row) = live.matching(&json).next() {
-                return self.reinitialize(row, &json).await;
-            }
-            let reserved =
-                live.rows.iter().find(|(r, c)| is_pending(r) && c.is_none()).map(|(r, _)| r.id.clone());
-            if let Some(id) = reserved {
-                let row = self.update_locked(caller, &id, json).await?;
-                return connection_info(&row);
-            }
+        let found = self.volume(caller, volume_id).await?;
+        let mode = AttachMode::Null.effective(Some(&connector));
+        self.driver(&found)?.calls().validate_connector(&connector.for_mode(mode)).await?;
+        let _lock = self.locks.lock(volume_id).await;
+        self.clear_interrupted(volume_id).await?;
+        let volume = self.legacy_volume(volume_id).await?;
+        if let Some(row) = volume.matching(&connector).next() {
+            return self.reinitialize(row, &connector).await;
         }
-        let request = NewAttachment {
-            volume_id: volume_id.to_string(),
-            connector: Some(json),
-            legacy: true,
-            ..Default::default()
+        let reserved = volume
+            .live
+            .iter()
+            .find(|l| is_pending(&l.attachment) && l.connector.is_none())
+            .map(|l| l.attachment.id.clone());
+        let row = match reserved {
+            Some(id) => self.update_locked(caller, &id, connector).await?,
+            None => {
+                let request = NewAttachment {
+                    volume_id: volume_id.to_string(),
+                    connector: Some(connector),
+                    legacy: true,
+                    ..Default::default()
+                };
+                self.create_locked(caller, request).await?
+            }
         };
-        connection_info(&self.create_attachment(caller, request).await?)
+        connection_info(&row)
     }
 
     /// Replays `create-export` and `initialize-connection` for an attachment that has its
     /// connection already: both are idempotent by contract, so this changes no state and returns
     /// the same answer. The caller holds the volume's lock.
-    async fn reinitialize(&self, row: &AttachmentRow, json: &Map<String, Json>) -> Result<Json, AttachError> {
+    async fn reinitialize(&self, row: &Attachment, connector: &Connector) -> Result<Json, AttachError> {
         let volume = self.fresh_volume(&row.volume_id).await?;
-        let driver = self.driver(&volume)?;
-        let conn = connector(json, access_mode(row.attach_mode.as_deref(), Some(json)))?;
-        let mut fields = volume.driver_fields();
-        match driver.create_export(&contract_volume(&volume), Some(&conn)).await {
-            Ok(update) => apply_update(driver, Call::CreateExport, &mut fields, &update)?,
-            Err(e) if e.is_unsupported() => {}
-            Err(e) => return Err(e.into()),
+        let backend = self.backend(&volume)?;
+        let op = self.operation(OpKind::Reconnect, &volume.id, Some(&row.id), Some(connector));
+        self.store.write(async |tx| op.begin(tx).await).await?;
+        failpoint::hit("legacy.reinitialize.intent");
+        let mut calls = backend.driver.calls();
+        let conn = connector.for_mode(row.attach_mode.effective(Some(connector)));
+        let mut fields = volume.fields.clone();
+        let replayed = async {
+            match calls.create_export(&volume.contract(), Some(&conn)).await {
+                Ok(update) => backend.driver.apply(Call::CreateExport, &mut fields, &update)?,
+                Err(e) if e.is_unsupported() => {}
+                Err(e) => return Err(e),
+            }
+            let connection =
+                calls.initialize_connection(&volume.with_fields(&fields).contract(), &conn).await?;
+            backend.driver.apply(Call::InitializeConnection, &mut fields, &connection.update)?;
+            flatten(&calls, &connection.info, &row.id, &conn)
         }
-        let exported = contract_volume(&with_fields(&volume, &fields));
-        let connection = driver.initialize_connection(&exported, &conn).await?;
-        apply_update(driver, Call::InitializeConnection, &mut fields, &connection.update)?;
-        let info = flatten(driver, &connection.info, &row.id, &conn)?;
-        self.store().write(async |tx| volumes::lock(tx, &volume.id, &[], Some(&fields)).await).await?;
-        Ok(info)
+        .await;
+        failpoint::hit("legacy.reinitialize.commit");
+        self.store
+            .write(async |tx| {
+                if replayed.is_ok() {
+                    volumes::lock(tx, &volume.id, transition(Event::Refresh), Some(&fields)).await?;
+                }
+                targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
+                op.finish(tx).await
+            })
+            .await?;
+        Ok(replayed?)
     }
 
     /// `os-attach`: completes the connected legacy reservation (the one whose connector names
@@ -184,31 +184,33 @@ impl Service {
         volume_id: &str,
         req: LegacyAttach,
     ) -> Result<(), AttachError> {
-        let volume = self.volume(caller, volume_id).await?;
-        let _guard = self.locks.lock(volume_id).await;
-        let live = self.live(volume_id).await?;
-        let connected: Vec<&AttachmentRow> = live
-            .rows
+        let found = self.volume(caller, volume_id).await?;
+        let _lock = self.locks.lock(volume_id).await;
+        let volume = self.legacy_volume(volume_id).await?;
+        let connected: Vec<&Attachment> = volume
+            .live
             .iter()
-            .filter(|(r, c)| r.legacy && r.attach_status == AttachStatus::Attaching.as_str() && c.is_some())
-            .map(|(r, _)| r)
+            .filter(|l| {
+                l.attachment.legacy && l.attachment.status == AttachStatus::Attaching && l.connector.is_some()
+            })
+            .map(|l| &l.attachment)
             .collect();
-        let host_of =
-            |r: &AttachmentRow| live.connector_of(&r.id).and_then(|c| c.get("host")).and_then(Json::as_str);
+        let host_of = |a: &Attachment| volume.connector_of(&a.id).and_then(Connector::host);
         let chosen = connected
             .iter()
-            .find(|r| req.host_name.is_some() && host_of(r) == req.host_name.as_deref())
+            .find(|a| req.host_name.is_some() && host_of(a) == req.host_name.as_deref())
             .or(connected.first());
         let Some(row) = chosen else {
-            let done = live.rows.iter().any(|(r, _)| {
-                r.attach_status == AttachStatus::Attached.as_str()
-                    && ((req.instance_uuid.is_some() && r.instance_uuid == req.instance_uuid)
-                        || (req.host_name.is_some() && r.attached_host == req.host_name))
+            let done = volume.live.iter().any(|l| {
+                let a = &l.attachment;
+                a.status == AttachStatus::Attached
+                    && ((req.instance_uuid.is_some() && a.instance_uuid == req.instance_uuid)
+                        || (req.host_name.is_some() && a.attached_host == req.host_name))
             });
             if done {
                 return Ok(());
             }
-            let step = if live.rows.iter().any(|(r, _)| is_pending(r)) {
+            let step = if volume.live.iter().any(|l| is_pending(&l.attachment)) {
                 "call os-initialize_connection before os-attach"
             } else {
                 "call os-reserve and os-initialize_connection first"
@@ -219,19 +221,17 @@ impl Service {
         };
         let t = transition(Event::Complete);
         let id = row.id.clone();
-        self.store()
+        self.store
             .write(async |tx| {
-                let from = t.volume_from_text(volume.multiattach);
-                let Some(locked) = volumes::lock(tx, volume_id, &from, None).await? else {
+                let Some(locked) = volumes::lock(tx, volume_id, t, None).await? else {
                     return Err(AttachError::InvalidVolume(format!(
                         "volume {volume_id} is {}; it can be attached only when it is {}",
-                        volume.status,
-                        names(t.volume_from(volume.multiattach))
+                        found.status,
+                        names(t.volume_from(found.multiattach))
                     )));
                 };
-                let to = AttachStatus::Attached.as_str();
-                if !rows::transition(tx, &id, &t.attachment_from_text(), to, None).await? {
-                    return Err(super::attachment_not_found(&id));
+                if rows::transition(tx, &id, t, None).await?.is_none() {
+                    return Err(attachment_not_found(&id));
                 }
                 rows::set_attached_details(
                     tx,
@@ -239,10 +239,11 @@ impl Service {
                     req.instance_uuid.as_deref(),
                     req.host_name.as_deref(),
                     &req.mountpoint,
-                    &req.mode,
+                    req.mode,
                 )
                 .await?;
-                settle_volume(tx, &locked, true).await
+                conclude(tx, &locked, t).await?;
+                Ok(())
             })
             .await
     }
@@ -252,17 +253,16 @@ impl Service {
     pub async fn legacy_begin_detaching(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
         let volume = self.volume(caller, volume_id).await?;
         let t = transition(Event::BeginDetaching);
-        self.store()
+        self.store
             .write(async |tx| {
-                let from = t.volume_from_text(volume.multiattach);
-                if volumes::lock(tx, volume_id, &from, None).await?.is_none() {
+                let Some(locked) = volumes::lock(tx, volume_id, t, None).await? else {
                     return Err(AttachError::InvalidVolume(format!(
                         "Unable to detach volume. Volume status must be {} to begin detaching, but it is {}.",
                         names(t.volume_from(volume.multiattach)),
                         volume.status
                     )));
-                }
-                volumes::set_status(tx, volume_id, "detaching", "attached").await?;
+                };
+                conclude(tx, &locked, t).await?;
                 Ok(())
             })
             .await
@@ -270,14 +270,14 @@ impl Service {
 
     /// `os-roll_detaching`: releases the `detaching` lock. Nothing to do is not an error.
     pub async fn legacy_roll_detaching(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
-        let volume = self.volume(caller, volume_id).await?;
+        self.volume(caller, volume_id).await?;
         let t = transition(Event::RollDetaching);
-        self.store()
+        self.store
             .write(async |tx| {
-                match volumes::lock(tx, volume_id, &t.volume_from_text(volume.multiattach), None).await? {
-                    Some(locked) => settle_volume(tx, &locked, false).await,
-                    None => Ok(()),
+                if let Some(locked) = volumes::lock(tx, volume_id, t, None).await? {
+                    conclude(tx, &locked, t).await?;
                 }
+                Ok(())
             })
             .await
     }
@@ -291,59 +291,64 @@ impl Service {
         &self,
         caller: &Caller,
         volume_id: &str,
-        json: Option<Map<String, Json>>,
+        connector: Option<Connector>,
     ) -> Result<(), AttachError> {
-        let volume = self.volume(caller, volume_id).await?;
-        let _guard = self.locks.lock(volume_id).await;
-        let targets = |live: &Live| -> Vec<String> {
-            match &json {
-                Some(json) => live.matching(json).map(|r| r.id.clone()).collect(),
-                None => live.connected().map(|r| r.id.clone()).collect(),
-            }
+        self.volume(caller, volume_id).await?;
+        let _lock = self.locks.lock(volume_id).await;
+        self.clear_interrupted(volume_id).await?;
+        let volume = self.legacy_volume(volume_id).await?;
+        let targets: Vec<(String, bool)> = match &connector {
+            Some(c) => volume.matching(c).map(|a| (a.id.clone(), is_pending(a))).collect(),
+            None => volume.connected().map(|a| (a.id.clone(), is_pending(a))).collect(),
         };
-        let mut live = self.live(volume_id).await?;
-        if json.is_none() && targets(&live).len() > 1 && !caller.is_admin() {
+        if connector.is_none() && targets.len() > 1 && !caller.is_admin() {
             return Err(AttachError::Conflict(format!(
                 "volume {volume_id} has {} connections: name the connector, or detach one attachment by its id",
-                targets(&live).len()
+                targets.len()
             )));
         }
-        // Reservations that never completed go the way of any attachment removal.
-        let pending: Vec<String> = live
-            .rows
-            .iter()
-            .filter(|(r, _)| is_pending(r) && targets(&live).contains(&r.id))
-            .map(|(r, _)| r.id.clone())
-            .collect();
-        for id in &pending {
-            self.remove_locked(caller, id, false).await?;
+        if targets.is_empty() {
+            return match connector {
+                Some(c) => self.revoke(volume_id, &c, &volume.except(&[])).await,
+                None => Ok(()),
+            };
         }
-        if !pending.is_empty() {
-            live = self.live(volume_id).await?;
+        // Reservations that never completed go the way of any attachment removal; completed
+        // attachments keep their row.
+        for (id, pending) in targets {
+            let then = if pending { AfterDisconnect::Remove } else { AfterDisconnect::Terminate };
+            self.remove_locked(caller, &id, then).await?;
         }
-        let completed = targets(&live);
-        if completed.is_empty() && json.is_none() {
-            return Ok(());
-        }
-        let ids: Vec<&str> = completed.iter().map(String::as_str).collect();
-        let given = match (&json, ids.as_slice()) {
-            (Some(json), _) => Some(json),
-            (None, [one]) => live.connector_of(one),
-            (None, _) => None,
-        };
-        let volume = self.fresh_volume(&volume.id).await?;
-        let driver = self.driver(&volume)?;
-        let conn = given.map(|j| connector(j, access_mode(None, Some(j)))).transpose()?;
-        let fields = self.disconnect(driver, &volume, &live.except(&ids), conn.as_ref()).await?;
-        self.store()
+        Ok(())
+    }
+
+    /// Revokes a connector that no attachment holds (the driver may still grant it access); the
+    /// caller holds the volume's lock.
+    pub(super) async fn revoke(
+        &self,
+        volume_id: &str,
+        connector: &Connector,
+        others: &[DriverAttachment],
+    ) -> Result<(), AttachError> {
+        let volume = self.fresh_volume(volume_id).await?;
+        let backend = self.backend(&volume)?;
+        let op = self.operation(OpKind::Revoke, volume_id, None, Some(connector));
+        self.store.write(async |tx| op.begin(tx).await).await?;
+        failpoint::hit("attach.revoke.intent");
+        let mut calls = backend.driver.calls();
+        let conn = connector.for_mode(AttachMode::Null.effective(Some(connector)));
+        let revoked = disconnect(&mut calls, &volume, others, Some(&conn)).await;
+        failpoint::hit("attach.revoke.commit");
+        self.store
             .write(async |tx| {
-                volumes::lock(tx, volume_id, &[], Some(&fields)).await?;
-                for id in &ids {
-                    rows::put_connector(tx, id, &Map::new()).await?;
+                if let Ok(fields) = &revoked {
+                    volumes::lock(tx, volume_id, transition(Event::Refresh), Some(fields)).await?;
                 }
-                Ok::<_, AttachError>(())
+                targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
+                op.finish(tx).await
             })
-            .await
+            .await?;
+        revoked.map(drop)
     }
 
     /// `os-detach`: removes the attachment (the volume's only one when no id is given), revoking
@@ -354,39 +359,42 @@ impl Service {
         volume_id: &str,
         attachment_id: Option<&str>,
     ) -> Result<(), AttachError> {
-        let volume = self.volume(caller, volume_id).await?;
-        let _guard = self.locks.lock(volume_id).await;
-        let live = self.live(volume_id).await?;
+        self.volume(caller, volume_id).await?;
+        let _lock = self.locks.lock(volume_id).await;
+        self.clear_interrupted(volume_id).await?;
+        let volume = self.legacy_volume(volume_id).await?;
         let id = match attachment_id {
-            Some(id) => match live.rows.iter().find(|(r, _)| r.id == id) {
-                Some((r, _)) => r.id.clone(),
+            Some(id) => match volume.live.iter().find(|l| l.attachment.id == id) {
+                Some(l) => l.attachment.id.clone(),
                 None => {
                     return Err(AttachError::InvalidAttachment(format!(
                         "Detach volume failed: attachment {id} is not a live attachment of volume {volume_id}."
                     )));
                 }
             },
-            None => match live.rows.as_slice() {
+            None => match volume.live.as_slice() {
                 [] => {
+                    let t = transition(Event::RollDetaching);
                     return self
-                        .store()
-                        .write(async |tx| match volumes::lock(tx, volume_id, &[], None).await? {
-                            Some(locked) => settle_volume(tx, &locked, false).await,
-                            None => Ok(()),
+                        .store
+                        .write(async |tx| {
+                            if let Some(locked) = volumes::lock(tx, volume_id, t, None).await? {
+                                conclude(tx, &locked, t).await?;
+                            }
+                            Ok(())
                         })
                         .await;
                 }
-                [(only, _)] => only.id.clone(),
+                [only] => only.attachment.id.clone(),
                 _ => {
                     return Err(AttachError::Conflict(format!(
                         "Detach volume failed: More than one attachment, but no attachment_id provided \
-                         (volume {}).",
-                        volume.id
+                         (volume {volume_id})."
                     )));
                 }
             },
         };
-        self.remove_locked(caller, &id, true).await.map(drop)
+        self.remove_locked(caller, &id, AfterDisconnect::Detach).await.map(drop)
     }
 
     /// `os-force_detach` (admins): revokes access on the backend (the attachment's, the
@@ -396,57 +404,97 @@ impl Service {
         &self,
         caller: &Caller,
         volume_id: &str,
-        json: Option<Map<String, Json>>,
+        connector: Option<Connector>,
         attachment_id: Option<&str>,
     ) -> Result<(), AttachError> {
+        self.fresh_volume(volume_id).await?;
+        let _lock = self.locks.lock(volume_id).await;
+        self.clear_interrupted(volume_id).await?;
         let volume = self.fresh_volume(volume_id).await?;
-        let _guard = self.locks.lock(volume_id).await;
-        let live = self.live(volume_id).await?;
-        let targets: Vec<&AttachmentRow> = match (attachment_id, &json) {
-            (Some(id), _) => match live.rows.iter().find(|(r, _)| r.id == id) {
-                Some((r, _)) => vec![r],
-                None => return Err(super::attachment_not_found(id)),
+        let live = self.legacy_volume(volume_id).await?;
+        let targets: Vec<&Attachment> = match (attachment_id, &connector) {
+            (Some(id), _) => match live.live.iter().find(|l| l.attachment.id == id) {
+                Some(l) => vec![&l.attachment],
+                None => return Err(attachment_not_found(id)),
             },
-            (None, Some(json)) => live.matching(json).collect(),
-            (None, None) => live.rows.iter().map(|(r, _)| r).collect(),
+            (None, Some(c)) => live.matching(c).collect(),
+            (None, None) => live.live.iter().map(|l| &l.attachment).collect(),
         };
-        let ids: Vec<&str> = targets.iter().map(|r| r.id.as_str()).collect();
-        let given = match (attachment_id, &json) {
-            (_, Some(json)) => Some(json),
-            (Some(id), None) => live.connector_of(id),
+        let ids: Vec<String> = targets.iter().map(|a| a.id.clone()).collect();
+        let given = match (attachment_id, &connector) {
+            (_, Some(c)) => Some(c.clone()),
+            (Some(id), None) => live.connector_of(id).cloned(),
             (None, None) => None,
         };
         // Nothing to revoke for a reservation without a connector, unless the call is "all".
-        let revoke = given.is_some() || (attachment_id.is_none() && json.is_none());
-        let mut fields = volume.driver_fields();
+        let revoke = given.is_some() || (attachment_id.is_none() && connector.is_none());
+        let backend = self.backend(&volume)?;
+        let op = self.operation(
+            OpKind::ForceDetach { attachments: ids.clone() },
+            volume_id,
+            ids.first().map(String::as_str),
+            given.as_ref(),
+        );
+        self.store.write(async |tx| op.begin(tx).await).await?;
+        failpoint::hit("legacy.force-detach.intent");
+        let mut calls = backend.driver.calls();
+        let mut fields = volume.fields.clone();
         if revoke {
-            let driver = self.driver(&volume)?;
-            let conn = given.map(|j| connector(j, access_mode(None, Some(j)))).transpose()?;
-            let others = live.except(&ids);
-            fields = self.disconnect(driver, &volume, &others, conn.as_ref()).await?;
-        }
-        self.store()
-            .write(async |tx| {
-                let Some(locked) = volumes::lock(tx, volume_id, &[], Some(&fields)).await? else {
-                    return Ok(());
-                };
-                for id in &ids {
-                    rows::soft_delete(tx, id).await?;
+            let conn = given.as_ref().map(|c| c.for_mode(AttachMode::Null.effective(Some(c))));
+            let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+            match disconnect(&mut calls, &volume, &live.except(&id_refs), conn.as_ref()).await {
+                Ok(f) => fields = f,
+                Err(error) => {
+                    let ended = self
+                        .store
+                        .write(async |tx| {
+                            targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
+                            op.finish(tx).await
+                        })
+                        .await;
+                    if let Err(e) = ended {
+                        tracing::error!(volume = %volume_id, "could not end a failed force-detach: {e}");
+                    }
+                    return Err(error);
                 }
-                settle_volume(tx, &locked, false).await
-            })
-            .await?;
+            }
+        }
+        failpoint::hit("legacy.force-detach.commit");
+        finish_force_detach(self, &op, &volume, &ids, &fields, &calls).await?;
         tracing::info!(volume = %volume_id, attachments = ?ids, admin = %caller.user_id, "force-detached");
         Ok(())
     }
 }
 
+/// The transaction that ends a force detach: the attachments are removed.
+pub(super) async fn finish_force_detach(
+    service: &Service,
+    op: &super::ops::Op<'_>,
+    volume: &super::model::Volume,
+    ids: &[String],
+    fields: &crate::runtime::model::VolumeFields,
+    calls: &crate::runtime::DriverCalls<'_>,
+) -> Result<(), AttachError> {
+    let t = transition(Event::ForceDetach);
+    service
+        .store
+        .write(async |tx| {
+            if let Some(locked) = volumes::lock(tx, &volume.id, t, Some(fields)).await? {
+                for id in ids {
+                    rows::remove(tx, id, t).await?;
+                }
+                rows::promote_migration(tx, &volume.id).await?;
+                conclude(tx, &locked, t).await?;
+            }
+            targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
+            op.finish(tx).await
+        })
+        .await
+}
+
 /// The flattened connection info a connect stored on the attachment.
-fn connection_info(row: &AttachmentRow) -> Result<Json, AttachError> {
-    let text = row.connection_info.as_deref().ok_or_else(|| {
+fn connection_info(row: &Attachment) -> Result<Json, AttachError> {
+    row.connection_info.clone().ok_or_else(|| {
         AttachError::InvalidAttachment(format!("attachment {} has no connection information", row.id))
-    })?;
-    serde_json::from_str(text).map_err(|e| {
-        AttachError::Store(crate::store::StoreError::Corrupt(format!("connection_info of {}: {e}", row.id)))
     })
 }

@@ -1,121 +1,449 @@
-//! Start-up reconciliation. Targets live in tgtd's memory, so a restart of tgtd or of the host
-//! loses them; the database still says which attachments are live. For every volume with
-//! connected live attachments this replays `create-export` and each attachment's
-//! `initialize-connection` (both idempotent by contract), which re-creates exactly what is
-//! missing and changes nothing that is there.
+//! Reconciliation, at start-up (in the background: the API answers at once) and periodically. A
+//! pass does two things:
 //!
-//! The replay records the drivers' iSCSI capability calls, so it also knows which targets belong
-//! to live attachments: every other target the service has is drift, reported (not deleted: an
-//! operator may have made it on purpose).
+//! 1. **Orphaned operations** (`ops.rs`) are driven to their safe end (`recover.rs`), each under
+//!    its volume's lock.
+//! 2. **Backends are made to match the database, both ways**, for the backends granted the iSCSI
+//!    target service: one listing of the target service is compared with the connected
+//!    attachments (`attaching`, `attached`, with a connector) and the targets this service
+//!    recorded creating (the `targets` table). Healthy volumes cost no driver call and change
+//!    nothing. For the others, under the volume's lock and after checking again:
+//!    - a target, LUN or ACL entry that a connected attachment needs is missing: the driver's
+//!      idempotent `create-export` and `initialize-connection` are replayed (a `repair`);
+//!    - an ACL entry that no connected attachment needs (an error row's, a crash's leftover, a
+//!      manual edit) is revoked through the driver's `terminate-connection` (a `revoke`);
+//!    - a target this service created for a volume with no connected attachment is removed
+//!      through `remove-export` (a `remove-export`).
+//!
+//!    Removals wait until the difference has been seen for the grace period, and in report-only
+//!    mode they are only logged. Targets this service did not create are reported as drift and
+//!    never touched. Every change is an operation, so a crash in the middle of one is recovered
+//!    like any other, and every change is logged with its reason.
+//!
+//! Not compared: CHAP accounts (an account is bound to its target and goes with it; a crash inside
+//! `set-chap` closes the target's ACL, which a repair then reopens) and targets of backends that
+//! were not granted the target service.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use super::{AttachError, Service, apply_update, contract_attachment, contract_volume, with_fields};
-use crate::runtime::{Call, CallOptions, Request, Response};
-use crate::store::Scope;
+use super::model::{Connector, Live, OpKind};
+use super::state::{Event, transition};
+use super::{AttachError, Service};
+use crate::capabilities::iscsi::{Iqn, TargetService, TargetState};
+use crate::failpoint;
+use crate::runtime::Call;
 use crate::store::attachments as rows;
-use crate::store::volumes;
+use crate::store::{operations, targets, volumes};
 
-/// What a reconciliation did.
+/// How a reconciliation acts.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// How long a target or ACL entry nobody needs must have been seen before it is removed.
+    pub grace: Duration,
+    /// Remove what nobody needs (false: report it only).
+    pub remove: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { grace: Duration::from_secs(60), remove: true }
+    }
+}
+
+/// What a pass did.
 #[derive(Debug, Default, Clone)]
 pub struct Reconciled {
-    /// Volumes whose exports were replayed.
-    pub volumes: usize,
-    /// Attachments whose connections were replayed.
-    pub attachments: usize,
-    /// Volumes that could not be replayed, with the reason.
+    /// Interrupted operations driven to their end.
+    pub recovered: usize,
+    /// Volumes whose exports and connections were replayed.
+    pub repaired: Vec<String>,
+    /// ACL entries revoked: (target, initiator).
+    pub revoked: Vec<(String, String)>,
+    /// Targets removed.
+    pub removed: Vec<String>,
+    /// Differences still inside their grace period.
+    pub waiting: usize,
+    /// Removals left to the operator (report-only mode).
+    pub reported: Vec<String>,
+    /// Targets the target service has that this service did not create.
+    pub drift: Vec<String>,
+    /// What could not be done, with the reason.
     pub failed: Vec<(String, String)>,
-    /// iSCSI targets (IQNs) the drivers touched: the targets of live attachments.
-    pub targets: BTreeSet<String>,
+}
+
+impl Reconciled {
+    /// Whether the pass changed anything.
+    pub fn changed(&self) -> bool {
+        self.recovered > 0
+            || !self.repaired.is_empty()
+            || !self.revoked.is_empty()
+            || !self.removed.is_empty()
+    }
+}
+
+/// What the reconciler remembers between passes.
+#[derive(Default)]
+pub struct Memory(Mutex<Seen>);
+
+#[derive(Default)]
+struct Seen {
+    /// When each unneeded ACL entry (target, initiator) and each orphan target was first seen.
+    first_seen: HashMap<(String, Option<String>), Instant>,
+    /// Drift already reported (once per target per process).
+    reported: HashSet<String>,
+}
+
+impl Memory {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The database's side of a comparison, per volume.
+#[derive(Default)]
+struct Expected {
+    /// Connected attachments.
+    connected: Vec<Live>,
+    /// Targets recorded for the volume.
+    targets: Vec<String>,
+}
+
+impl Expected {
+    fn initiators(&self) -> BTreeSet<String> {
+        self.connected.iter().filter_map(|l| l.connector.as_ref()?.initiator().map(str::to_string)).collect()
+    }
 }
 
 impl Service {
-    /// Replays the exports and connections of every connected live attachment.
-    pub async fn reconcile(&self) -> Result<Reconciled, AttachError> {
-        let volume_ids: Vec<String> = self
-            .store()
-            .read(async |tx| {
-                let rows = tx
-                    .query(
-                        "SELECT DISTINCT a.volume_id FROM volume_attachment a WHERE a.deleted = 0 AND EXISTS \
-                         (SELECT 1 FROM attachment_specs s WHERE s.attachment_id = a.id) ORDER BY a.volume_id",
-                        &[],
-                    )
-                    .await?;
-                rows.iter().map(|r| r.text(0)).collect::<Result<Vec<_>, _>>()
-            })
-            .await?;
+    /// One reconciliation pass (see the module notes). `targets` is the target service shared by
+    /// the backends granted it, if any.
+    pub async fn reconcile(
+        &self,
+        targets: Option<&dyn TargetService>,
+        options: &Options,
+    ) -> Result<Reconciled, AttachError> {
         let mut report = Reconciled::default();
-        for id in volume_ids {
-            let _guard = self.locks.lock(&id).await;
-            match self.replay(&id, &mut report).await {
-                Ok(true) => report.volumes += 1,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::error!(volume = %id, "could not re-create the volume's export: {e}");
-                    report.failed.push((id, e.to_string()));
-                }
-            }
+        self.recover_orphans(&mut report).await?;
+        if let Some(service) = targets {
+            self.compare(service, options, &mut report).await?;
         }
         Ok(report)
     }
 
-    /// Replays one volume; false when it no longer has a connected live attachment.
-    async fn replay(&self, id: &str, report: &mut Reconciled) -> Result<bool, AttachError> {
-        let (volume, attachments, connectors) = self
-            .store()
+    /// Drives every orphaned operation to its end.
+    async fn recover_orphans(&self, report: &mut Reconciled) -> Result<(), AttachError> {
+        for op in self.store.read(async |tx| operations::all(tx).await).await? {
+            let _lock = self.locks.lock(&op.volume_id).await;
+            let now = self.store.read(async |tx| operations::of_volume(tx, &op.volume_id).await).await?;
+            let Some(now) = now.filter(|n| n.id == op.id && self.owner.is_orphaned(n)) else { continue };
+            match self.recover(now).await {
+                Ok(()) => report.recovered += 1,
+                Err(e) => report.failed.push((op.volume_id.clone(), e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
+    async fn compare(
+        &self,
+        service: &dyn TargetService,
+        options: &Options,
+        report: &mut Reconciled,
+    ) -> Result<(), AttachError> {
+        let actual: BTreeMap<String, TargetState> = service
+            .list()
+            .await
+            .map_err(|e| AttachError::Unavailable(format!("cannot list the target service's targets: {e}")))?
+            .into_iter()
+            .map(|t| (t.iqn.clone(), t))
+            .collect();
+        let (connected, recorded, busy) = self
+            .store
             .read(async |tx| {
-                let volume =
-                    volumes::get(tx, id, Scope::All).await?.ok_or_else(|| super::volume_not_found(id))?;
-                let all = rows::of_volume(tx, id).await?;
-                let ids: Vec<&str> = all.iter().map(|r| r.id.as_str()).collect();
-                let connectors = rows::connectors(tx, &ids).await?;
-                Ok::<_, AttachError>((volume, all, connectors))
+                let connected = rows::connected(tx).await?;
+                let recorded = targets::all(tx).await?;
+                let busy: HashSet<String> =
+                    operations::all(tx).await?.into_iter().map(|o| o.volume_id).collect();
+                Ok::<_, AttachError>((connected, recorded, busy))
             })
             .await?;
-        // The list of volumes was read before this volume's lock was taken: its last connected
-        // attachment may have been removed since, and then there is nothing to re-create.
-        if !attachments.iter().any(|r| connectors.get(&r.id).is_some_and(|c| !c.is_empty())) {
-            return Ok(false);
+        let recorded_iqns: HashSet<&str> = recorded.iter().map(|t| t.iqn.as_str()).collect();
+        let mut by_volume: BTreeMap<String, Expected> = BTreeMap::new();
+        for live in connected {
+            let volume = live.attachment.volume_id.clone();
+            by_volume.entry(volume).or_default().connected.push(live);
         }
-        let driver = self.driver(&volume)?;
-        let record = CallOptions { record: true, ..Default::default() };
-        let mut fields = volume.driver_fields();
-        let mut note = |stats: &crate::runtime::CallStats| {
-            for call in stats.capability_calls.iter().filter(|c| c.interface == "iscsi-target") {
-                if let Some(iqn) = call.args.first() {
-                    report.targets.insert(iqn.clone());
-                }
-            }
-        };
+        for t in &recorded {
+            by_volume.entry(t.volume_id.clone()).or_default().targets.push(t.iqn.clone());
+        }
+        let backends = self.store.read(async |tx| {
+            let ids: Vec<String> = by_volume.keys().cloned().collect();
+            volumes::backends(tx, &ids).await
+        });
+        let backends = backends.await?;
+        let mut still_seen = HashSet::new();
 
-        let outcome = driver.invoke(&Request::CreateExport(contract_volume(&volume), None), &record).await;
-        note(&outcome.stats);
-        match outcome.result {
-            Ok(Response::ModelUpdate(update)) => {
-                apply_update(driver, Call::CreateExport, &mut fields, &update)?
-            }
-            Ok(_) => {}
-            Err(e) if e.is_unsupported() => {}
-            Err(e) => return Err(e.into()),
-        }
-        for row in &attachments {
-            let Some(attachment) = contract_attachment(row, connectors.get(&row.id)).connector else {
+        for (volume_id, expected) in &by_volume {
+            let uses_targets =
+                backends.get(volume_id).and_then(|b| self.catalog.backend(b)).is_some_and(|b| b.uses_targets);
+            if busy.contains(volume_id) || !uses_targets {
                 continue;
-            };
-            let exported = contract_volume(&with_fields(&volume, &fields));
-            let outcome = driver.invoke(&Request::InitializeConnection(exported, attachment), &record).await;
-            note(&outcome.stats);
-            match outcome.result {
-                Ok(Response::Connection(c)) => {
-                    apply_update(driver, Call::InitializeConnection, &mut fields, &c.update)?;
-                    report.attachments += 1;
+            }
+            let wanted = expected.initiators();
+            if !expected.connected.is_empty() {
+                let healthy = !expected.targets.is_empty()
+                    && expected.targets.iter().all(|iqn| {
+                        actual.get(iqn).is_some_and(|t| {
+                            !t.luns.is_empty() && wanted.iter().all(|i| t.initiators.contains(i))
+                        })
+                    });
+                if !healthy {
+                    match self.repair(volume_id).await {
+                        Ok(true) => report.repaired.push(volume_id.clone()),
+                        Ok(false) => {}
+                        Err(e) => report.failed.push((volume_id.clone(), format!("repair: {e}"))),
+                    }
                 }
-                Ok(_) => {}
+                for iqn in &expected.targets {
+                    let Some(target) = actual.get(iqn) else { continue };
+                    for extra in target.initiators.iter().filter(|i| !wanted.contains(*i)) {
+                        let key = (iqn.clone(), Some(extra.clone()));
+                        still_seen.insert(key.clone());
+                        if !self.due(&key, options, report, &format!("ACL entry {extra} on {iqn}")) {
+                            continue;
+                        }
+                        match self.revoke_unneeded(volume_id, iqn, extra, service).await {
+                            Ok(true) => report.revoked.push((iqn.clone(), extra.clone())),
+                            Ok(false) => {}
+                            Err(e) => report.failed.push((volume_id.clone(), format!("revoke {extra}: {e}"))),
+                        }
+                    }
+                }
+            } else {
+                for iqn in &expected.targets {
+                    if !actual.contains_key(iqn) {
+                        let forgotten = self.store.write(async |tx| targets::forget(tx, iqn).await).await;
+                        if let Err(e) = forgotten {
+                            report.failed.push((volume_id.clone(), format!("forget {iqn}: {e}")));
+                        }
+                        continue;
+                    }
+                    let key = (iqn.clone(), None);
+                    still_seen.insert(key.clone());
+                    if !self.due(&key, options, report, &format!("target {iqn}")) {
+                        continue;
+                    }
+                    match self.remove_unused(volume_id, iqn, service).await {
+                        Ok(true) => report.removed.push(iqn.clone()),
+                        Ok(false) => {}
+                        Err(e) => report.failed.push((volume_id.clone(), format!("remove {iqn}: {e}"))),
+                    }
+                }
+            }
+        }
+        self.reconciler.seen().first_seen.retain(|k, _| still_seen.contains(k));
+
+        for iqn in actual.keys().filter(|iqn| !recorded_iqns.contains(iqn.as_str())) {
+            report.drift.push(iqn.clone());
+            if self.reconciler.seen().reported.insert(iqn.clone()) {
+                let t = &actual[iqn];
+                tracing::warn!(
+                    target_iqn = %iqn, tid = t.tid, sessions = t.sessions,
+                    "drift: this target exists in the target service but this service did not create it; left alone"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether an unneeded thing has been seen for the grace period and may be removed now; in
+    /// report-only mode it is reported instead.
+    fn due(
+        &self,
+        key: &(String, Option<String>),
+        options: &Options,
+        report: &mut Reconciled,
+        what: &str,
+    ) -> bool {
+        let first = *self.reconciler.seen().first_seen.entry(key.clone()).or_insert_with(Instant::now);
+        if first.elapsed() < options.grace {
+            report.waiting += 1;
+            return false;
+        }
+        if !options.remove {
+            tracing::warn!("reconcile (report only): {what} is not needed by any connected attachment");
+            report.reported.push(what.to_string());
+            return false;
+        }
+        true
+    }
+
+    /// Replays the exports and connections of a volume's connected attachments; false when it has
+    /// none any more.
+    async fn repair(&self, volume_id: &str) -> Result<bool, AttachError> {
+        let _lock = self.locks.lock(volume_id).await;
+        self.clear_interrupted(volume_id).await?;
+        let (volume, live) = self
+            .store
+            .read(async |tx| {
+                let volume = volumes::get(tx, volume_id, super::list::Scope::All).await?;
+                Ok::<_, AttachError>((volume, rows::live(tx, volume_id).await?))
+            })
+            .await?;
+        let connected: Vec<&Live> = live.iter().filter(|l| l.is_connected()).collect();
+        let Some(volume) = volume.filter(|_| !connected.is_empty()) else { return Ok(false) };
+        tracing::warn!(
+            volume = %volume_id, attachments = connected.len(),
+            "reconcile: the export of connected attachments is incomplete (was the target service restarted?); re-creating it"
+        );
+        let backend = self.backend(&volume)?;
+        let op = self.operation(OpKind::Repair, volume_id, None, None);
+        self.store.write(async |tx| op.begin(tx).await).await?;
+        failpoint::hit("reconcile.repair.intent");
+        let mut calls = backend.driver.calls();
+        let mut fields = volume.fields.clone();
+        let replayed: Result<(), AttachError> = async {
+            match calls.create_export(&volume.contract(), None).await {
+                Ok(update) => backend.driver.apply(Call::CreateExport, &mut fields, &update)?,
+                Err(e) if e.is_unsupported() => {}
                 Err(e) => return Err(e.into()),
             }
+            for l in &connected {
+                let conn = l.contract().connector.expect("a connected attachment has a connector");
+                let c = calls.initialize_connection(&volume.with_fields(&fields).contract(), &conn).await?;
+                backend.driver.apply(Call::InitializeConnection, &mut fields, &c.update)?;
+            }
+            Ok(())
         }
-        self.store().write(async |tx| volumes::lock(tx, id, &[], Some(&fields)).await).await?;
+        .await;
+        failpoint::hit("reconcile.repair.commit");
+        self.store
+            .write(async |tx| {
+                if replayed.is_ok() {
+                    volumes::lock(tx, volume_id, transition(Event::Refresh), Some(&fields)).await?;
+                }
+                targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
+                op.finish(tx).await
+            })
+            .await?;
+        replayed.map(|()| true)
+    }
+
+    /// Revokes an ACL entry that no connected attachment of the volume needs, after checking
+    /// again under the volume's lock; false when it turned out to be needed or gone.
+    async fn revoke_unneeded(
+        &self,
+        volume_id: &str,
+        iqn: &str,
+        initiator: &str,
+        service: &dyn TargetService,
+    ) -> Result<bool, AttachError> {
+        let _lock = self.locks.lock(volume_id).await;
+        self.clear_interrupted(volume_id).await?;
+        let live = self.store.read(async |tx| rows::live(tx, volume_id).await).await?;
+        let connected: Vec<&Live> = live.iter().filter(|l| l.is_connected()).collect();
+        if connected.iter().any(|l| l.connector.as_ref().and_then(Connector::initiator) == Some(initiator)) {
+            return Ok(false);
+        }
+        if !self.still_there(service, iqn, Some(initiator)).await? {
+            return Ok(false);
+        }
+        // The connector of an attachment that had it (an error row), else just the initiator.
+        let connector = live
+            .iter()
+            .filter_map(|l| l.connector.as_ref())
+            .find(|c| c.initiator() == Some(initiator))
+            .cloned()
+            .unwrap_or_else(|| Connector::of_initiator(initiator));
+        tracing::warn!(
+            volume = %volume_id, target_iqn = %iqn, initiator,
+            "reconcile: revoking an ACL entry that no connected attachment needs"
+        );
+        let others: Vec<_> = connected.iter().map(|l| l.contract()).collect();
+        self.revoke(volume_id, &connector, &others).await?;
         Ok(true)
+    }
+
+    /// Removes a target this service created for a volume that has no connected attachment,
+    /// after checking again under the volume's lock; false when it is needed again or gone.
+    async fn remove_unused(
+        &self,
+        volume_id: &str,
+        iqn: &str,
+        service: &dyn TargetService,
+    ) -> Result<bool, AttachError> {
+        let _lock = self.locks.lock(volume_id).await;
+        self.clear_interrupted(volume_id).await?;
+        let (volume, live) = self
+            .store
+            .read(async |tx| {
+                Ok::<_, AttachError>((
+                    volumes::get_even_deleted(tx, volume_id).await?,
+                    rows::live(tx, volume_id).await?,
+                ))
+            })
+            .await?;
+        if live.iter().any(Live::is_connected) || !self.still_there(service, iqn, None).await? {
+            return Ok(false);
+        }
+        let Some(volume) = volume else {
+            return Err(AttachError::NotFound(format!("volume {volume_id} of target {iqn} is unknown")));
+        };
+        tracing::warn!(
+            volume = %volume_id, target_iqn = %iqn, status = %volume.status,
+            "reconcile: removing a target that no connected attachment uses"
+        );
+        let backend = self.backend(&volume)?;
+        let op = self.operation(OpKind::RemoveExport, volume_id, None, None);
+        self.store.write(async |tx| op.begin(tx).await).await?;
+        failpoint::hit("reconcile.remove-export.intent");
+        let mut calls = backend.driver.calls();
+        let mut fields = volume.fields.clone();
+        let removed = match calls.remove_export(&volume.contract()).await {
+            Ok(update) => backend.driver.apply(Call::RemoveExport, &mut fields, &update),
+            Err(e) => Err(e),
+        };
+        failpoint::hit("reconcile.remove-export.commit");
+        let gone = calls
+            .effects
+            .iter()
+            .any(|e| matches!(e, crate::runtime::Effect::TargetDeleted { iqn: d } if d == iqn));
+        self.store
+            .write(async |tx| {
+                if removed.is_ok() && volume.status != super::state::VolumeStatus::Deleted {
+                    volumes::lock(tx, volume_id, transition(Event::Refresh), Some(&fields)).await?;
+                }
+                targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
+                if removed.is_ok() && !gone {
+                    // The driver's export is elsewhere: this target is not its to remove.
+                    tracing::warn!(target_iqn = %iqn, "the driver's remove-export left this target; no longer tracking it");
+                    targets::forget(tx, iqn).await?;
+                }
+                op.finish(tx).await
+            })
+            .await?;
+        removed?;
+        Ok(gone)
+    }
+
+    /// Whether the target (and the initiator in its ACL, when given) still exists.
+    async fn still_there(
+        &self,
+        service: &dyn TargetService,
+        iqn: &str,
+        initiator: Option<&str>,
+    ) -> Result<bool, AttachError> {
+        let Ok(name) = Iqn::parse(iqn) else { return Ok(false) };
+        let shown = service
+            .show(&name)
+            .await
+            .map_err(|e| AttachError::Unavailable(format!("cannot show target {iqn}: {e}")))?;
+        Ok(match (shown, initiator) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(t), Some(i)) => t.initiators.iter().any(|x| x == i),
+        })
     }
 }

@@ -1,6 +1,7 @@
 //! The state machine of volumes and attachments: status enums, one transition table, and the
 //! function that derives a volume's status from its live attachments. Pure: no I/O, no HTTP, no
-//! SQL. Every conditional update in the store takes its `WHERE status IN (...)` from here.
+//! SQL. Every conditional update in the store takes its `WHERE status IN (...)` from a row of
+//! this table, and every status it writes is the row's target or [`settle`]'s answer.
 //!
 //! Differences from Cinder 29 (cinder-compat.md 2.2, 11), on purpose:
 //! - A multiattach volume may be reserved while it is `reserved` or `attaching` too, so that
@@ -12,6 +13,8 @@
 //!   exist, so the volume is not offered for a new attach or a delete until they are cleaned up
 //!   (Cinder ignores them and can show `available` with access still granted, LP 1935057).
 //! - `os-complete` needs a connected attachment (`attaching` or `attached`).
+//! - Nova's live migration (`ReserveForMigration`) is a row of its own, and the database bounds
+//!   it: a non-multiattach volume has at most one attachment per [`Slot`].
 
 use std::fmt;
 
@@ -49,7 +52,8 @@ macro_rules! status_enum {
 }
 
 status_enum!(
-    /// A volume's `status` (Cinder's `VolumeStatus`, the subset Berth uses).
+    /// A volume's `status` (Cinder's `VolumeStatus`, the subset Berth uses). `deleted` is a
+    /// deleted row's (kept, as in Cinder); no event starts from it.
     VolumeStatus {
         Creating => "creating",
         Available => "available",
@@ -60,6 +64,7 @@ status_enum!(
         Deleting => "deleting",
         Error => "error",
         ErrorDeleting => "error_deleting",
+        Deleted => "deleted",
     }
 );
 
@@ -85,28 +90,122 @@ status_enum!(
     }
 );
 
+/// Which slot of a non-multiattach volume an attachment holds (the `exclusive` column): the
+/// database allows one live attachment per slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Slot {
+    /// An attachment of a multiattach volume: no limit.
+    Shared,
+    /// The one attachment of a non-multiattach volume.
+    Exclusive,
+    /// The destination of a Nova live migration: a second attachment for the same instance.
+    Migration,
+}
+
+impl Slot {
+    pub fn code(self) -> i64 {
+        match self {
+            Slot::Shared => 0,
+            Slot::Exclusive => 1,
+            Slot::Migration => 2,
+        }
+    }
+
+    pub fn from_code(code: i64) -> Option<Slot> {
+        match code {
+            0 => Some(Slot::Shared),
+            1 => Some(Slot::Exclusive),
+            2 => Some(Slot::Migration),
+            _ => None,
+        }
+    }
+}
+
 /// Something that happens to a volume or one of its attachments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
+    /// A volume row is created (`POST /volumes`), before the driver allocates it.
+    CreateVolume,
+    /// The driver allocated the volume.
+    VolumeCreated,
+    /// The driver could not allocate the volume.
+    CreateFailed,
+    /// A volume without attachments starts being deleted.
+    DeleteVolume,
+    /// An admin's forced delete, which also takes volumes stuck in `creating` or `deleting`.
+    ForceDeleteVolume,
+    /// The driver released the volume: the row is deleted.
+    VolumeDeleted,
+    /// The driver could not release the volume.
+    DeleteFailed,
     /// A new attachment is reserved (attachment create; legacy `os-reserve`).
     Reserve,
+    /// Nova's live migration: a non-multiattach volume in use gets a second attachment for the
+    /// same instance (the destination host's). Both stay live until Nova deletes one.
+    ReserveForMigration,
     /// An attachment gets a connector and a connection (attachment update or a create with a
     /// connector; legacy `os-initialize_connection` on a reserved attachment).
     Connect,
+    /// A connect that failed (or was interrupted) after its reservation was acknowledged is
+    /// undone: the attachment is reserved again, without connector.
+    UndoConnect,
     /// The consumer says it is using the connection (`os-complete`; legacy `os-attach`).
     Complete,
     /// Connecting failed and could not be undone.
     FailAttach,
     /// Disconnecting failed.
     FailDetach,
-    /// An attachment is removed (attachment delete; legacy `os-detach`, `os-unreserve`).
+    /// An attachment is removed (attachment delete; legacy `os-unreserve`, a reservation's
+    /// `os-terminate_connection`). A legacy detach lock stays.
     Remove,
+    /// Legacy `os-detach`: the attachment is removed and the detach lock released.
+    Detach,
+    /// Legacy `os-terminate_connection` of a completed attachment: its access is revoked and its
+    /// connector cleared; the row stays for `os-detach`.
+    Terminate,
+    /// An admin's `os-force_detach`: access is revoked and the attachments removed.
+    ForceDetach,
     /// Legacy `os-begin_detaching`: the volume is locked for a detach.
     BeginDetaching,
     /// Legacy `os-roll_detaching`: the detach is abandoned.
     RollDetaching,
-    /// A volume is deleted.
-    DeleteVolume,
+    /// The driver's fields of a volume are written back after calls that change nothing else
+    /// (a replayed connection, a repair).
+    Refresh,
+    /// The user's metadata of a volume changes.
+    UpdateMetadata,
+}
+
+/// Which rows an event starts from.
+#[derive(Debug, Clone, Copy)]
+pub enum Rows<S: 'static> {
+    /// The event creates the row.
+    New,
+    /// Rows in one of these statuses.
+    In(&'static [S]),
+}
+
+/// What an event makes of the volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeTo {
+    /// Derived from its live attachments ([`settle`]). `keep_detaching`: a legacy detach lock
+    /// (`detaching`) stays while attachments remain.
+    Settle {
+        keep_detaching: bool,
+    },
+    Set(VolumeStatus, VolumeAttachStatus),
+    Unchanged,
+    /// The volume row is deleted.
+    Removed,
+}
+
+/// What an event makes of an attachment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachTo {
+    Set(AttachStatus),
+    Unchanged,
+    /// The attachment is deleted.
+    Removed,
 }
 
 /// One row of the transition table.
@@ -114,88 +213,128 @@ pub enum Event {
 pub struct Transition {
     pub event: Event,
     /// Volume statuses the event may start from, for a volume that is not multiattach.
-    pub volume_from: &'static [VolumeStatus],
-    /// Volume statuses the event may start from, for a multiattach volume.
-    pub volume_from_multiattach: &'static [VolumeStatus],
-    /// Attachment statuses the event may start from (empty: the event creates the attachment or
-    /// concerns only the volume).
-    pub attachment_from: &'static [AttachStatus],
-    /// The attachment's status afterwards (`None`: unchanged, or removed).
-    pub attachment_to: Option<AttachStatus>,
+    pub volume_from: Rows<VolumeStatus>,
+    /// The same for a multiattach volume.
+    pub volume_from_multiattach: Rows<VolumeStatus>,
+    pub volume_to: VolumeTo,
+    /// The attachment the event concerns: from which statuses, to what. `None`: the event
+    /// concerns only the volume.
+    pub attachment: Option<(Rows<AttachStatus>, AttachTo)>,
 }
 
 use AttachStatus as A;
+use VolumeAttachStatus as VA;
 use VolumeStatus as V;
 
 /// Statuses in which a volume has, or is getting, attachments.
 const ATTACHED: &[VolumeStatus] = &[V::Reserved, V::Attaching, V::InUse];
-const LIVE: &[AttachStatus] = &[A::Reserved, A::Attaching, A::Attached, A::ErrorAttaching, A::ErrorDetaching];
+/// The same, and a legacy detach lock.
+const ATTACHED_OR_DETACHING: &[VolumeStatus] = &[V::Reserved, V::Attaching, V::InUse, V::Detaching];
+/// Attachments that are not deleted.
+pub const LIVE: &[AttachStatus] =
+    &[A::Reserved, A::Attaching, A::Attached, A::ErrorAttaching, A::ErrorDetaching];
+/// Attachments a connect may start from.
+const CONNECTABLE: &[AttachStatus] = &[A::Reserved, A::Attaching, A::Attached, A::ErrorAttaching];
+const DELETABLE: &[VolumeStatus] = &[V::Available, V::Error, V::ErrorDeleting];
+const SETTLE: VolumeTo = VolumeTo::Settle { keep_detaching: true };
+
+const fn both(from: &'static [VolumeStatus]) -> (Rows<VolumeStatus>, Rows<VolumeStatus>) {
+    (Rows::In(from), Rows::In(from))
+}
+
+macro_rules! row {
+    ($event:ident, $volume:expr, $to:expr, $attachment:expr) => {
+        Transition {
+            event: Event::$event,
+            volume_from: $volume.0,
+            volume_from_multiattach: $volume.1,
+            volume_to: $to,
+            attachment: $attachment,
+        }
+    };
+}
 
 /// The transition table.
 pub const TRANSITIONS: &[Transition] = &[
-    Transition {
-        event: Event::Reserve,
-        volume_from: &[V::Available],
-        volume_from_multiattach: &[V::Available, V::Reserved, V::Attaching, V::InUse],
-        attachment_from: &[],
-        attachment_to: Some(A::Reserved),
-    },
-    Transition {
-        event: Event::Connect,
-        volume_from: ATTACHED,
-        volume_from_multiattach: ATTACHED,
-        attachment_from: &[A::Reserved, A::Attaching, A::Attached, A::ErrorAttaching],
-        attachment_to: Some(A::Attaching),
-    },
-    Transition {
-        event: Event::Complete,
-        volume_from: &[V::Attaching, V::InUse, V::Reserved],
-        volume_from_multiattach: &[V::Attaching, V::InUse, V::Reserved],
-        attachment_from: &[A::Attaching, A::Attached],
-        attachment_to: Some(A::Attached),
-    },
-    Transition {
-        event: Event::FailAttach,
-        volume_from: ATTACHED,
-        volume_from_multiattach: ATTACHED,
-        attachment_from: &[A::Reserved, A::Attaching, A::Attached, A::ErrorAttaching],
-        attachment_to: Some(A::ErrorAttaching),
-    },
-    Transition {
-        event: Event::FailDetach,
-        volume_from: &[V::Reserved, V::Attaching, V::InUse, V::Detaching],
-        volume_from_multiattach: &[V::Reserved, V::Attaching, V::InUse, V::Detaching],
-        attachment_from: LIVE,
-        attachment_to: Some(A::ErrorDetaching),
-    },
-    Transition {
-        event: Event::Remove,
-        volume_from: &[V::Reserved, V::Attaching, V::InUse, V::Detaching],
-        volume_from_multiattach: &[V::Reserved, V::Attaching, V::InUse, V::Detaching],
-        attachment_from: LIVE,
-        attachment_to: None,
-    },
-    Transition {
-        event: Event::BeginDetaching,
-        volume_from: &[V::InUse],
-        volume_from_multiattach: &[V::InUse],
-        attachment_from: &[],
-        attachment_to: None,
-    },
-    Transition {
-        event: Event::RollDetaching,
-        volume_from: &[V::Detaching],
-        volume_from_multiattach: &[V::Detaching],
-        attachment_from: &[],
-        attachment_to: None,
-    },
-    Transition {
-        event: Event::DeleteVolume,
-        volume_from: &[V::Available, V::Error, V::ErrorDeleting],
-        volume_from_multiattach: &[V::Available, V::Error, V::ErrorDeleting],
-        attachment_from: &[],
-        attachment_to: None,
-    },
+    row!(
+        CreateVolume,
+        (Rows::<VolumeStatus>::New, Rows::<VolumeStatus>::New),
+        VolumeTo::Set(V::Creating, VA::Detached),
+        None
+    ),
+    row!(VolumeCreated, both(&[V::Creating]), VolumeTo::Set(V::Available, VA::Detached), None),
+    row!(CreateFailed, both(&[V::Creating]), VolumeTo::Set(V::Error, VA::Detached), None),
+    row!(DeleteVolume, both(DELETABLE), VolumeTo::Set(V::Deleting, VA::Detached), None),
+    row!(
+        ForceDeleteVolume,
+        both(&[V::Available, V::Error, V::ErrorDeleting, V::Creating, V::Deleting]),
+        VolumeTo::Set(V::Deleting, VA::Detached),
+        None
+    ),
+    row!(VolumeDeleted, both(&[V::Deleting]), VolumeTo::Removed, None),
+    row!(DeleteFailed, both(&[V::Deleting]), VolumeTo::Set(V::ErrorDeleting, VA::Detached), None),
+    row!(
+        Reserve,
+        (Rows::In(&[V::Available]), Rows::In(&[V::Available, V::Reserved, V::Attaching, V::InUse])),
+        SETTLE,
+        Some((Rows::New, AttachTo::Set(A::Reserved)))
+    ),
+    row!(
+        ReserveForMigration,
+        (Rows::In(ATTACHED), Rows::<VolumeStatus>::In(&[])),
+        SETTLE,
+        Some((Rows::New, AttachTo::Set(A::Reserved)))
+    ),
+    row!(Connect, both(ATTACHED), SETTLE, Some((Rows::In(CONNECTABLE), AttachTo::Set(A::Attaching)))),
+    // Undoing a connect must be possible whatever happened to the volume meanwhile (a legacy
+    // `os-begin_detaching`): its operation has to end.
+    row!(
+        UndoConnect,
+        both(ATTACHED_OR_DETACHING),
+        SETTLE,
+        Some((Rows::In(CONNECTABLE), AttachTo::Set(A::Reserved)))
+    ),
+    row!(
+        Complete,
+        both(ATTACHED),
+        SETTLE,
+        Some((Rows::In(&[A::Attaching, A::Attached]), AttachTo::Set(A::Attached)))
+    ),
+    row!(
+        FailAttach,
+        both(ATTACHED_OR_DETACHING),
+        SETTLE,
+        Some((Rows::In(CONNECTABLE), AttachTo::Set(A::ErrorAttaching)))
+    ),
+    row!(
+        FailDetach,
+        both(ATTACHED_OR_DETACHING),
+        SETTLE,
+        Some((Rows::In(LIVE), AttachTo::Set(A::ErrorDetaching)))
+    ),
+    row!(Remove, both(ATTACHED_OR_DETACHING), SETTLE, Some((Rows::In(LIVE), AttachTo::Removed))),
+    row!(
+        Detach,
+        both(ATTACHED_OR_DETACHING),
+        VolumeTo::Settle { keep_detaching: false },
+        Some((Rows::In(LIVE), AttachTo::Removed))
+    ),
+    row!(
+        Terminate,
+        both(ATTACHED_OR_DETACHING),
+        VolumeTo::Unchanged,
+        Some((Rows::In(LIVE), AttachTo::Unchanged))
+    ),
+    row!(
+        ForceDetach,
+        both(&[V::Available, V::Reserved, V::Attaching, V::InUse, V::Detaching, V::Error]),
+        VolumeTo::Settle { keep_detaching: false },
+        Some((Rows::In(LIVE), AttachTo::Removed))
+    ),
+    row!(BeginDetaching, both(&[V::InUse]), VolumeTo::Set(V::Detaching, VA::Attached), None),
+    row!(RollDetaching, both(&[V::Detaching]), VolumeTo::Settle { keep_detaching: false }, None),
+    row!(Refresh, both(VolumeStatus::ALL), VolumeTo::Unchanged, None),
+    row!(UpdateMetadata, both(VolumeStatus::ALL), VolumeTo::Unchanged, None),
 ];
 
 /// The table's row for an event.
@@ -204,22 +343,37 @@ pub fn transition(event: Event) -> &'static Transition {
 }
 
 impl Transition {
-    /// The volume statuses this event may start from.
+    /// The volume statuses this event may start from (empty for an event that creates the volume).
     pub fn volume_from(&self, multiattach: bool) -> &'static [VolumeStatus] {
-        if multiattach { self.volume_from_multiattach } else { self.volume_from }
-    }
-
-    /// The same, as text for a conditional update.
-    pub fn volume_from_text(&self, multiattach: bool) -> Vec<&'static str> {
-        self.volume_from(multiattach).iter().map(|s| s.as_str()).collect()
-    }
-
-    pub fn attachment_from_text(&self) -> Vec<&'static str> {
-        self.attachment_from.iter().map(|s| s.as_str()).collect()
+        match if multiattach { self.volume_from_multiattach } else { self.volume_from } {
+            Rows::New => &[],
+            Rows::In(list) => list,
+        }
     }
 
     pub fn allows(&self, volume: VolumeStatus, multiattach: bool) -> bool {
         self.volume_from(multiattach).contains(&volume)
+    }
+
+    /// The attachment statuses this event may start from (empty when it creates the attachment
+    /// or concerns only the volume).
+    pub fn attachment_from(&self) -> &'static [AttachStatus] {
+        match self.attachment {
+            Some((Rows::In(list), _)) => list,
+            _ => &[],
+        }
+    }
+
+    /// The attachment's status afterwards, when the event sets one.
+    pub fn attachment_to(&self) -> Option<AttachStatus> {
+        match self.attachment {
+            Some((_, AttachTo::Set(s))) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn allows_attachment(&self, status: AttachStatus) -> bool {
+        self.attachment_from().contains(&status)
     }
 }
 
@@ -235,16 +389,23 @@ pub fn as_seen(status: AttachStatus, legacy: bool) -> AttachStatus {
 pub fn settle(attachments: &[AttachStatus], detaching: bool) -> (VolumeStatus, VolumeAttachStatus) {
     let any = |s: AttachStatus| attachments.contains(&s);
     if attachments.is_empty() {
-        (V::Available, VolumeAttachStatus::Detached)
+        (V::Available, VA::Detached)
     } else if detaching {
-        (V::Detaching, VolumeAttachStatus::Attached)
+        (V::Detaching, VA::Attached)
     } else if any(A::Attaching) {
-        (V::Attaching, VolumeAttachStatus::Attaching)
+        (V::Attaching, VA::Attaching)
     } else if any(A::Reserved) {
-        (V::Reserved, VolumeAttachStatus::Reserved)
+        (V::Reserved, VA::Reserved)
     } else {
-        (V::InUse, VolumeAttachStatus::Attached)
+        (V::InUse, VA::Attached)
     }
+}
+
+/// Whether an attachment in this status holds a connection that the backend should grant: it is
+/// connected (`attaching`, `attached`). Error statuses may still have access, but nobody is owed
+/// it: the reconciler revokes it.
+pub fn is_connected(status: AttachStatus) -> bool {
+    matches!(status, A::Attaching | A::Attached)
 }
 
 #[cfg(test)]
@@ -261,23 +422,50 @@ mod tests {
         }
         assert_eq!(VolumeStatus::parse("in-use"), Some(V::InUse));
         assert_eq!(VolumeStatus::parse("bogus"), None);
+        for slot in [Slot::Shared, Slot::Exclusive, Slot::Migration] {
+            assert_eq!(Slot::from_code(slot.code()), Some(slot));
+        }
     }
 
     #[test]
     fn every_event_has_exactly_one_row() {
         use Event::*;
         for e in [
+            CreateVolume,
+            VolumeCreated,
+            CreateFailed,
+            DeleteVolume,
+            ForceDeleteVolume,
+            VolumeDeleted,
+            DeleteFailed,
             Reserve,
+            ReserveForMigration,
             Connect,
+            UndoConnect,
             Complete,
             FailAttach,
             FailDetach,
             Remove,
+            Detach,
+            Terminate,
+            ForceDetach,
             BeginDetaching,
             RollDetaching,
-            DeleteVolume,
+            Refresh,
+            UpdateMetadata,
         ] {
             assert_eq!(TRANSITIONS.iter().filter(|t| t.event == e).count(), 1, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn only_volume_creation_starts_from_no_volume() {
+        for t in TRANSITIONS {
+            let creates = matches!(t.volume_from, Rows::New);
+            assert_eq!(creates, t.event == Event::CreateVolume, "{:?}", t.event);
+            if !creates && t.event != Event::ReserveForMigration {
+                assert!(!t.volume_from(true).is_empty() && !t.volume_from(false).is_empty(), "{:?}", t.event);
+            }
         }
     }
 
@@ -307,10 +495,23 @@ mod tests {
         }
     }
 
+    /// A live migration's second attachment is for a non-multiattach volume in use (a
+    /// multiattach volume takes any number of attachments anyway).
+    #[test]
+    fn a_live_migration_reserves_only_on_a_used_non_multiattach_volume() {
+        let t = transition(Event::ReserveForMigration);
+        for s in [V::Reserved, V::Attaching, V::InUse] {
+            assert!(t.allows(s, false), "{s}");
+            assert!(!t.allows(s, true), "{s}");
+        }
+        for s in [V::Available, V::Detaching, V::Creating, V::Error, V::Deleting] {
+            assert!(!t.allows(s, false), "{s}");
+        }
+    }
+
     /// (attachment statuses, detaching lock) -> (volume status, volume attach status)
     #[test]
     fn volume_status_is_derived_from_live_attachments() {
-        use VolumeAttachStatus as VA;
         let cases: &[(&[AttachStatus], bool, VolumeStatus, VA)] = &[
             (&[], false, V::Available, VA::Detached),
             (&[], true, V::Available, VA::Detached),
@@ -341,10 +542,17 @@ mod tests {
     #[test]
     fn only_connected_attachments_complete() {
         let t = transition(Event::Complete);
-        assert!(t.attachment_from.contains(&A::Attaching));
-        assert!(t.attachment_from.contains(&A::Attached));
-        assert!(!t.attachment_from.contains(&A::Reserved));
-        assert_eq!(t.attachment_to, Some(A::Attached));
+        assert!(t.allows_attachment(A::Attaching));
+        assert!(t.allows_attachment(A::Attached));
+        assert!(!t.allows_attachment(A::Reserved));
+        assert_eq!(t.attachment_to(), Some(A::Attached));
+    }
+
+    #[test]
+    fn only_connected_attachments_are_owed_access() {
+        for s in AttachStatus::ALL {
+            assert_eq!(is_connected(*s), matches!(s, A::Attaching | A::Attached), "{s}");
+        }
     }
 
     #[test]
@@ -352,6 +560,13 @@ mod tests {
         let t = transition(Event::DeleteVolume);
         for s in [V::Reserved, V::Attaching, V::InUse, V::Detaching, V::Creating, V::Deleting] {
             assert!(!t.allows(s, false) && !t.allows(s, true), "{s}");
+        }
+        let forced = transition(Event::ForceDeleteVolume);
+        for s in [V::Creating, V::Deleting, V::Error] {
+            assert!(forced.allows(s, false), "{s}");
+        }
+        for s in [V::Reserved, V::Attaching, V::InUse, V::Detaching] {
+            assert!(!forced.allows(s, false), "{s}");
         }
     }
 }

@@ -1,14 +1,17 @@
-//! Volume flows: create and delete go through the driver (`create-volume`, `delete-volume`);
-//! show, list and metadata read and write the store.
+//! Volume flows: create and delete go through the driver (`create-volume`, `delete-volume`) as
+//! operations of `ops.rs`; show, list and metadata read and write the store.
 
 use std::collections::BTreeMap;
 
-use super::state::{Event, VolumeAttachStatus, VolumeStatus, transition};
-use super::{AttachError, Caller, Service, apply_update, contract_volume, volume_not_found};
+use super::list::{Page, Scope, VolumeFilter};
+use super::model::{Attachment, OpKind, Volume};
+use super::state::{Event, transition};
+use super::{AttachError, Caller, Service, conclude, names, volume_not_found};
+use crate::failpoint;
 use crate::runtime::Call;
-use crate::store::attachments::{self as rows, AttachmentRow};
-use crate::store::volumes::{self, VolumeFilter, VolumeRow};
-use crate::store::{Page, Scope, now_micros};
+use crate::runtime::model::VolumeFields;
+use crate::store::attachments as rows;
+use crate::store::{now_micros, targets, volumes};
 
 /// The largest volume, in GiB (64 TiB).
 pub const MAX_SIZE_GIB: i64 = 65_536;
@@ -27,7 +30,7 @@ pub struct NewVolume {
 impl Service {
     /// Creates a volume through its backend's driver. When the driver fails, the volume is kept
     /// in `error` (it can be deleted) and the driver's error is returned.
-    pub async fn create_volume(&self, caller: &Caller, req: NewVolume) -> Result<VolumeRow, AttachError> {
+    pub async fn create_volume(&self, caller: &Caller, req: NewVolume) -> Result<Volume, AttachError> {
         if !(1..=MAX_SIZE_GIB).contains(&req.size_gib) {
             return Err(AttachError::InvalidInput(format!(
                 "Volume size '{}' must be an integer and greater than 0 (at most {MAX_SIZE_GIB} GiB)",
@@ -45,7 +48,11 @@ impl Service {
             .backend(&vtype.backend)
             .ok_or_else(|| AttachError::BackendUnavailable(vtype.backend.clone()))?;
         let now = now_micros();
-        let row = VolumeRow {
+        let (status, attach_status) = match transition(Event::CreateVolume).volume_to {
+            super::state::VolumeTo::Set(s, a) => (s, a),
+            other => unreachable!("CreateVolume sets a status, not {other:?}"),
+        };
+        let row = Volume {
             id: uuid::Uuid::new_v4().to_string(),
             project_id: caller.project_id.clone(),
             user_id: caller.user_id.clone(),
@@ -55,77 +62,110 @@ impl Service {
             volume_type: vtype.name.clone(),
             backend: backend.name.clone(),
             multiattach: vtype.multiattach(),
-            status: VolumeStatus::Creating.as_str().into(),
-            attach_status: VolumeAttachStatus::Detached.as_str().into(),
-            provider_location: None,
-            provider_auth: None,
-            provider_id: None,
-            driver_data: "{}".into(),
-            metadata: serde_json::to_string(&req.metadata).expect("a map of strings serialises"),
+            status,
+            attach_status,
+            fields: VolumeFields::default(),
+            metadata: req.metadata,
             shared_targets: Some(backend.driver.info().capabilities.shared_targets),
             service_uuid: Some(backend.service_uuid.clone()),
             created_at: now,
             updated_at: now,
         };
-        self.store().write(async |tx| volumes::insert(tx, &row).await).await?;
+        let _lock = self.locks.lock(&row.id).await;
+        let op = self.operation(OpKind::CreateVolume, &row.id, None, None);
+        self.store
+            .write(async |tx| {
+                volumes::insert(tx, &row).await?;
+                op.begin(tx).await
+            })
+            .await?;
+        failpoint::hit("volume.create.intent");
+        self.finish_create(&op, &row).await
+    }
 
-        let driver = &backend.driver;
-        let mut fields = row.driver_fields();
-        let created = match driver.create_volume(&contract_volume(&row)).await {
-            Ok(update) => apply_update(driver, Call::CreateVolume, &mut fields, &update),
+    /// Asks the driver to allocate a volume in `creating` and records the outcome (also what
+    /// recovery does with an interrupted create: `create-volume` is idempotent).
+    pub(super) async fn finish_create(
+        &self,
+        op: &super::ops::Op<'_>,
+        row: &Volume,
+    ) -> Result<Volume, AttachError> {
+        let backend = self.backend(row)?;
+        let mut calls = backend.driver.calls();
+        let mut fields = row.fields.clone();
+        let created = match calls.create_volume(&row.contract()).await {
+            Ok(update) => backend.driver.apply(Call::CreateVolume, &mut fields, &update),
             Err(e) => Err(e),
         };
-        let status = if created.is_ok() { VolumeStatus::Available } else { VolumeStatus::Error };
-        let created_row = self
-            .store()
+        failpoint::hit("volume.create.commit");
+        let t = transition(if created.is_ok() { Event::VolumeCreated } else { Event::CreateFailed });
+        let written = self
+            .store
             .write(async |tx| {
-                volumes::lock(tx, &row.id, &[VolumeStatus::Creating.as_str()], Some(&fields)).await?;
-                volumes::set_status(tx, &row.id, status.as_str(), VolumeAttachStatus::Detached.as_str())
-                    .await?;
-                volumes::get(tx, &row.id, Scope::All).await?.ok_or_else(|| volume_not_found(&row.id))
+                let locked = volumes::lock(tx, &row.id, t, Some(&fields)).await?;
+                let written = match locked {
+                    Some(locked) => Some(conclude(tx, &locked, t).await?),
+                    None => None,
+                };
+                targets::record(tx, &row.backend, &row.id, &calls.effects).await?;
+                op.finish(tx).await?;
+                Ok::<_, AttachError>(written)
             })
             .await?;
         created?;
-        Ok(created_row)
+        written.ok_or_else(|| volume_not_found(&row.id))
     }
 
     /// Deletes a volume that has no attachments, through its driver. When the driver fails the
     /// volume is left in `error_deleting`, from which deleting again retries. `force` (an admin's)
     /// also accepts volumes stuck in `creating` or `deleting`.
     pub async fn delete_volume(&self, caller: &Caller, id: &str, force: bool) -> Result<(), AttachError> {
+        self.volume(caller, id).await?;
+        let _lock = self.locks.lock(id).await;
+        self.clear_interrupted(id).await?;
         let volume = self.volume(caller, id).await?;
-        let _guard = self.locks.lock(id).await;
-        let t = transition(Event::DeleteVolume);
-        let mut from = t.volume_from_text(volume.multiattach);
-        if force {
-            from.extend([VolumeStatus::Creating.as_str(), VolumeStatus::Deleting.as_str()]);
-        }
+        let t = transition(if force { Event::ForceDeleteVolume } else { Event::DeleteVolume });
+        let op = self.operation(OpKind::DeleteVolume, id, None, None);
         let locked = self
-            .store()
+            .store
             .write(async |tx| {
-                let locked = volumes::lock(tx, id, &from, None).await?;
+                let locked = volumes::lock(tx, id, t, None).await?;
                 let attached = !rows::statuses(tx, id).await?.is_empty();
                 let Some(locked) = locked.filter(|_| !attached) else {
                     return Err(AttachError::InvalidVolume(format!(
                         "Volume status must be {} and must not be attached, but the volume {id} is {}.",
-                        t.volume_from(false).iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" or "),
+                        names(t.volume_from(false)),
                         volume.status
                     )));
                 };
-                let detached = VolumeAttachStatus::Detached.as_str();
-                volumes::set_status(tx, id, VolumeStatus::Deleting.as_str(), detached).await?;
-                Ok(locked)
+                let deleting = conclude(tx, &locked, t).await?;
+                op.begin(tx).await?;
+                Ok(deleting)
             })
             .await?;
+        failpoint::hit("volume.delete.intent");
+        self.finish_delete(&op, &locked).await
+    }
 
-        let deleted = self.driver(&locked)?.delete_volume(&contract_volume(&locked)).await;
-        self.store()
-            .write(async |tx| match &deleted {
-                Ok(()) => volumes::soft_delete(tx, id).await.map(|_| ()),
-                Err(_) => {
-                    let error = VolumeStatus::ErrorDeleting.as_str();
-                    volumes::set_status(tx, id, error, VolumeAttachStatus::Detached.as_str()).await
+    /// Asks the driver to release a volume in `deleting` and records the outcome (also what
+    /// recovery does with an interrupted delete: `delete-volume` is idempotent).
+    pub(super) async fn finish_delete(
+        &self,
+        op: &super::ops::Op<'_>,
+        volume: &Volume,
+    ) -> Result<(), AttachError> {
+        let backend = self.backend(volume)?;
+        let mut calls = backend.driver.calls();
+        let deleted = calls.delete_volume(&volume.contract()).await;
+        failpoint::hit("volume.delete.commit");
+        let t = transition(if deleted.is_ok() { Event::VolumeDeleted } else { Event::DeleteFailed });
+        self.store
+            .write(async |tx| {
+                if let Some(locked) = volumes::lock(tx, &volume.id, t, None).await? {
+                    conclude(tx, &locked, t).await?;
                 }
+                targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
+                op.finish(tx).await
             })
             .await?;
         Ok(deleted?)
@@ -136,8 +176,8 @@ impl Service {
         &self,
         caller: &Caller,
         id: &str,
-    ) -> Result<(VolumeRow, Vec<AttachmentRow>), AttachError> {
-        self.store()
+    ) -> Result<(Volume, Vec<Attachment>), AttachError> {
+        self.store
             .read(async |tx| {
                 let volume =
                     volumes::get(tx, id, caller.scope()).await?.ok_or_else(|| volume_not_found(id))?;
@@ -153,8 +193,8 @@ impl Service {
         scope: Scope<'_>,
         filter: &VolumeFilter,
         page: &Page,
-    ) -> Result<Vec<(VolumeRow, Vec<AttachmentRow>)>, AttachError> {
-        self.store()
+    ) -> Result<Vec<(Volume, Vec<Attachment>)>, AttachError> {
+        self.store
             .read(async |tx| {
                 let marker = match &page.marker {
                     Some(m) => Some(volumes::get(tx, m, scope).await?.ok_or_else(|| {
@@ -168,7 +208,7 @@ impl Service {
                 Ok(list
                     .into_iter()
                     .map(|v| {
-                        let mine: Vec<AttachmentRow> =
+                        let mine: Vec<Attachment> =
                             attachments.extract_if(.., |a| a.volume_id == v.id).collect();
                         (v, mine)
                     })
@@ -198,12 +238,13 @@ impl Service {
                 value.len()
             )));
         }
-        self.store()
+        self.store
             .write(async |tx| {
                 volumes::get(tx, id, caller.scope()).await?.ok_or_else(|| volume_not_found(id))?;
-                let locked = volumes::lock(tx, id, &[], None).await?.ok_or_else(|| volume_not_found(id))?;
-                let mut metadata: BTreeMap<String, String> =
-                    serde_json::from_str(&locked.metadata).unwrap_or_default();
+                let locked = volumes::lock(tx, id, transition(Event::UpdateMetadata), None)
+                    .await?
+                    .ok_or_else(|| volume_not_found(id))?;
+                let mut metadata = locked.metadata.clone();
                 if replace {
                     metadata.clear();
                 }
@@ -218,14 +259,13 @@ impl Service {
                         "a volume may have at most 128 metadata items".into(),
                     ));
                 }
-                let text = serde_json::to_string(&metadata).expect("a map of strings serialises");
-                volumes::set_metadata(tx, id, &text).await?;
+                volumes::set_metadata(tx, id, &metadata).await?;
                 Ok(metadata)
             })
             .await
     }
 
     pub async fn count_volumes(&self, scope: Scope<'_>, filter: &VolumeFilter) -> Result<i64, AttachError> {
-        Ok(self.store().read(async |tx| volumes::count(tx, scope, filter).await).await?)
+        Ok(self.store.read(async |tx| volumes::count(tx, scope, filter).await).await?)
     }
 }

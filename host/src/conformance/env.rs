@@ -16,9 +16,9 @@ use crate::capabilities::iscsi::IscsiCapability;
 use crate::capabilities::{DriverCapabilities, Grant};
 use crate::runtime::contract::{
     AccessMode, Attachment, Connector, DriverError, DriverInfo, ModelUpdate, Protocol, Termination, Volume,
-    VolumeField,
 };
 use crate::runtime::json::{connection_data_to_json, connector_from_json};
+use crate::runtime::model::VolumeFields;
 use crate::runtime::{
     CallError, CallErrorKind, CallOptions, CapabilityCall, Driver, DriverSpec, Limits, Request, Response,
     Runtime, WasmSource,
@@ -224,7 +224,7 @@ impl<'s> Env<'s> {
                 Ok(u)
             }
             Ok(other) => Err(unexpected("create-export", &other)),
-            Err(e) if e.is_unsupported() => Ok(no_update()),
+            Err(e) if e.is_unsupported() => Ok(crate::runtime::model::no_update()),
             Err(e) => Err(failed(&e)),
         }
     }
@@ -340,41 +340,13 @@ impl Connected {
     }
 }
 
-fn no_update() -> ModelUpdate {
-    ModelUpdate {
-        provider_location: None,
-        provider_auth: None,
-        provider_id: None,
-        clear: Vec::new(),
-        set_data: Vec::new(),
-        remove_data: Vec::new(),
-    }
-}
-
-/// Applies a model update to a volume record, as the service persists it.
+/// Applies a model update to a volume record, as the service persists it (the runtime's one
+/// implementation, `runtime::model`; an update the service would refuse changes nothing).
 pub fn apply(v: &mut Volume, u: &ModelUpdate) {
-    if let Some(l) = &u.provider_location {
-        v.provider_location = Some(l.clone());
+    let mut fields = VolumeFields::of(v);
+    if fields.apply(u).is_ok() {
+        fields.write_to(v);
     }
-    if let Some(a) = &u.provider_auth {
-        v.provider_auth = Some(a.clone());
-    }
-    if let Some(i) = &u.provider_id {
-        v.provider_id = Some(i.clone());
-    }
-    for f in &u.clear {
-        match f {
-            VolumeField::ProviderLocation => v.provider_location = None,
-            VolumeField::ProviderAuth => v.provider_auth = None,
-            VolumeField::ProviderId => v.provider_id = None,
-        }
-    }
-    for (k, val) in &u.set_data {
-        v.driver_data.retain(|(key, _)| key != k);
-        v.driver_data.push((k.clone(), val.clone()));
-    }
-    v.driver_data.retain(|(k, _)| !u.remove_data.contains(k));
-    v.driver_data.sort();
 }
 
 /// The connector os-brick reports for `host`: the iSCSI initiator given, and, as on a host with

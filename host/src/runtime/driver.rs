@@ -5,10 +5,9 @@
 //! enforced by epoch callbacks, a wall-time timeout, and a cap on the size of its result. Any
 //! failure fails that call only and names the driver, its version and the call.
 
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use wasmtime::component::Component;
 use wasmtime::{Engine, Store, Trap, UpdateDeadline};
@@ -19,146 +18,15 @@ use super::bindings::berth::driver::types::{
 };
 use super::bindings::exports::berth::driver::driver::Guest;
 use super::cache::Provenance;
+use super::call::{Call, CallOptions, CallStats, Effect, Outcome, Request, Response};
 use super::error::{CallError, CallErrorKind};
 use super::limits::{CpuTimeExceeded, Limits};
+use super::model::{VolumeFields, validate};
 use super::size::WireSize;
 use super::state::{CallScope, HostState, InjectedFault};
 use crate::capabilities::DriverCapabilities;
 use crate::capabilities::log::sanitize;
 use crate::capabilities::secret::Redactor;
-
-/// The calls of the contract.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Call {
-    Info,
-    ValidateConnector,
-    CreateVolume,
-    DeleteVolume,
-    CreateExport,
-    RemoveExport,
-    InitializeConnection,
-    TerminateConnection,
-    SharedConnections,
-}
-
-impl Call {
-    /// The WIT name of the call.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Call::Info => "info",
-            Call::ValidateConnector => "validate-connector",
-            Call::CreateVolume => "create-volume",
-            Call::DeleteVolume => "delete-volume",
-            Call::CreateExport => "create-export",
-            Call::RemoveExport => "remove-export",
-            Call::InitializeConnection => "initialize-connection",
-            Call::TerminateConnection => "terminate-connection",
-            Call::SharedConnections => "shared-connections",
-        }
-    }
-}
-
-impl fmt::Display for Call {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A call with its arguments.
-#[derive(Debug, Clone)]
-pub enum Request {
-    Info,
-    ValidateConnector(Connector),
-    CreateVolume(Volume),
-    DeleteVolume(Volume),
-    CreateExport(Volume, Option<Connector>),
-    RemoveExport(Volume),
-    InitializeConnection(Volume, Connector),
-    TerminateConnection(Volume, Option<Connector>, Vec<Attachment>),
-    SharedConnections(Volume, Connector, Vec<Attachment>),
-}
-
-impl Request {
-    pub fn call(&self) -> Call {
-        match self {
-            Request::Info => Call::Info,
-            Request::ValidateConnector(_) => Call::ValidateConnector,
-            Request::CreateVolume(_) => Call::CreateVolume,
-            Request::DeleteVolume(_) => Call::DeleteVolume,
-            Request::CreateExport(..) => Call::CreateExport,
-            Request::RemoveExport(_) => Call::RemoveExport,
-            Request::InitializeConnection(..) => Call::InitializeConnection,
-            Request::TerminateConnection(..) => Call::TerminateConnection,
-            Request::SharedConnections(..) => Call::SharedConnections,
-        }
-    }
-
-    fn volume(&self) -> Option<&Volume> {
-        match self {
-            Request::Info | Request::ValidateConnector(_) => None,
-            Request::CreateVolume(v)
-            | Request::DeleteVolume(v)
-            | Request::CreateExport(v, _)
-            | Request::RemoveExport(v)
-            | Request::InitializeConnection(v, _)
-            | Request::TerminateConnection(v, ..)
-            | Request::SharedConnections(v, ..) => Some(v),
-        }
-    }
-}
-
-/// What a successful call returned.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Response {
-    Info(DriverInfo),
-    Unit,
-    ModelUpdate(ModelUpdate),
-    Connection(Connection),
-    Termination(Termination),
-    Ids(Vec<String>),
-}
-
-/// Extra behaviour for a call, used by the conformance suite.
-#[derive(Debug, Clone, Default)]
-pub struct CallOptions {
-    /// Record every capability call (arguments with secrets redacted).
-    pub record: bool,
-    /// Trap at the n-th capability call (1-based), as if the driver had crashed there.
-    pub trap_at_capability_call: Option<u32>,
-    /// Meter the call with this much fuel (the runtime must have been built with fuel).
-    pub fuel: Option<u64>,
-}
-
-/// One capability call made by a driver.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CapabilityCall {
-    pub interface: &'static str,
-    pub op: &'static str,
-    pub args: Vec<String>,
-    /// `ok`, or the error.
-    pub outcome: String,
-}
-
-/// What a call cost.
-#[derive(Debug, Clone, Default)]
-pub struct CallStats {
-    pub wall: Duration,
-    pub guest_time: Duration,
-    /// Fuel consumed, when the call was metered.
-    pub fuel: Option<u64>,
-    /// Peak linear memory in bytes.
-    pub peak_memory: usize,
-    pub capability_calls: Vec<CapabilityCall>,
-    /// The guest's captured stdout/stderr.
-    pub output: String,
-}
-
-/// The result of a call together with what it cost.
-#[derive(Debug)]
-pub struct Outcome<T> {
-    pub result: Result<T, CallError>,
-    pub stats: CallStats,
-}
 
 /// A loaded driver. Cheap to clone.
 #[derive(Clone)]
@@ -288,6 +156,7 @@ impl Driver {
             dropped_logs: 0,
             options: options.clone(),
             capability_calls: Vec::new(),
+            effects: Vec::new(),
             started: 0,
         };
         let mut store = Store::new(&inner.engine, HostState::new(scope, inner.limits.memory_bytes()));
@@ -333,6 +202,7 @@ impl Driver {
             fuel: fuel.map(|f| f.saturating_sub(store.get_fuel().unwrap_or(0))),
             peak_memory: state.memory.peak,
             capability_calls: state.scope.capability_calls.clone(),
+            effects: state.scope.effects.clone(),
             output: state.stderr.text(),
         };
         if state.scope.dropped_logs > 0 {
@@ -354,7 +224,10 @@ impl Driver {
                 if size > inner.limits.output_bytes() {
                     Err(CallErrorKind::OutputTooLarge { size, limit: inner.limits.output_bytes() })
                 } else {
-                    Ok(response)
+                    match response.model_update().map(validate).transpose() {
+                        Ok(_) => Ok(response),
+                        Err(message) => Err(CallErrorKind::InvalidOutput(message)),
+                    }
                 }
             }
         };
@@ -453,53 +326,89 @@ fn clean(e: DriverError, redactor: &Redactor) -> DriverError {
     }
 }
 
-/// Typed wrappers over [`Driver::invoke`] for the service, which does not need the stats.
 impl Driver {
-    async fn expect<T>(
+    /// A session of calls for one operation of the service (see [`DriverCalls`]).
+    pub fn calls(&self) -> DriverCalls<'_> {
+        DriverCalls { driver: self, effects: Vec::new() }
+    }
+
+    /// Applies a model update a call of this driver returned; a result that would overfill the
+    /// volume's driver data is the driver's invalid output.
+    pub fn apply(
         &self,
+        call: Call,
+        fields: &mut VolumeFields,
+        update: &ModelUpdate,
+    ) -> Result<(), CallError> {
+        fields.apply(update).map_err(|message| self.invalid(call, message))
+    }
+
+    /// An invalid-output error of this driver.
+    pub fn invalid(&self, call: Call, message: String) -> CallError {
+        CallError {
+            driver: self.backend().to_string(),
+            version: self.info().version.clone(),
+            call,
+            kind: CallErrorKind::InvalidOutput(message),
+        }
+    }
+}
+
+/// Typed calls for the service, which needs no stats, but needs to know what the capability
+/// calls of every call changed ([`Effect`]s, collected whether a call succeeds or fails).
+pub struct DriverCalls<'d> {
+    driver: &'d Driver,
+    pub effects: Vec<Effect>,
+}
+
+impl DriverCalls<'_> {
+    pub fn driver(&self) -> &Driver {
+        self.driver
+    }
+
+    async fn expect<T>(
+        &mut self,
         request: Request,
         pick: impl FnOnce(Response) -> Option<T>,
     ) -> Result<T, CallError> {
         let call = request.call();
-        let response = self.invoke(&request, &CallOptions::default()).await.result?;
-        pick(response).ok_or_else(|| CallError {
-            driver: self.backend().to_string(),
-            version: self.info().version.clone(),
-            call,
-            kind: CallErrorKind::InvalidOutput("unexpected response type".into()),
-        })
+        let outcome = self.driver.invoke(&request, &CallOptions::default()).await;
+        self.effects.extend(outcome.stats.effects);
+        let response = outcome.result?;
+        pick(response).ok_or_else(|| self.driver.invalid(call, "unexpected response type".into()))
     }
 
-    pub async fn validate_connector(&self, connector: &Connector) -> Result<(), CallError> {
+    pub async fn validate_connector(&mut self, connector: &Connector) -> Result<(), CallError> {
         self.expect(Request::ValidateConnector(connector.clone()), |r| {
             matches!(r, Response::Unit).then_some(())
         })
         .await
     }
 
-    pub async fn create_volume(&self, volume: &Volume) -> Result<ModelUpdate, CallError> {
-        self.expect(Request::CreateVolume(volume.clone()), model_update).await
+    pub async fn create_volume(&mut self, volume: &Volume) -> Result<ModelUpdate, CallError> {
+        self.expect(Request::CreateVolume(volume.clone()), Response::into_model_update).await
     }
 
-    pub async fn delete_volume(&self, volume: &Volume) -> Result<(), CallError> {
+    pub async fn delete_volume(&mut self, volume: &Volume) -> Result<(), CallError> {
         self.expect(Request::DeleteVolume(volume.clone()), |r| matches!(r, Response::Unit).then_some(()))
             .await
     }
 
     pub async fn create_export(
-        &self,
+        &mut self,
         volume: &Volume,
         connector: Option<&Connector>,
     ) -> Result<ModelUpdate, CallError> {
-        self.expect(Request::CreateExport(volume.clone(), connector.cloned()), model_update).await
+        self.expect(Request::CreateExport(volume.clone(), connector.cloned()), Response::into_model_update)
+            .await
     }
 
-    pub async fn remove_export(&self, volume: &Volume) -> Result<ModelUpdate, CallError> {
-        self.expect(Request::RemoveExport(volume.clone()), model_update).await
+    pub async fn remove_export(&mut self, volume: &Volume) -> Result<ModelUpdate, CallError> {
+        self.expect(Request::RemoveExport(volume.clone()), Response::into_model_update).await
     }
 
     pub async fn initialize_connection(
-        &self,
+        &mut self,
         volume: &Volume,
         connector: &Connector,
     ) -> Result<Connection, CallError> {
@@ -511,7 +420,7 @@ impl Driver {
     }
 
     pub async fn terminate_connection(
-        &self,
+        &mut self,
         volume: &Volume,
         connector: Option<&Connector>,
         others: &[Attachment],
@@ -526,7 +435,7 @@ impl Driver {
     }
 
     pub async fn shared_connections(
-        &self,
+        &mut self,
         volume: &Volume,
         connector: &Connector,
         attachments: &[Attachment],
@@ -539,12 +448,5 @@ impl Driver {
             },
         )
         .await
-    }
-}
-
-fn model_update(r: Response) -> Option<ModelUpdate> {
-    match r {
-        Response::ModelUpdate(m) => Some(m),
-        _ => None,
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::bindings::berth::driver::types::DriverError;
-use super::driver::Call;
+use super::call::Call;
 
 /// Why one driver call failed.
 #[derive(Debug, Clone, thiserror::Error)]

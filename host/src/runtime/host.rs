@@ -6,6 +6,7 @@
 //! service runs.
 
 use super::bindings::berth::driver::{backing_store, config, iscsi_target, log, types};
+use super::call::Effect;
 use super::state::HostState;
 use crate::capabilities::backing::{BackingStores, StoreError, StoreInfo};
 use crate::capabilities::iscsi::{ChapCredentials, Iqn, IscsiCapability, Lun, TargetError, TargetState};
@@ -110,6 +111,7 @@ impl backing_store::Host for HostState {
     ) -> wasmtime::Result<Result<backing_store::StoreInfo, backing_store::StoreError>> {
         self.scope.enter("backing-store", "create", &[&name, &size_bytes.to_string()])?;
         let r = self.stores()?.create(&name, size_bytes).await.map(store_info);
+        crate::failpoint::hit("capability.backing-store.create");
         Ok(self.store_result(r))
     }
 
@@ -120,12 +122,14 @@ impl backing_store::Host for HostState {
     ) -> wasmtime::Result<Result<backing_store::StoreInfo, backing_store::StoreError>> {
         self.scope.enter("backing-store", "resize", &[&name, &size_bytes.to_string()])?;
         let r = self.stores()?.resize(&name, size_bytes).await.map(store_info);
+        crate::failpoint::hit("capability.backing-store.resize");
         Ok(self.store_result(r))
     }
 
     async fn delete(&mut self, name: String) -> wasmtime::Result<Result<(), backing_store::StoreError>> {
         self.scope.enter("backing-store", "delete", &[&name])?;
         let r = self.stores()?.delete(&name).await;
+        crate::failpoint::hit("capability.backing-store.delete");
         Ok(self.store_result(r))
     }
 
@@ -178,9 +182,13 @@ impl iscsi_target::Host for HostState {
         self.scope.enter("iscsi-target", "create-target", &[&iqn])?;
         let service = self.iscsi()?.service;
         let r = match Iqn::parse(&iqn) {
-            Ok(iqn) => service.create_target(&iqn).await.map(target),
+            Ok(parsed) => service.create_target(&parsed).await.map(target),
             Err(e) => Err(e),
         };
+        if r.is_ok() {
+            self.scope.effects.push(Effect::TargetCreated { iqn });
+        }
+        crate::failpoint::hit("capability.iscsi-target.create-target");
         Ok(self.target_result(r))
     }
 
@@ -191,9 +199,13 @@ impl iscsi_target::Host for HostState {
         self.scope.enter("iscsi-target", "delete-target", &[&iqn])?;
         let service = self.iscsi()?.service;
         let r = match Iqn::parse(&iqn) {
-            Ok(iqn) => service.delete_target(&iqn).await,
+            Ok(parsed) => service.delete_target(&parsed).await,
             Err(e) => Err(e),
         };
+        if r.is_ok() {
+            self.scope.effects.push(Effect::TargetDeleted { iqn });
+        }
+        crate::failpoint::hit("capability.iscsi-target.delete-target");
         Ok(self.target_result(r))
     }
 
@@ -215,6 +227,7 @@ impl iscsi_target::Host for HostState {
             cap.service.add_lun(&iqn, lun, &path.to_string_lossy()).await
         }
         .await;
+        crate::failpoint::hit("capability.iscsi-target.add-lun");
         Ok(self.target_result(r))
     }
 
@@ -226,6 +239,7 @@ impl iscsi_target::Host for HostState {
         self.scope.enter("iscsi-target", "remove-lun", &[&iqn, &lun.to_string()])?;
         let service = self.iscsi()?.service;
         let r = async { service.remove_lun(&Iqn::parse(&iqn)?, Lun::new(lun)?).await }.await;
+        crate::failpoint::hit("capability.iscsi-target.remove-lun");
         Ok(self.target_result(r))
     }
 
@@ -237,6 +251,7 @@ impl iscsi_target::Host for HostState {
         self.scope.enter("iscsi-target", "allow-initiator", &[&iqn, &initiator])?;
         let service = self.iscsi()?.service;
         let r = async { service.allow_initiator(&Iqn::parse(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
+        crate::failpoint::hit("capability.iscsi-target.allow-initiator");
         Ok(self.target_result(r))
     }
 
@@ -248,6 +263,7 @@ impl iscsi_target::Host for HostState {
         self.scope.enter("iscsi-target", "deny-initiator", &[&iqn, &initiator])?;
         let service = self.iscsi()?.service;
         let r = async { service.deny_initiator(&Iqn::parse(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
+        crate::failpoint::hit("capability.iscsi-target.deny-initiator");
         Ok(self.target_result(r))
     }
 
@@ -264,6 +280,7 @@ impl iscsi_target::Host for HostState {
             service.set_chap(&Iqn::parse(&iqn)?, &creds).await
         }
         .await;
+        crate::failpoint::hit("capability.iscsi-target.set-chap");
         Ok(self.target_result(r))
     }
 }

@@ -5,12 +5,14 @@
 
 mod bindings;
 mod cache;
+mod call;
 mod driver;
 mod error;
 mod host;
 pub mod json;
 mod limits;
 mod loader;
+pub mod model;
 mod size;
 mod state;
 
@@ -22,8 +24,8 @@ use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
 pub use cache::Provenance;
-pub use driver::Call;
-pub use driver::{CallOptions, CallStats, CapabilityCall, Driver, Outcome, Request, Response};
+pub use call::{Call, CallOptions, CallStats, CapabilityCall, Effect, Outcome, Request, Response};
+pub use driver::{Driver, DriverCalls};
 pub use error::{CallError, CallErrorKind, LoadError};
 pub use limits::Limits;
 pub use loader::{CONTRACT, DriverSpec, WasmSource};

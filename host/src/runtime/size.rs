@@ -5,7 +5,7 @@
 use super::bindings::berth::driver::types::{
     Connection, ConnectionInfo, DriverInfo, ModelUpdate, Protocol, Termination, Value,
 };
-use super::driver::Response;
+use super::call::Response;
 
 pub(crate) trait WireSize {
     fn wire_size(&self) -> usize;

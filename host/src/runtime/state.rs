@@ -12,7 +12,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use super::driver::{Call, CallOptions, CapabilityCall};
+use super::call::{Call, CallOptions, CapabilityCall, Effect};
 use super::limits::{GuestClock, MemoryLimiter};
 use crate::capabilities::DriverCapabilities;
 use crate::capabilities::secret::Redactor;
@@ -62,6 +62,8 @@ pub(crate) struct CallScope {
     pub(crate) options: CallOptions,
     /// Capability calls made so far (recorded only when asked for).
     pub(crate) capability_calls: Vec<CapabilityCall>,
+    /// What the capability calls changed.
+    pub(crate) effects: Vec<Effect>,
     /// Number of capability calls started so far.
     pub(crate) started: u32,
 }

@@ -1,4 +1,5 @@
-//! The `volume_attachment` and `attachment_specs` tables.
+//! The `volume_attachment` and `attachment_specs` tables, read into the attach room's
+//! [`Attachment`] and [`Connector`].
 
 use std::collections::HashMap;
 
@@ -6,62 +7,54 @@ use serde_json::{Map, Value as Json};
 
 use super::sql::{Param, Row, Tx};
 use super::volumes::Query;
-use super::{Page, Scope, StoreError, now_micros, placeholders};
+use super::{StoreError, now_micros, placeholders};
+use crate::attach::list::{AttachmentFilter, Page, Scope};
+use crate::attach::model::{AttachMode, Attachment, Connector, Live};
+use crate::attach::state::{AttachStatus, AttachTo, Slot, Transition};
 use crate::params;
 
 const COLUMNS: &str = "id, volume_id, project_id, instance_uuid, attached_host, mountpoint, attach_mode, \
      attach_status, exclusive, connection_info, attach_time, detach_time, created_at, updated_at, legacy";
 
-/// A live attachment as stored.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AttachmentRow {
-    pub id: String,
-    pub volume_id: String,
-    pub project_id: String,
-    pub instance_uuid: Option<String>,
-    pub attached_host: Option<String>,
-    pub mountpoint: Option<String>,
-    /// `rw`, `ro`, or Cinder's literal string `null` when the client did not choose.
-    pub attach_mode: Option<String>,
-    pub attach_status: String,
-    pub exclusive: bool,
-    /// The flattened connection info as JSON text.
-    pub connection_info: Option<String>,
-    pub attach_time: Option<i64>,
-    pub detach_time: Option<i64>,
-    pub created_at: i64,
-    pub updated_at: i64,
-    /// Made by the legacy volume actions (`os-reserve`, `os-initialize_connection`).
-    pub legacy: bool,
+/// The most values one `IN (...)` list binds (SQLite allows 32,766 parameters per statement).
+const CHUNK: usize = 500;
+
+fn from_row(r: &Row) -> Result<Attachment, StoreError> {
+    let id = r.text(0)?;
+    let corrupt =
+        |what: &str, value: &str| StoreError::Corrupt(format!("attachment {id} has {what} {value:?}"));
+    let status = r.text(7)?;
+    let slot = r.int(8)?;
+    let connection_info = match r.opt_text(9)? {
+        Some(text) => {
+            Some(serde_json::from_str(&text).map_err(|_| corrupt("connection_info", "(not JSON)"))?)
+        }
+        None => None,
+    };
+    Ok(Attachment {
+        volume_id: r.text(1)?,
+        project_id: r.text(2)?,
+        instance_uuid: r.opt_text(3)?,
+        attached_host: r.opt_text(4)?,
+        mountpoint: r.opt_text(5)?,
+        attach_mode: AttachMode::parse(r.opt_text(6)?.as_deref()),
+        status: AttachStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
+        slot: Slot::from_code(slot).ok_or_else(|| corrupt("slot", &slot.to_string()))?,
+        connection_info,
+        attach_time: r.opt_int(10)?,
+        detach_time: r.opt_int(11)?,
+        created_at: r.int(12)?,
+        updated_at: r.int(13)?,
+        legacy: r.flag(14)?,
+        id,
+    })
 }
 
-impl AttachmentRow {
-    fn from_row(r: &Row) -> Result<Self, StoreError> {
-        Ok(AttachmentRow {
-            id: r.text(0)?,
-            volume_id: r.text(1)?,
-            project_id: r.text(2)?,
-            instance_uuid: r.opt_text(3)?,
-            attached_host: r.opt_text(4)?,
-            mountpoint: r.opt_text(5)?,
-            attach_mode: r.opt_text(6)?,
-            attach_status: r.text(7)?,
-            exclusive: r.flag(8)?,
-            connection_info: r.opt_text(9)?,
-            attach_time: r.opt_int(10)?,
-            detach_time: r.opt_int(11)?,
-            created_at: r.int(12)?,
-            updated_at: r.int(13)?,
-            legacy: r.flag(14)?,
-        })
-    }
+fn attachments(rows: Vec<Row>) -> Result<Vec<Attachment>, StoreError> {
+    rows.iter().map(from_row).collect()
 }
 
-fn rows(rows: Vec<Row>) -> Result<Vec<AttachmentRow>, StoreError> {
-    rows.iter().map(AttachmentRow::from_row).collect()
-}
-
-pub async fn insert(tx: &mut Tx, a: &AttachmentRow) -> Result<(), StoreError> {
+pub async fn insert(tx: &mut Tx, a: &Attachment) -> Result<(), StoreError> {
     tx.execute(
         &format!(
             "INSERT INTO volume_attachment ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
@@ -74,100 +67,165 @@ pub async fn insert(tx: &mut Tx, a: &AttachmentRow) -> Result<(), StoreError> {
             &a.instance_uuid,
             &a.attached_host,
             &a.mountpoint,
-            &a.attach_mode,
-            &a.attach_status,
-            a.exclusive,
-            &a.connection_info,
+            a.attach_mode.as_str(),
+            a.status.as_str(),
+            a.slot.code(),
+            a.connection_info.as_ref().map(Json::to_string),
             a.attach_time,
             a.detach_time,
             a.created_at,
             a.updated_at,
             a.legacy,
         ],
-    ).await?;
+    )
+    .await?;
     Ok(())
 }
 
 /// A live attachment visible in `scope`.
-pub async fn get(tx: &mut Tx, id: &str, scope: Scope<'_>) -> Result<Option<AttachmentRow>, StoreError> {
+pub async fn get(tx: &mut Tx, id: &str, scope: Scope<'_>) -> Result<Option<Attachment>, StoreError> {
     let found = match scope {
-        Scope::Project(p) => tx.query(
-            &format!("SELECT {COLUMNS} FROM volume_attachment WHERE id = $1 AND deleted = 0 AND project_id = $2"),
-            &params![id, p],
-        ).await?,
+        Scope::Project(p) => {
+            tx.query(
+                &format!(
+                    "SELECT {COLUMNS} FROM volume_attachment WHERE id = $1 AND deleted = 0 AND project_id = $2"
+                ),
+                &params![id, p],
+            )
+            .await?
+        }
         Scope::All => {
-            tx.query(&format!("SELECT {COLUMNS} FROM volume_attachment WHERE id = $1 AND deleted = 0"), &params![id]).await?
+            tx.query(&format!("SELECT {COLUMNS} FROM volume_attachment WHERE id = $1 AND deleted = 0"), &params![id])
+                .await?
         }
     };
-    Ok(rows(found)?.pop())
+    Ok(attachments(found)?.pop())
 }
 
 /// The live attachments of a volume, oldest first.
-pub async fn of_volume(tx: &mut Tx, volume_id: &str) -> Result<Vec<AttachmentRow>, StoreError> {
-    rows(tx.query(
-        &format!("SELECT {COLUMNS} FROM volume_attachment WHERE volume_id = $1 AND deleted = 0 ORDER BY created_at, id"),
-        &params![volume_id],
-    ).await?)
+pub async fn of_volume(tx: &mut Tx, volume_id: &str) -> Result<Vec<Attachment>, StoreError> {
+    attachments(
+        tx.query(
+            &format!(
+                "SELECT {COLUMNS} FROM volume_attachment WHERE volume_id = $1 AND deleted = 0 ORDER BY created_at, id"
+            ),
+            &params![volume_id],
+        )
+        .await?,
+    )
+}
+
+/// The live attachments of a volume with their connectors, oldest first.
+pub async fn live(tx: &mut Tx, volume_id: &str) -> Result<Vec<Live>, StoreError> {
+    let all = of_volume(tx, volume_id).await?;
+    let ids: Vec<&str> = all.iter().map(|a| a.id.as_str()).collect();
+    let mut connectors = connectors(tx, &ids).await?;
+    Ok(all
+        .into_iter()
+        .map(|attachment| {
+            let connector = connectors.remove(&attachment.id);
+            Live { attachment, connector }
+        })
+        .collect())
 }
 
 /// The statuses of a volume's live attachments, each with its `legacy` mark.
-pub async fn statuses(tx: &mut Tx, volume_id: &str) -> Result<Vec<(String, bool)>, StoreError> {
+pub async fn statuses(tx: &mut Tx, volume_id: &str) -> Result<Vec<(AttachStatus, bool)>, StoreError> {
     tx.query(
         "SELECT attach_status, legacy FROM volume_attachment WHERE volume_id = $1 AND deleted = 0",
         &params![volume_id],
     )
     .await?
     .iter()
-    .map(|r| Ok((r.text(0)?, r.flag(1)?)))
+    .map(|r| {
+        let text = r.text(0)?;
+        let status = AttachStatus::parse(&text).ok_or_else(|| {
+            StoreError::Corrupt(format!("an attachment of {volume_id} has status {text:?}"))
+        })?;
+        Ok((status, r.flag(1)?))
+    })
     .collect()
 }
 
 /// The live attachments of several volumes (for volume lists).
-pub async fn of_volumes(tx: &mut Tx, volume_ids: &[String]) -> Result<Vec<AttachmentRow>, StoreError> {
-    if volume_ids.is_empty() {
-        return Ok(Vec::new());
+pub async fn of_volumes(tx: &mut Tx, volume_ids: &[String]) -> Result<Vec<Attachment>, StoreError> {
+    let mut out = Vec::new();
+    for chunk in volume_ids.chunks(CHUNK) {
+        let q = format!(
+            "SELECT {COLUMNS} FROM volume_attachment WHERE volume_id IN ({}) AND deleted = 0 ORDER BY created_at, id",
+            placeholders(1, chunk.len())
+        );
+        let params: Vec<Param> = chunk.iter().map(Param::from).collect();
+        out.extend(attachments(tx.query(&q, &params).await?)?);
     }
-    let q = format!(
-        "SELECT {COLUMNS} FROM volume_attachment WHERE volume_id IN ({}) AND deleted = 0 ORDER BY created_at, id",
-        placeholders(1, volume_ids.len())
-    );
-    let params: Vec<Param> = volume_ids.iter().map(Param::from).collect();
-    rows(tx.query(&q, &params).await?)
+    Ok(out)
+}
+
+/// Every live attachment in a connected status (`attaching`, `attached`) that has a connector:
+/// what the backends owe access to.
+pub async fn connected(tx: &mut Tx) -> Result<Vec<Live>, StoreError> {
+    let rows = attachments(
+        tx.query(
+            &format!(
+                "SELECT {COLUMNS} FROM volume_attachment a WHERE deleted = 0 AND attach_status IN ($1, $2) AND \
+                 EXISTS (SELECT 1 FROM attachment_specs s WHERE s.attachment_id = a.id) ORDER BY volume_id"
+            ),
+            &params![AttachStatus::Attaching.as_str(), AttachStatus::Attached.as_str()],
+        )
+        .await?,
+    )?;
+    let ids: Vec<&str> = rows.iter().map(|a| a.id.as_str()).collect();
+    let mut connectors = connectors(tx, &ids).await?;
+    Ok(rows
+        .into_iter()
+        .map(|attachment| {
+            let connector = connectors.remove(&attachment.id);
+            Live { attachment, connector }
+        })
+        .collect())
 }
 
 /// What a connect writes on an attachment.
 #[derive(Debug, Clone)]
 pub struct Connected {
-    pub connection_info: String,
-    pub attach_mode: String,
+    pub connection_info: Json,
+    pub attach_mode: AttachMode,
     pub attached_host: Option<String>,
     pub mountpoint: Option<String>,
 }
 
-/// Moves a live attachment whose status is one of `from` to `to`, with the connect fields when
-/// given. Returns whether it moved.
+/// Moves a live attachment to the status the event `t` sets, when it is in one of the statuses
+/// `t` starts from, with the connect fields when given. Returns the attachment as written.
 pub async fn transition(
     tx: &mut Tx,
     id: &str,
-    from: &[&str],
-    to: &str,
+    t: &Transition,
     connected: Option<&Connected>,
-) -> Result<bool, StoreError> {
-    let mut params: Vec<Param> = Vec::from(params![id, to, now_micros()]);
+) -> Result<Option<Attachment>, StoreError> {
+    let to = t
+        .attachment_to()
+        .ok_or_else(|| StoreError::Corrupt(format!("{:?} does not set an attachment status", t.event)))?;
+    let from = t.attachment_from();
+    let mut params: Vec<Param> = Vec::from(params![id, to.as_str(), now_micros()]);
     let set = match connected {
         Some(c) => {
-            params.extend(params![&c.connection_info, &c.attach_mode, &c.attached_host, &c.mountpoint]);
+            params.extend(params![
+                c.connection_info.to_string(),
+                c.attach_mode.as_str(),
+                &c.attached_host,
+                &c.mountpoint
+            ]);
             ", connection_info = $4, attach_mode = $5, attached_host = $6, mountpoint = $7, attach_time = $3"
         }
         None => "",
     };
     let q = format!(
         "UPDATE volume_attachment SET attach_status = $2, updated_at = $3{set} \
-         WHERE id = $1 AND deleted = 0 AND attach_status IN ({})",
+         WHERE id = $1 AND deleted = 0 AND attach_status IN ({}) RETURNING {COLUMNS}",
         placeholders(params.len() + 1, from.len())
     );
-    params.extend(from.iter().map(|s| Param::from(*s)));
-    Ok(tx.execute(&q, &params).await? == 1)
+    params.extend(from.iter().map(|s| Param::from(s.as_str())));
+    Ok(attachments(tx.query(&q, &params).await?)?.pop())
 }
 
 /// Records where a legacy `os-attach` says the volume is attached.
@@ -177,97 +235,98 @@ pub async fn set_attached_details(
     instance_uuid: Option<&str>,
     attached_host: Option<&str>,
     mountpoint: &str,
-    attach_mode: &str,
+    attach_mode: AttachMode,
 ) -> Result<(), StoreError> {
     tx.execute(
         "UPDATE volume_attachment SET instance_uuid = COALESCE($2, instance_uuid), \
          attached_host = COALESCE($3, attached_host), mountpoint = $4, attach_mode = $5, updated_at = $6 \
          WHERE id = $1 AND deleted = 0",
-        &params![id, instance_uuid, attached_host, mountpoint, attach_mode, now_micros()],
+        &params![id, instance_uuid, attached_host, mountpoint, attach_mode.as_str(), now_micros()],
     )
     .await?;
     Ok(())
 }
 
-/// Deletes an attachment (soft, as Cinder does) and its connector.
-pub async fn soft_delete(tx: &mut Tx, id: &str) -> Result<bool, StoreError> {
-    let changed = tx
-        .execute(
-            "UPDATE volume_attachment SET deleted = 1, deleted_at = $2, detach_time = $2, updated_at = $2, \
-         attach_status = 'detached' WHERE id = $1 AND deleted = 0",
-            &params![id, now_micros()],
-        )
-        .await?;
+/// Deletes a live attachment in one of the statuses the event `t` removes from (soft, as Cinder
+/// does), with its connector and its connection info (which holds credentials nobody may use any
+/// more). Returns whether it was deleted.
+pub async fn remove(tx: &mut Tx, id: &str, t: &Transition) -> Result<bool, StoreError> {
+    if !matches!(t.attachment, Some((_, AttachTo::Removed))) {
+        return Err(StoreError::Corrupt(format!("{:?} does not remove attachments", t.event)));
+    }
+    let from = t.attachment_from();
+    let mut params: Vec<Param> = Vec::from(params![id, now_micros(), AttachStatus::Detached.as_str()]);
+    let q = format!(
+        "UPDATE volume_attachment SET deleted = 1, deleted_at = $2, detach_time = $2, updated_at = $2, \
+         attach_status = $3, connection_info = NULL WHERE id = $1 AND deleted = 0 AND attach_status IN ({})",
+        placeholders(params.len() + 1, from.len())
+    );
+    params.extend(from.iter().map(|s| Param::from(s.as_str())));
+    let changed = tx.execute(&q, &params).await?;
     if changed == 1 {
         tx.execute("DELETE FROM attachment_specs WHERE attachment_id = $1", &params![id]).await?;
     }
     Ok(changed == 1)
 }
 
-/// Replaces the stored connector of an attachment: one row per key, the value as JSON text.
+/// Promotes a live migration's attachment to the volume's one attachment (its source is gone).
+pub async fn promote_migration(tx: &mut Tx, volume_id: &str) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE volume_attachment SET exclusive = $2 WHERE volume_id = $1 AND deleted = 0 AND exclusive = $3",
+        &params![volume_id, Slot::Exclusive.code(), Slot::Migration.code()],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Replaces the stored connector of an attachment (none: it has no connector any more): one row
+/// per key, the value as JSON text.
 pub async fn put_connector(
     tx: &mut Tx,
     attachment_id: &str,
-    connector: &Map<String, Json>,
+    connector: Option<&Connector>,
 ) -> Result<(), StoreError> {
     tx.execute("DELETE FROM attachment_specs WHERE attachment_id = $1", &params![attachment_id]).await?;
-    if connector.is_empty() {
-        return Ok(());
-    }
+    let Some(connector) = connector.filter(|c| !c.json().is_empty()) else { return Ok(()) };
+    let json = connector.json();
     let values: Vec<String> =
-        (0..connector.len()).map(|i| format!("($1, ${}, ${})", 2 * i + 2, 2 * i + 3)).collect();
+        (0..json.len()).map(|i| format!("($1, ${}, ${})", 2 * i + 2, 2 * i + 3)).collect();
     let q = format!("INSERT INTO attachment_specs (attachment_id, key, value) VALUES {}", values.join(", "));
     let mut params: Vec<Param> = Vec::from(params![attachment_id]);
-    for (key, value) in connector {
+    for (key, value) in json {
         params.extend(params![key, value.to_string()]);
     }
     tx.execute(&q, &params).await?;
     Ok(())
 }
 
-/// The stored connectors of attachments (absent when an attachment has none).
+/// The stored connectors of attachments (absent when an attachment has none), parsed.
 pub async fn connectors(
     tx: &mut Tx,
     attachment_ids: &[&str],
-) -> Result<HashMap<String, Map<String, Json>>, StoreError> {
-    if attachment_ids.is_empty() {
-        return Ok(HashMap::new());
+) -> Result<HashMap<String, Connector>, StoreError> {
+    let mut maps: HashMap<String, Map<String, Json>> = HashMap::new();
+    for chunk in attachment_ids.chunks(CHUNK) {
+        let q = format!(
+            "SELECT attachment_id, key, value FROM attachment_specs WHERE attachment_id IN ({})",
+            placeholders(1, chunk.len())
+        );
+        let params: Vec<Param> = chunk.iter().map(|id| Param::from(*id)).collect();
+        for row in tx.query(&q, &params).await? {
+            let (id, key, value) = (row.text(0)?, row.text(1)?, row.text(2)?);
+            let value: Json = serde_json::from_str(&value)
+                .map_err(|e| StoreError::Corrupt(format!("attachment_specs {id}/{key}: {e}")))?;
+            maps.entry(id).or_default().insert(key, value);
+        }
     }
-    let q = format!(
-        "SELECT attachment_id, key, value FROM attachment_specs WHERE attachment_id IN ({})",
-        placeholders(1, attachment_ids.len())
-    );
-    let params: Vec<Param> = attachment_ids.iter().map(|id| Param::from(*id)).collect();
-    let mut out: HashMap<String, Map<String, Json>> = HashMap::new();
-    for row in tx.query(&q, &params).await? {
-        let (id, key, value) = (row.text(0)?, row.text(1)?, row.text(2)?);
-        let value: Json = serde_json::from_str(&value)
-            .map_err(|e| StoreError::Corrupt(format!("attachment_specs {id}/{key}: {e}")))?;
-        out.entry(id).or_default().insert(key, value);
-    }
-    Ok(out)
+    maps.into_iter()
+        .map(|(id, json)| {
+            let c = Connector::parse(json)
+                .map_err(|e| StoreError::Corrupt(format!("the connector of attachment {id}: {e}")))?;
+            Ok((id, c))
+        })
+        .collect()
 }
-
-/// Filters of an attachment list.
-#[derive(Debug, Clone, Default)]
-pub struct AttachmentFilter {
-    pub volume_id: Option<String>,
-    pub instance_uuid: Option<String>,
-    pub attach_status: Option<String>,
-}
-
-/// The columns an attachment list may be sorted by (Cinder: columns of `volume_attachment`).
-pub const SORT_KEYS: &[&str] = &[
-    "created_at",
-    "updated_at",
-    "id",
-    "volume_id",
-    "instance_uuid",
-    "attach_status",
-    "attach_mode",
-    "attach_time",
-    "detach_time",
-];
 
 /// Live attachments visible in `scope`, filtered and paged.
 pub async fn list(
@@ -275,8 +334,8 @@ pub async fn list(
     scope: Scope<'_>,
     filter: &AttachmentFilter,
     page: &Page,
-    marker: Option<&AttachmentRow>,
-) -> Result<Vec<AttachmentRow>, StoreError> {
+    marker: Option<&Attachment>,
+) -> Result<Vec<Attachment>, StoreError> {
     let mut q = Query::new(&format!("SELECT {COLUMNS} FROM volume_attachment WHERE deleted = 0"));
     if let Scope::Project(p) = scope {
         q.and("project_id = ?", p);
@@ -297,12 +356,12 @@ pub async fn list(
             ("id", Param::from(&m.id)),
             ("volume_id", Param::from(&m.volume_id)),
             ("instance_uuid", Param::from(m.instance_uuid.clone().unwrap_or_default())),
-            ("attach_status", Param::from(&m.attach_status)),
-            ("attach_mode", Param::from(m.attach_mode.clone().unwrap_or_default())),
+            ("attach_status", Param::from(m.status.as_str())),
+            ("attach_mode", Param::from(m.attach_mode.as_str())),
             ("attach_time", Param::from(m.attach_time.unwrap_or(0))),
             ("detach_time", Param::from(m.detach_time.unwrap_or(0))),
         ]
     });
     q.page(page, marker);
-    rows(tx.query(&q.sql, &q.params).await?)
+    attachments(tx.query(&q.sql, &q.params).await?)
 }

@@ -1,7 +1,9 @@
 //! The store: all SQL, one file per table. SQLite (the embedded default) and PostgreSQL run the
-//! same statements. Every state change is a conditional update whose `WHERE` comes from the state
-//! machine's transition table; a partial unique index backs it up. Nothing here knows HTTP or
-//! which transitions are legal.
+//! same statements. Rows are read into the attach room's records (`attach/model.rs`, statuses
+//! from `attach/state.rs`, parsed when read) and written from them. Every state change is a
+//! conditional update whose `WHERE` comes from a row of the state machine's transition table,
+//! and returns what it wrote; partial unique indexes back them up. Nothing here knows HTTP or
+//! decides which transitions are legal.
 //!
 //! A transaction is a closure over [`sql::Sql`] ([`Store::write`], [`Store::read`]) that runs in
 //! one go (see `sql.rs` for why). A write transaction first updates the volume row it concerns,
@@ -11,7 +13,9 @@
 //! `SQLITE_BUSY`, and runs in WAL mode with `synchronous=FULL` by default.
 
 pub mod attachments;
+pub mod operations;
 pub mod sql;
+pub mod targets;
 pub mod volumes;
 
 use std::path::PathBuf;
@@ -72,8 +76,11 @@ pub enum StoreError {
     Finished,
 }
 
-/// The named constraints that map to client errors.
-const CONSTRAINTS: &[&str] = &["one_live_attachment_per_exclusive_volume"];
+/// The named constraints that refuse a change a race lost: a second live attachment in a slot of
+/// a non-multiattach volume, a second operation on a volume.
+pub const ONE_ATTACHMENT_PER_SLOT: &str = "one_live_attachment_per_exclusive_slot";
+pub const ONE_OPERATION_PER_VOLUME: &str = "one_operation_per_volume";
+const CONSTRAINTS: &[&str] = &[ONE_ATTACHMENT_PER_SLOT, ONE_OPERATION_PER_VOLUME];
 
 impl StoreError {
     /// Maps a unique-constraint violation to [`StoreError::Constraint`].
@@ -90,9 +97,17 @@ impl StoreError {
     /// The same for SQLite's messages, which name the columns, not the index.
     pub(crate) fn from_message(message: String) -> StoreError {
         if message.contains("UNIQUE constraint failed: volume_attachment.volume_id") {
-            return StoreError::Constraint(CONSTRAINTS[0].to_string());
+            return StoreError::Constraint(ONE_ATTACHMENT_PER_SLOT.to_string());
+        }
+        if message.contains("UNIQUE constraint failed: operations.volume_id") {
+            return StoreError::Constraint(ONE_OPERATION_PER_VOLUME.to_string());
         }
         StoreError::Sqlite(message)
+    }
+
+    /// Whether this is the named constraint refusing a change.
+    pub fn is_constraint(&self, name: &str) -> bool {
+        matches!(self, StoreError::Constraint(c) if c == name)
     }
 
     /// Whether the database was unreachable or busy (a 503, not a bug).
@@ -260,23 +275,6 @@ pub fn now_micros() -> i64 {
 /// `$first, $first+1, ...` placeholders for an `IN (...)` list of `n` values.
 pub(crate) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
-}
-
-/// Who may see a row.
-#[derive(Debug, Clone, Copy)]
-pub enum Scope<'a> {
-    Project(&'a str),
-    All,
-}
-
-/// Paging of a list: `limit`, `offset`, and the id of the last row of the previous page.
-#[derive(Debug, Clone, Default)]
-pub struct Page {
-    pub limit: Option<i64>,
-    pub offset: Option<i64>,
-    pub marker: Option<String>,
-    /// (column, ascending) pairs, already validated by the caller.
-    pub sort: Vec<(String, bool)>,
 }
 
 #[cfg(test)]

@@ -1,90 +1,63 @@
-//! The `volumes` table.
+//! The `volumes` table, read into the attach room's [`Volume`].
+
+use std::collections::BTreeMap;
 
 use super::sql::{Param, Row, Tx};
-use super::{Page, Scope, StoreError, now_micros, placeholders};
+use super::{StoreError, now_micros, placeholders};
+use crate::attach::list::{MAX_PAGE, Page, Scope, VolumeFilter};
+use crate::attach::model::Volume;
+use crate::attach::state::{Rows, Transition, VolumeAttachStatus, VolumeStatus};
 use crate::params;
+use crate::runtime::model::VolumeFields;
 
 const COLUMNS: &str = "id, project_id, user_id, name, description, size_gib, volume_type, backend, multiattach, \
      status, attach_status, provider_location, provider_auth, provider_id, driver_data, metadata, \
      shared_targets, service_uuid, created_at, updated_at";
 
-/// A live volume as stored.
-#[derive(Debug, Clone, PartialEq)]
-pub struct VolumeRow {
-    pub id: String,
-    pub project_id: String,
-    pub user_id: String,
-    pub name: Option<String>,
-    pub description: Option<String>,
-    pub size_gib: i64,
-    pub volume_type: String,
-    pub backend: String,
-    pub multiattach: bool,
-    pub status: String,
-    pub attach_status: String,
-    pub provider_location: Option<String>,
-    pub provider_auth: Option<String>,
-    pub provider_id: Option<String>,
-    /// Driver-private key/values, a JSON object of strings.
-    pub driver_data: String,
-    /// User metadata, a JSON object of strings.
-    pub metadata: String,
-    pub shared_targets: Option<bool>,
-    pub service_uuid: Option<String>,
-    pub created_at: i64,
-    pub updated_at: i64,
-}
-
-impl VolumeRow {
-    fn from_row(r: &Row) -> Result<Self, StoreError> {
-        Ok(VolumeRow {
-            id: r.text(0)?,
-            project_id: r.text(1)?,
-            user_id: r.text(2)?,
-            name: r.opt_text(3)?,
-            description: r.opt_text(4)?,
-            size_gib: r.int(5)?,
-            volume_type: r.text(6)?,
-            backend: r.text(7)?,
-            multiattach: r.flag(8)?,
-            status: r.text(9)?,
-            attach_status: r.text(10)?,
+fn from_row(r: &Row) -> Result<Volume, StoreError> {
+    let id = r.text(0)?;
+    let corrupt = |what: &str, value: &str| StoreError::Corrupt(format!("volume {id} has {what} {value:?}"));
+    let status = r.text(9)?;
+    let attach_status = r.text(10)?;
+    let driver_data = r.text(14)?;
+    let metadata = r.text(15)?;
+    Ok(Volume {
+        project_id: r.text(1)?,
+        user_id: r.text(2)?,
+        name: r.opt_text(3)?,
+        description: r.opt_text(4)?,
+        size_gib: r.int(5)?,
+        volume_type: r.text(6)?,
+        backend: r.text(7)?,
+        multiattach: r.flag(8)?,
+        status: VolumeStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
+        attach_status: VolumeAttachStatus::parse(&attach_status)
+            .ok_or_else(|| corrupt("attach status", &attach_status))?,
+        fields: VolumeFields {
             provider_location: r.opt_text(11)?,
             provider_auth: r.opt_text(12)?,
             provider_id: r.opt_text(13)?,
-            driver_data: r.text(14)?,
-            metadata: r.text(15)?,
-            shared_targets: r.opt_int(16)?.map(|v| v != 0),
-            service_uuid: r.opt_text(17)?,
-            created_at: r.int(18)?,
-            updated_at: r.int(19)?,
-        })
-    }
-
-    pub fn driver_fields(&self) -> DriverFields {
-        DriverFields {
-            provider_location: self.provider_location.clone(),
-            provider_auth: self.provider_auth.clone(),
-            provider_id: self.provider_id.clone(),
-            driver_data: self.driver_data.clone(),
-        }
-    }
+            driver_data: serde_json::from_str(&driver_data)
+                .map_err(|_| corrupt("driver data", "(not a map)"))?,
+        },
+        metadata: serde_json::from_str(&metadata).map_err(|_| corrupt("metadata", "(not a map)"))?,
+        shared_targets: r.opt_int(16)?.map(|v| v != 0),
+        service_uuid: r.opt_text(17)?,
+        created_at: r.int(18)?,
+        updated_at: r.int(19)?,
+        id,
+    })
 }
 
-fn rows(rows: Vec<Row>) -> Result<Vec<VolumeRow>, StoreError> {
-    rows.iter().map(VolumeRow::from_row).collect()
+fn volumes(rows: Vec<Row>) -> Result<Vec<Volume>, StoreError> {
+    rows.iter().map(from_row).collect()
 }
 
-/// The driver-owned fields of a volume after a model update.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DriverFields {
-    pub provider_location: Option<String>,
-    pub provider_auth: Option<String>,
-    pub provider_id: Option<String>,
-    pub driver_data: String,
+fn map_text(map: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(map).expect("a map of strings serialises")
 }
 
-pub async fn insert(tx: &mut Tx, v: &VolumeRow) -> Result<(), StoreError> {
+pub async fn insert(tx: &mut Tx, v: &Volume) -> Result<(), StoreError> {
     tx.execute(
         &format!(
             "INSERT INTO volumes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
@@ -100,24 +73,25 @@ pub async fn insert(tx: &mut Tx, v: &VolumeRow) -> Result<(), StoreError> {
             &v.volume_type,
             &v.backend,
             v.multiattach,
-            &v.status,
-            &v.attach_status,
-            &v.provider_location,
-            &v.provider_auth,
-            &v.provider_id,
-            &v.driver_data,
-            &v.metadata,
+            v.status.as_str(),
+            v.attach_status.as_str(),
+            &v.fields.provider_location,
+            &v.fields.provider_auth,
+            &v.fields.provider_id,
+            map_text(&v.fields.driver_data),
+            map_text(&v.metadata),
             v.shared_targets.map(i64::from),
             &v.service_uuid,
             v.created_at,
             v.updated_at,
         ],
-    ).await?;
+    )
+    .await?;
     Ok(())
 }
 
 /// A live volume visible in `scope`.
-pub async fn get(tx: &mut Tx, id: &str, scope: Scope<'_>) -> Result<Option<VolumeRow>, StoreError> {
+pub async fn get(tx: &mut Tx, id: &str, scope: Scope<'_>) -> Result<Option<Volume>, StoreError> {
     let found = match scope {
         Scope::Project(p) => {
             tx.query(
@@ -131,54 +105,96 @@ pub async fn get(tx: &mut Tx, id: &str, scope: Scope<'_>) -> Result<Option<Volum
                 .await?
         }
     };
-    Ok(rows(found)?.pop())
+    Ok(volumes(found)?.pop())
 }
 
-/// Locks a live volume for the rest of the transaction, if its status is one of `from` (any
-/// status when `from` is empty), and sets the driver fields when given. Returns the row as it
-/// was, or `None` when the volume is gone or in another status.
+/// A volume, deleted or not (the reconciler removes what a deleted volume may have left).
+pub async fn get_even_deleted(tx: &mut Tx, id: &str) -> Result<Option<Volume>, StoreError> {
+    let found = tx.query(&format!("SELECT {COLUMNS} FROM volumes WHERE id = $1"), &params![id]).await?;
+    Ok(volumes(found)?.pop())
+}
+
+/// The backend of each of these volumes, deleted or not.
+pub async fn backends(tx: &mut Tx, ids: &[String]) -> Result<BTreeMap<String, String>, StoreError> {
+    let mut out = BTreeMap::new();
+    for chunk in ids.chunks(500) {
+        let q = format!("SELECT id, backend FROM volumes WHERE id IN ({})", placeholders(1, chunk.len()));
+        let params: Vec<Param> = chunk.iter().map(Param::from).collect();
+        for r in tx.query(&q, &params).await? {
+            out.insert(r.text(0)?, r.text(1)?);
+        }
+    }
+    Ok(out)
+}
+
+/// `status IN (...)` for a list of statuses, its parameters appended to `params`; never true for
+/// an empty list.
+fn status_in(list: &[VolumeStatus], params: &mut Vec<Param>) -> String {
+    if list.is_empty() {
+        return "1 = 0".into();
+    }
+    let clause = format!("status IN ({})", placeholders(params.len() + 1, list.len()));
+    params.extend(list.iter().map(|s| Param::from(s.as_str())));
+    clause
+}
+
+/// Locks a live volume for the rest of the transaction when the event `t` may start from its
+/// status (the table's list for a multiattach volume or not), and writes the driver fields when
+/// given. Returns the volume, or `None` when it is gone or in another status.
 pub async fn lock(
     tx: &mut Tx,
     id: &str,
-    from: &[&str],
-    fields: Option<&DriverFields>,
-) -> Result<Option<VolumeRow>, StoreError> {
+    t: &Transition,
+    fields: Option<&VolumeFields>,
+) -> Result<Option<Volume>, StoreError> {
+    if matches!(t.volume_from, Rows::New) {
+        return Err(StoreError::Corrupt(format!("{:?} creates a volume and cannot lock one", t.event)));
+    }
     let mut params: Vec<Param> = Vec::from(params![id, now_micros()]);
     let set = match fields {
         Some(f) => {
-            params.extend(params![&f.provider_location, &f.provider_auth, &f.provider_id, &f.driver_data]);
+            params.extend(params![
+                &f.provider_location,
+                &f.provider_auth,
+                &f.provider_id,
+                map_text(&f.driver_data)
+            ]);
             ", provider_location = $3, provider_auth = $4, provider_id = $5, driver_data = $6"
         }
         None => "",
     };
-    let status = if from.is_empty() {
-        String::new()
-    } else {
-        let clause = format!(" AND status IN ({})", placeholders(params.len() + 1, from.len()));
-        params.extend(from.iter().map(|s| Param::from(*s)));
-        clause
-    };
+    let single = status_in(t.volume_from(false), &mut params);
+    let multi = status_in(t.volume_from(true), &mut params);
     let q = format!(
-        "UPDATE volumes SET updated_at = $2{set} WHERE id = $1 AND deleted = 0{status} RETURNING {COLUMNS}"
+        "UPDATE volumes SET updated_at = $2{set} WHERE id = $1 AND deleted = 0 AND \
+         ((multiattach = 0 AND {single}) OR (multiattach = 1 AND {multi})) RETURNING {COLUMNS}"
     );
-    Ok(rows(tx.query(&q, &params).await?)?.pop())
+    Ok(volumes(tx.query(&q, &params).await?)?.pop())
 }
 
-/// Sets the status of a locked volume.
-pub async fn set_status(tx: &mut Tx, id: &str, status: &str, attach_status: &str) -> Result<(), StoreError> {
-    tx.execute(
-        "UPDATE volumes SET status = $2, attach_status = $3, updated_at = $4 WHERE id = $1",
-        &params![id, status, attach_status, now_micros()],
-    )
-    .await?;
-    Ok(())
+/// Sets the status of a locked volume; returns it as written.
+pub async fn set_status(
+    tx: &mut Tx,
+    id: &str,
+    status: VolumeStatus,
+    attach_status: VolumeAttachStatus,
+) -> Result<Volume, StoreError> {
+    let q = format!(
+        "UPDATE volumes SET status = $2, attach_status = $3, updated_at = $4 WHERE id = $1 RETURNING {COLUMNS}"
+    );
+    let rows = tx.query(&q, &params![id, status.as_str(), attach_status.as_str(), now_micros()]).await?;
+    volumes(rows)?.pop().ok_or_else(|| StoreError::Corrupt(format!("volume {id} vanished while locked")))
 }
 
 /// Replaces the user metadata of a locked volume.
-pub async fn set_metadata(tx: &mut Tx, id: &str, metadata: &str) -> Result<(), StoreError> {
+pub async fn set_metadata(
+    tx: &mut Tx,
+    id: &str,
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), StoreError> {
     tx.execute(
         "UPDATE volumes SET metadata = $2, updated_at = $3 WHERE id = $1",
-        &params![id, metadata, now_micros()],
+        &params![id, map_text(metadata), now_micros()],
     )
     .await?;
     Ok(())
@@ -195,19 +211,6 @@ pub async fn soft_delete(tx: &mut Tx, id: &str) -> Result<bool, StoreError> {
         .await?;
     Ok(changed == 1)
 }
-
-/// Filters of a volume list.
-#[derive(Debug, Clone, Default)]
-pub struct VolumeFilter {
-    pub name: Option<String>,
-    pub status: Option<String>,
-    pub volume_type: Option<String>,
-    pub multiattach: Option<bool>,
-}
-
-/// The columns a volume list may be sorted by.
-pub const SORT_KEYS: &[&str] =
-    &["created_at", "updated_at", "id", "name", "status", "size_gib", "volume_type"];
 
 /// `<select> FROM volumes WHERE ...` for a scope and a filter, with its parameters.
 fn filtered(select: &str, scope: Scope<'_>, filter: &VolumeFilter) -> Query {
@@ -236,8 +239,8 @@ pub async fn list(
     scope: Scope<'_>,
     filter: &VolumeFilter,
     page: &Page,
-    marker: Option<&VolumeRow>,
-) -> Result<Vec<VolumeRow>, StoreError> {
+    marker: Option<&Volume>,
+) -> Result<Vec<Volume>, StoreError> {
     let mut q = filtered(&format!("SELECT {COLUMNS}"), scope, filter);
     let marker = marker.map(|m| {
         vec![
@@ -245,13 +248,13 @@ pub async fn list(
             ("updated_at", Param::from(m.updated_at)),
             ("id", Param::from(&m.id)),
             ("name", Param::from(m.name.clone().unwrap_or_default())),
-            ("status", Param::from(&m.status)),
+            ("status", Param::from(m.status.as_str())),
             ("size_gib", Param::from(m.size_gib)),
             ("volume_type", Param::from(&m.volume_type)),
         ]
     });
     q.page(page, marker);
-    rows(tx.query(&q.sql, &q.params).await?)
+    volumes(tx.query(&q.sql, &q.params).await?)
 }
 
 /// How many live volumes in `scope` match `filter`.
@@ -259,9 +262,6 @@ pub async fn count(tx: &mut Tx, scope: Scope<'_>, filter: &VolumeFilter) -> Resu
     let q = filtered("SELECT COUNT(*)", scope, filter);
     tx.query(&q.sql, &q.params).await?[0].int(0)
 }
-
-/// The most rows one page returns (Cinder's `osapi_max_limit`).
-pub const MAX_PAGE: i64 = 1000;
 
 /// A query built from conditions, with keyset paging.
 pub(crate) struct Query {

@@ -1,0 +1,250 @@
+//! Driving an operation that lost its owner to a safe end. The caller holds the volume's lock
+//! (`ops.rs` explains why that makes the operation an orphan). Every step is one of the driver's
+//! idempotent calls, so it does not matter how far the owner got; an unfinished operation never
+//! committed its outcome, since the outcome and the end of the operation are one transaction.
+//!
+//! | kind | safe end |
+//! |---|---|
+//! | create-volume | `create-volume` again; `available`, or `error` when it fails |
+//! | delete-volume | `delete-volume` again; deleted, or `error_deleting` when it fails |
+//! | connect | undone: its connector (and any it replaced) revoked, the export removed when unused; a create's attachment removed, an update's reserved again without connector; `error_attaching` when revoking fails |
+//! | reconnect, repair | nothing to undo: the attachments it served are connected |
+//! | disconnect | finished: access revoked, then the attachment removed (or its connector cleared); `error_detaching` when revoking fails |
+//! | force-detach | finished: access revoked, the attachments removed; nothing changes in the database when revoking fails |
+//! | revoke, remove-export | finished |
+//!
+//! Nothing is ever granted here: an interrupted connect is revoked, not completed, so a connector
+//! whose last recorded intent was a revoke never gets access back. A failure that may pass
+//! (`retryable`, a timeout) leaves the operation for the next pass and the volume unavailable
+//! (503) until then; a final failure records the error status as the live flow would.
+
+use super::attachments::{apply_after, disconnect};
+use super::legacy::finish_force_detach;
+use super::model::{AttachMode, Connector, Live, OpKind, Operation};
+use super::ops::Op;
+use super::state::{Event, VolumeStatus, transition};
+use super::{AttachError, Service};
+use crate::runtime::contract::Attachment as DriverAttachment;
+use crate::runtime::{CallErrorKind, contract};
+use crate::store::attachments as rows;
+use crate::store::{targets, volumes};
+
+impl Service {
+    /// Takes over an orphaned operation and drives it to its end (see the module notes).
+    pub(crate) async fn recover(&self, record: Operation) -> Result<(), AttachError> {
+        tracing::warn!(
+            operation = %record.id, kind = record.kind.name(), volume = %record.volume_id,
+            attachment = ?record.attachment_id, owner = %record.node, step = %record.step,
+            "recovering an interrupted operation"
+        );
+        // The same row, now ours: `Op::finish` deletes it when the safe end is recorded.
+        let op = self.take_over(record).await?;
+        let record = op.record.clone();
+        let outcome = self.drive(&op, &record).await;
+        match &outcome {
+            Ok(()) => tracing::info!(operation = %record.id, volume = %record.volume_id, "recovered"),
+            Err(e) => {
+                tracing::warn!(operation = %record.id, volume = %record.volume_id, "recovery did not finish: {e}")
+            }
+        }
+        outcome
+    }
+
+    async fn drive(&self, op: &Op<'_>, record: &Operation) -> Result<(), AttachError> {
+        let id = &record.volume_id;
+        let Some(volume) = self.store.read(async |tx| volumes::get_even_deleted(tx, id).await).await? else {
+            return self.end(op).await;
+        };
+        let live: Vec<Live> = self.store.read(async |tx| rows::live(tx, id).await).await?;
+        let except = |ids: &[&str]| -> Vec<DriverAttachment> {
+            live.iter().filter(|l| !ids.contains(&l.attachment.id.as_str())).map(Live::contract).collect()
+        };
+        let this = record.attachment_id.as_deref().and_then(|a| live.iter().find(|l| l.attachment.id == a));
+        let mode_of = |c: &Connector| {
+            this.map(|l| l.attachment.attach_mode).unwrap_or(AttachMode::Null).effective(Some(c))
+        };
+        match &record.kind {
+            OpKind::CreateVolume => {
+                if volume.status != VolumeStatus::Creating {
+                    return self.end(op).await;
+                }
+                match self.finish_create(op, &volume).await {
+                    Err(AttachError::Driver(e)) if may_pass(&e.kind) => Err(unavailable(id, &e)),
+                    // A final failure is recorded (`error`): the operation has ended.
+                    Ok(_) | Err(AttachError::Driver(_)) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            OpKind::DeleteVolume => {
+                if volume.status != VolumeStatus::Deleting {
+                    return self.end(op).await;
+                }
+                match self.finish_delete(op, &volume).await {
+                    Err(AttachError::Driver(e)) if may_pass(&e.kind) => Err(unavailable(id, &e)),
+                    Ok(()) | Err(AttachError::Driver(_)) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            OpKind::Connect { origin, revoke } => {
+                let mut connectors: Vec<Connector> = record.connector.iter().cloned().collect();
+                if let Some(json) = revoke {
+                    connectors.push(Connector::parse(json.clone()).map_err(AttachError::InvalidInput)?);
+                }
+                let Some(this) = this else {
+                    // The attachment is gone: revoke what may remain, and end.
+                    return self.revoke_and_end(op, &volume, &connectors, &except(&[])).await;
+                };
+                let calls = self.backend(&volume)?.driver.calls();
+                let interrupted = AttachError::Unavailable("the connect was interrupted".into());
+                let _ = self
+                    .undo_connect(op, calls, &volume, &this.attachment, connectors, *origin, interrupted)
+                    .await;
+                self.ended(op).await
+            }
+            OpKind::Reconnect | OpKind::Repair => self.end(op).await,
+            OpKind::Disconnect { then } => {
+                let others = match &record.attachment_id {
+                    Some(a) => except(&[a.as_str()]),
+                    None => except(&[]),
+                };
+                let backend = self.backend(&volume)?;
+                let mut calls = backend.driver.calls();
+                let conn = record.connector.as_ref().map(|c| c.for_mode(mode_of(c)));
+                match disconnect(&mut calls, &volume, &others, conn.as_ref()).await {
+                    Ok(fields) => {
+                        let attachment = record.attachment_id.clone().filter(|_| this.is_some());
+                        self.store
+                            .write(async |tx| {
+                                match &attachment {
+                                    Some(a) => {
+                                        apply_after(tx, &volume, a, *then, Some(&fields)).await?;
+                                    }
+                                    None => {
+                                        volumes::lock(tx, id, transition(Event::Refresh), Some(&fields))
+                                            .await?;
+                                    }
+                                }
+                                targets::record(tx, &volume.backend, id, &calls.effects).await?;
+                                op.finish(tx).await
+                            })
+                            .await
+                    }
+                    Err(AttachError::Driver(e)) if may_pass(&e.kind) => Err(unavailable(id, &e)),
+                    Err(_) => {
+                        let ids: Vec<String> = record.attachment_id.iter().cloned().collect();
+                        self.fail_detach(op, &volume, &ids, &calls).await;
+                        self.ended(op).await
+                    }
+                }
+            }
+            OpKind::ForceDetach { attachments } => {
+                let refs: Vec<&str> = attachments.iter().map(String::as_str).collect();
+                let backend = self.backend(&volume)?;
+                let mut calls = backend.driver.calls();
+                let conn = record.connector.as_ref().map(|c| c.for_mode(mode_of(c)));
+                match disconnect(&mut calls, &volume, &except(&refs), conn.as_ref()).await {
+                    Ok(fields) => finish_force_detach(self, op, &volume, attachments, &fields, &calls).await,
+                    Err(AttachError::Driver(e)) if may_pass(&e.kind) => Err(unavailable(id, &e)),
+                    Err(_) => self.end(op).await,
+                }
+            }
+            OpKind::Revoke => {
+                let connectors: Vec<Connector> = record.connector.iter().cloned().collect();
+                self.revoke_and_end(op, &volume, &connectors, &except(&[])).await
+            }
+            OpKind::RemoveExport => {
+                let backend = self.backend(&volume)?;
+                let mut calls = backend.driver.calls();
+                let mut fields = volume.fields.clone();
+                let removed = match calls.remove_export(&volume.contract()).await {
+                    Ok(update) => {
+                        backend.driver.apply(crate::runtime::Call::RemoveExport, &mut fields, &update)
+                    }
+                    Err(e) if e.is_unsupported() => Ok(()),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = &removed
+                    && may_pass(&e.kind)
+                {
+                    return Err(unavailable(id, e));
+                }
+                self.store
+                    .write(async |tx| {
+                        if removed.is_ok() {
+                            volumes::lock(tx, id, transition(Event::Refresh), Some(&fields)).await?;
+                        }
+                        targets::record(tx, &volume.backend, id, &calls.effects).await?;
+                        op.finish(tx).await
+                    })
+                    .await
+            }
+        }
+    }
+
+    /// Revokes connectors that no attachment holds, then ends the operation.
+    async fn revoke_and_end(
+        &self,
+        op: &Op<'_>,
+        volume: &super::model::Volume,
+        connectors: &[Connector],
+        others: &[DriverAttachment],
+    ) -> Result<(), AttachError> {
+        let backend = self.backend(volume)?;
+        let mut calls = backend.driver.calls();
+        let mut fields = volume.fields.clone();
+        for c in connectors {
+            let conn: contract::Connector = c.for_mode(AttachMode::Null.effective(Some(c)));
+            match disconnect(&mut calls, &volume.with_fields(&fields), others, Some(&conn)).await {
+                Ok(f) => fields = f,
+                Err(AttachError::Driver(e)) if may_pass(&e.kind) => return Err(unavailable(&volume.id, &e)),
+                Err(e) => {
+                    tracing::warn!(volume = %volume.id, "revoking an interrupted operation's access failed: {e}")
+                }
+            }
+        }
+        let id = volume.id.clone();
+        self.store
+            .write(async |tx| {
+                volumes::lock(tx, &id, transition(Event::Refresh), Some(&fields)).await?;
+                targets::record(tx, &volume.backend, &id, &calls.effects).await?;
+                op.finish(tx).await
+            })
+            .await
+    }
+
+    /// Ends an operation with nothing left to do.
+    async fn end(&self, op: &Op<'_>) -> Result<(), AttachError> {
+        self.store.write(async |tx| op.finish(tx).await).await
+    }
+
+    /// Whether a flow that records its own outcome (and ends the operation in that transaction)
+    /// did so; if it could not, the operation is ended now.
+    async fn ended(&self, op: &Op<'_>) -> Result<(), AttachError> {
+        let left = self
+            .store
+            .read(async |tx| crate::store::operations::of_volume(tx, &op.record.volume_id).await)
+            .await?;
+        match left {
+            Some(still) if still.id == op.record.id => Err(AttachError::Unavailable(format!(
+                "the interrupted operation on volume {} could not record its end; it will be retried",
+                op.record.volume_id
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A failure that may pass: retrying later is the safe choice.
+fn may_pass(kind: &CallErrorKind) -> bool {
+    matches!(
+        kind,
+        CallErrorKind::Driver(crate::runtime::contract::DriverError::Retryable(_))
+            | CallErrorKind::Timeout(_)
+    )
+}
+
+fn unavailable(volume_id: &str, e: &crate::runtime::CallError) -> AttachError {
+    AttachError::Unavailable(format!(
+        "volume {volume_id} has an interrupted operation that cannot be finished yet ({e}); retry later"
+    ))
+}

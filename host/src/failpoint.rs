@@ -1,0 +1,110 @@
+//! Failpoints: named places at the step boundaries of every changing flow (after the intent is
+//! written, after each driver and capability call, before the final commit) where a test makes
+//! the process die as a crash would, or stall as a slow backend would.
+//!
+//! Compiled in only with the `failpoints` feature, which the test package enables; in any other
+//! build [`hit`] is an empty inline function. Even when compiled in, nothing happens until a test
+//! arms a failpoint through the test-only route `/_failpoints` (see `api/mod.rs`).
+//!
+//! Names are `<flow>.<step>` (`attach.connect.intent`, `volume.delete.commit`) and
+//! `capability.<interface>.<op>` for the end of a capability call. Every hit is traced (when
+//! tracing is on) so that a harness can discover the failpoints a flow passes, in order, and then
+//! kill the process at each of them.
+
+#[cfg(feature = "failpoints")]
+pub use active::{Action, arm, hit, hits, reset};
+
+/// Marks a failpoint (does nothing: this build has no failpoints).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_name: &str) {}
+
+#[cfg(feature = "failpoints")]
+mod active {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// What an armed failpoint does.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum Action {
+        /// SIGKILL the process: no destructor, no flush, no shutdown, exactly like a crash.
+        Kill,
+        /// Sleep this many milliseconds, then go on.
+        Sleep,
+    }
+
+    struct Armed {
+        name: String,
+        /// Fire at the n-th hit of the name (1-based) counted from arming.
+        nth: u32,
+        seen: u32,
+        action: Action,
+        millis: u64,
+    }
+
+    struct State {
+        armed: Vec<Armed>,
+        /// Every hit in order, when tracing (bounded).
+        trace: Option<Vec<String>>,
+    }
+
+    static STATE: Mutex<State> = Mutex::new(State { armed: Vec::new(), trace: None });
+
+    const MAX_TRACE: usize = 100_000;
+
+    fn state() -> std::sync::MutexGuard<'static, State> {
+        STATE.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Passes the failpoint `name`.
+    pub fn hit(name: &str) {
+        let fire = {
+            let mut s = state();
+            if let Some(trace) = &mut s.trace
+                && trace.len() < MAX_TRACE
+            {
+                trace.push(name.to_string());
+            }
+            let mut fire = None;
+            for a in s.armed.iter_mut().filter(|a| a.name == name) {
+                a.seen += 1;
+                if a.seen == a.nth {
+                    fire = Some((a.action, a.millis));
+                }
+            }
+            fire
+        };
+        match fire {
+            Some((Action::Kill, _)) => {
+                tracing::warn!(failpoint = name, "failpoint: killing the process");
+                // SAFETY: kill(2) on our own pid with a signal that cannot be caught.
+                unsafe {
+                    libc::kill(libc::getpid(), libc::SIGKILL);
+                }
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            Some((Action::Sleep, millis)) => std::thread::sleep(Duration::from_millis(millis)),
+            None => {}
+        }
+    }
+
+    /// Arms `name` to act at its `nth` hit from now.
+    pub fn arm(name: &str, nth: u32, action: Action, millis: u64) {
+        state().armed.push(Armed { name: name.to_string(), nth: nth.max(1), seen: 0, action, millis });
+    }
+
+    /// Disarms everything and starts a new trace (when `trace`) or stops tracing.
+    pub fn reset(trace: bool) {
+        let mut s = state();
+        s.armed.clear();
+        s.trace = trace.then(Vec::new);
+    }
+
+    /// The failpoints passed since the last [`reset`] with tracing.
+    pub fn hits() -> Vec<String> {
+        state().trace.clone().unwrap_or_default()
+    }
+}

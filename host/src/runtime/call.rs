@@ -1,0 +1,173 @@
+//! The calls of the contract as the host makes them: what a call asks ([`Request`]), what it
+//! answers ([`Response`]), what it cost ([`CallStats`]) and what its capability calls did to the
+//! world ([`Effect`]). Plain data: no wasmtime here.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::contract::{Attachment, Connection, Connector, DriverInfo, ModelUpdate, Termination, Volume};
+use super::error::CallError;
+
+/// The calls of the contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Call {
+    Info,
+    ValidateConnector,
+    CreateVolume,
+    DeleteVolume,
+    CreateExport,
+    RemoveExport,
+    InitializeConnection,
+    TerminateConnection,
+    SharedConnections,
+}
+
+impl Call {
+    /// The WIT name of the call.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Call::Info => "info",
+            Call::ValidateConnector => "validate-connector",
+            Call::CreateVolume => "create-volume",
+            Call::DeleteVolume => "delete-volume",
+            Call::CreateExport => "create-export",
+            Call::RemoveExport => "remove-export",
+            Call::InitializeConnection => "initialize-connection",
+            Call::TerminateConnection => "terminate-connection",
+            Call::SharedConnections => "shared-connections",
+        }
+    }
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A call with its arguments.
+#[derive(Debug, Clone)]
+pub enum Request {
+    Info,
+    ValidateConnector(Connector),
+    CreateVolume(Volume),
+    DeleteVolume(Volume),
+    CreateExport(Volume, Option<Connector>),
+    RemoveExport(Volume),
+    InitializeConnection(Volume, Connector),
+    TerminateConnection(Volume, Option<Connector>, Vec<Attachment>),
+    SharedConnections(Volume, Connector, Vec<Attachment>),
+}
+
+impl Request {
+    pub fn call(&self) -> Call {
+        match self {
+            Request::Info => Call::Info,
+            Request::ValidateConnector(_) => Call::ValidateConnector,
+            Request::CreateVolume(_) => Call::CreateVolume,
+            Request::DeleteVolume(_) => Call::DeleteVolume,
+            Request::CreateExport(..) => Call::CreateExport,
+            Request::RemoveExport(_) => Call::RemoveExport,
+            Request::InitializeConnection(..) => Call::InitializeConnection,
+            Request::TerminateConnection(..) => Call::TerminateConnection,
+            Request::SharedConnections(..) => Call::SharedConnections,
+        }
+    }
+
+    pub fn volume(&self) -> Option<&Volume> {
+        match self {
+            Request::Info | Request::ValidateConnector(_) => None,
+            Request::CreateVolume(v)
+            | Request::DeleteVolume(v)
+            | Request::CreateExport(v, _)
+            | Request::RemoveExport(v)
+            | Request::InitializeConnection(v, _)
+            | Request::TerminateConnection(v, ..)
+            | Request::SharedConnections(v, ..) => Some(v),
+        }
+    }
+}
+
+/// What a successful call returned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Response {
+    Info(DriverInfo),
+    Unit,
+    ModelUpdate(ModelUpdate),
+    Connection(Connection),
+    Termination(Termination),
+    Ids(Vec<String>),
+}
+
+impl Response {
+    /// The model update in the answer, if it carries one.
+    pub fn model_update(&self) -> Option<&ModelUpdate> {
+        match self {
+            Response::ModelUpdate(u) => Some(u),
+            Response::Connection(c) => Some(&c.update),
+            Response::Termination(t) => Some(&t.update),
+            _ => None,
+        }
+    }
+
+    pub fn into_model_update(self) -> Option<ModelUpdate> {
+        match self {
+            Response::ModelUpdate(u) => Some(u),
+            _ => None,
+        }
+    }
+}
+
+/// Extra behaviour for a call, used by the conformance suite.
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    /// Record every capability call (arguments with secrets redacted).
+    pub record: bool,
+    /// Trap at the n-th capability call (1-based), as if the driver had crashed there.
+    pub trap_at_capability_call: Option<u32>,
+    /// Meter the call with this much fuel (the runtime must have been built with fuel).
+    pub fuel: Option<u64>,
+}
+
+/// One capability call made by a driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapabilityCall {
+    pub interface: &'static str,
+    pub op: &'static str,
+    pub args: Vec<String>,
+    /// `ok`, or the error.
+    pub outcome: String,
+}
+
+/// What a call cost.
+#[derive(Debug, Clone, Default)]
+pub struct CallStats {
+    pub wall: Duration,
+    pub guest_time: Duration,
+    /// Fuel consumed, when the call was metered.
+    pub fuel: Option<u64>,
+    /// Peak linear memory in bytes.
+    pub peak_memory: usize,
+    pub capability_calls: Vec<CapabilityCall>,
+    /// What the capability calls changed (always collected).
+    pub effects: Vec<Effect>,
+    /// The guest's captured stdout/stderr.
+    pub output: String,
+}
+
+/// The result of a call together with what it cost.
+#[derive(Debug)]
+pub struct Outcome<T> {
+    pub result: Result<T, CallError>,
+    pub stats: CallStats,
+}
+
+/// A lasting change a capability call made for a driver, reported whether or not the call
+/// succeeded in the end, so that the host can record what exists because of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// The target service has (or already had) this target.
+    TargetCreated { iqn: String },
+    /// The target is gone.
+    TargetDeleted { iqn: String },
+}
