@@ -112,8 +112,8 @@ pub enum ReconcileMode {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReconcileConfig {
-    /// Seconds between passes (the first runs at start-up, in the background).
-    pub interval_seconds: u64,
+    /// Seconds between passes (the first runs at start-up, in the background); fractions allowed.
+    pub interval_seconds: f64,
     /// How long a target or ACL entry that no connected attachment needs must have been seen
     /// before it is removed.
     pub grace_seconds: u64,
@@ -122,7 +122,7 @@ pub struct ReconcileConfig {
 
 impl Default for ReconcileConfig {
     fn default() -> Self {
-        ReconcileConfig { interval_seconds: 15, grace_seconds: 60, mode: ReconcileMode::Repair }
+        ReconcileConfig { interval_seconds: 15.0, grace_seconds: 60, mode: ReconcileMode::Repair }
     }
 }
 

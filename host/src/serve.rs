@@ -266,7 +266,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         database = %crate::store::redact_url(&assembled.config.database_url()), node = %service.owner().node,
         ?types, "berth is serving"
     );
-    let interval = Duration::from_secs(assembled.config.reconcile.interval_seconds.max(1));
+    let interval = Duration::from_secs_f64(assembled.config.reconcile.interval_seconds.clamp(0.05, 86_400.0));
     let reconciler = tokio::spawn(reconcile_loop(assembled.clone(), interval));
     let leases = tokio::spawn(service.clone().renew_leases());
     let app = app(assembled.state.clone());

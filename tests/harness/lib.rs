@@ -2,7 +2,9 @@
 
 pub mod bench;
 pub mod drivers;
+pub mod history;
 pub mod initiator;
+pub mod invariants;
 pub mod iscsi;
 pub mod pg;
 pub mod process;

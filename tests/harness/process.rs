@@ -30,6 +30,11 @@ impl BerthProcess {
     /// Starts `berth serve --config <file>` with `config_body` (TOML) plus `listen` and
     /// `data_dir` lines the harness adds.
     pub fn start(config_body: &str) -> BerthProcess {
+        Self::start_full("", config_body)
+    }
+
+    /// The same with top-level keys (e.g. `database_url`), which TOML wants before any table.
+    pub fn start_full(top: &str, config_body: &str) -> BerthProcess {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let config = dir.path().join("berth.toml");
@@ -37,7 +42,7 @@ impl BerthProcess {
         std::fs::write(
             &config,
             format!(
-                "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n[runtime]\ncache_dir = \"{}\"\n{config_body}",
+                "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n{top}\n[runtime]\ncache_dir = \"{}\"\n{config_body}",
                 dir.path().join("data").display(),
                 cache.display()
             ),
@@ -93,6 +98,29 @@ impl BerthProcess {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself (a failpoint killed it); returns
+    /// its status, or `None` when it is still running.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut()?;
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts the process again on the same configuration and data (after it died).
+    pub fn start_again(&mut self) {
+        self.kill9();
+        self.spawn();
     }
 
     /// Starts the process again on the same configuration and data.

@@ -229,6 +229,49 @@ impl Client {
         self.finish(req).await
     }
 
+    /// A request that may get no answer (the server died, or the client gave up after
+    /// `timeout`): the transport error instead of a panic.
+    pub async fn try_send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Resp, String> {
+        let mut req = self.http.request(method, self.url(path));
+        if let Some(body) = body {
+            req = req.header("content-type", "application/json").body(body.to_string());
+        }
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
+        req = self.headers(req);
+        let resp = req.send().await.map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        Ok(Resp { status, headers, body })
+    }
+
+    fn headers(&self, mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        if let Some(t) = &self.token {
+            req = req.header("x-auth-token", t);
+        }
+        if let Some(v) = &self.version {
+            req = req.header("openstack-api-version", format!("volume {v}"));
+        }
+        if let Some(r) = &self.roles {
+            req = req.header("x-roles", r);
+        }
+        req
+    }
+
     async fn finish(&self, mut req: reqwest::RequestBuilder) -> Resp {
         if let Some(t) = &self.token {
             req = req.header("x-auth-token", t);

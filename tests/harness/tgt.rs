@@ -88,10 +88,23 @@ impl TgtdProcess {
         parse_show(&String::from_utf8_lossy(&out.stdout))
     }
 
+    /// The CHAP account names tgtd has (incoming ones).
+    pub fn accounts(&self) -> Vec<String> {
+        let out = self.tgtadm(&["--op", "show", "--mode", "account"]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip_while(|l| !l.starts_with("Account list"))
+            .skip(1)
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.ends_with("(outgoing)"))
+            .map(str::to_string)
+            .collect()
+    }
+
     /// The `[tgt]` section of a Berth configuration for this tgtd.
     pub fn config(&self, tgtadm: &Path) -> String {
         format!(
-            "[tgt]\nportal = \"127.0.0.1:{}\"\ncontrol_port = {}\nstart = false\ntgtadm = \"{}\"\n\n[reconcile]\ninterval_seconds = 1\ngrace_seconds = 0\n",
+            "[tgt]\nportal = \"127.0.0.1:{}\"\ncontrol_port = {}\nstart = false\ntgtadm = \"{}\"\n\n[reconcile]\ninterval_seconds = 0.25\ngrace_seconds = 0\n",
             self.portal_port,
             self.control_port,
             tgtadm.display()
@@ -132,6 +145,8 @@ pub struct Rig {
     pub tgtd: TgtdProcess,
     pub berth: BerthProcess,
     pub argv_log: PathBuf,
+    /// The database, when it is not the SQLite file in the data directory.
+    pub database_url: Option<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -143,11 +158,22 @@ impl Rig {
     /// With more configuration (e.g. `[[backends]]` and `[[volume_types]]`) after the `[tgt]`
     /// section.
     pub fn start_with(more: &str) -> Rig {
+        Self::start_on(None, more)
+    }
+
+    /// On a database of its own: a fresh PostgreSQL database (`postgres`), or SQLite.
+    pub async fn start_on_db(postgres: bool) -> Rig {
+        let url = if postgres { Some(crate::pg::fresh_database().await) } else { None };
+        Self::start_on(url, "")
+    }
+
+    fn start_on(database_url: Option<String>, more: &str) -> Rig {
         let tgtd = TgtdProcess::start();
         let dir = tempfile::tempdir().unwrap();
         let (wrapper, argv_log) = recording_tgtadm(dir.path());
-        let berth = BerthProcess::start(&format!("{}{more}", tgtd.config(&wrapper)));
-        Rig { tgtd, berth, argv_log, _dir: dir }
+        let top = database_url.as_ref().map(|u| format!("database_url = \"{u}\"")).unwrap_or_default();
+        let berth = BerthProcess::start_full(&top, &format!("{}{more}", tgtd.config(&wrapper)));
+        Rig { tgtd, berth, argv_log, database_url, _dir: dir }
     }
 
     /// An admin of project `e2e` at microversion 3.54.
@@ -158,6 +184,13 @@ impl Rig {
     /// The volume endpoint as clients name it (`CINDER_ENDPOINT`).
     pub fn endpoint(&self) -> String {
         format!("{}/v3", self.berth.base)
+    }
+
+    /// The service's database.
+    pub fn db_url(&self) -> String {
+        self.database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", self.berth.dir.path().join("data/berth.db").display()))
     }
 
     pub fn backing_file(&self, volume: &str) -> PathBuf {

@@ -7,6 +7,8 @@ pub mod attachments;
 pub mod auth;
 pub mod body;
 pub mod error;
+#[cfg(feature = "failpoints")]
+mod failpoints;
 pub mod microversion;
 pub mod query;
 pub mod types;
@@ -45,8 +47,10 @@ pub fn router(state: AppState) -> Router {
         .merge(volumes::routes())
         .merge(types::routes())
         .route_layer(middleware::from_fn_with_state(state.auth.clone(), auth::authenticate));
-    Router::new()
-        .route("/", get(versions::root))
+    let root = Router::new();
+    #[cfg(feature = "failpoints")]
+    let root = root.merge(failpoints::routes());
+    root.route("/", get(versions::root))
         .route("/healthcheck", get(versions::healthcheck))
         .route("/v3", get(versions::v3_redirect))
         .route("/v3/", get(versions::v3))

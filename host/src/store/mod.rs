@@ -205,7 +205,9 @@ impl Store {
         Ok(value)
     }
 
-    /// Runs `f` as one read-only transaction (a consistent snapshot).
+    /// Runs `f` as one read-only transaction: every statement sees the same snapshot (on
+    /// PostgreSQL `REPEATABLE READ`, since `READ COMMITTED` takes a new snapshot per statement;
+    /// a read-only transaction at that level never fails to serialize).
     pub async fn read<T, E>(&self, f: impl AsyncFnOnce(&mut Tx) -> Result<T, E>) -> Result<T, E>
     where
         E: From<StoreError>,
@@ -234,7 +236,11 @@ impl Store {
                 Tx::sqlite(conn, write)
             }
             Db::Postgres(pool) => {
-                let tx = if write { pool.begin().await } else { pool.begin_with("BEGIN READ ONLY").await };
+                let tx = if write {
+                    pool.begin().await
+                } else {
+                    pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await
+                };
                 Ok(Tx::postgres(tx.map_err(StoreError::from_db)?))
             }
         }

@@ -1,0 +1,438 @@
+//! Crash safety with real processes: `berth serve` (tgt-iscsi, SQLite) on a real tgtd is killed
+//! with SIGKILL at every failpoint of every changing flow, started again, and checked once the
+//! reconciler has run: no operation unfinished, no volume stuck, the database and tgtd agree both
+//! ways (`harness/invariants.rs`), every acknowledged change is present, and the interrupted
+//! request ended where `docs/operations.md` says it ends.
+//!
+//! For each flow, a first run with tracing lists the failpoints the flow passes, in order
+//! (`/_failpoints/hits`); then, for each of them, a fresh set-up is made, the failpoint is armed
+//! to kill the process, the flow's request is sent (and gets no answer), the process is started
+//! again, and the checks run. `BERTH_CRASH_REPEAT=N` kills N times at each failpoint (the long
+//! mode; see BENCHMARKS.md).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use berth_tests::invariants::{self, World};
+use berth_tests::server::{Client, connector};
+use berth_tests::tgt::Rig;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+const ALICE: &str = "iqn.1993-08.org.debian:01:alice";
+const BOB: &str = "iqn.1993-08.org.debian:01:bob";
+const CAROL: &str = "iqn.1993-08.org.debian:01:carol";
+
+/// A changing flow: how to set it up, the request that is interrupted, and where it must end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    CreateVolume,
+    DeleteVolume,
+    CreateAttachment,
+    CreateSecondOfMultiattach,
+    UpdateAttachment,
+    ReplaceConnector,
+    DeleteAttachment,
+    DeleteOneOfTwo,
+    LegacyInitialize,
+    LegacyInitializeAgain,
+    LegacyTerminate,
+    LegacyDetach,
+    LegacyUnreserve,
+    LegacyTerminateUnknown,
+    ForceDetach,
+}
+
+/// What a set-up made (all acknowledged).
+#[derive(Debug, Default)]
+struct Made {
+    volume: String,
+    /// Attachments by name (`alice`, `bob`, `reserved`).
+    attachments: Vec<(&'static str, String)>,
+    volumes_before: BTreeSet<String>,
+}
+
+impl Made {
+    fn id(&self, name: &str) -> &str {
+        &self.attachments.iter().find(|(n, _)| *n == name).expect("made in set-up").1
+    }
+}
+
+async fn attach(c: &Client, volume: &str, initiator: &str, host: &str, complete: bool) -> String {
+    let r = c.attach(volume, Some(connector(initiator, host))).await.expect(200);
+    let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
+    if complete {
+        c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    }
+    id
+}
+
+async fn action(c: &Client, volume: &str, name: &str, arg: Value) -> berth_tests::server::Resp {
+    c.post(&format!("/volumes/{volume}/action"), json!({ name: arg })).await
+}
+
+/// A legacy attach done to the end: reserve, initialize, attach.
+async fn legacy_attached(c: &Client, volume: &str) {
+    action(c, volume, "os-reserve", Value::Null).await.expect(202);
+    action(c, volume, "os-initialize_connection", json!({"connector": connector(ALICE, "alice-host")}))
+        .await
+        .expect(200);
+    action(c, volume, "os-attach", json!({"mountpoint": "/dev/vdb", "host_name": "alice-host"}))
+        .await
+        .expect(202);
+}
+
+async fn live_ids(c: &Client, volume: &str) -> Vec<String> {
+    let r = c.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
+    r.body["attachments"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap().to_string()).collect()
+}
+
+impl Flow {
+    const ALL: [Flow; 15] = [
+        Flow::CreateVolume,
+        Flow::DeleteVolume,
+        Flow::CreateAttachment,
+        Flow::CreateSecondOfMultiattach,
+        Flow::UpdateAttachment,
+        Flow::ReplaceConnector,
+        Flow::DeleteAttachment,
+        Flow::DeleteOneOfTwo,
+        Flow::LegacyInitialize,
+        Flow::LegacyInitializeAgain,
+        Flow::LegacyTerminate,
+        Flow::LegacyDetach,
+        Flow::LegacyUnreserve,
+        Flow::LegacyTerminateUnknown,
+        Flow::ForceDetach,
+    ];
+
+    async fn set_up(self, c: &Client) -> Made {
+        let mut made = Made::default();
+        let multiattach = matches!(
+            self,
+            Flow::CreateSecondOfMultiattach | Flow::DeleteOneOfTwo | Flow::LegacyTerminateUnknown
+        );
+        if self != Flow::CreateVolume {
+            let body = if multiattach {
+                json!({"size": 1, "volume_type": "multiattach"})
+            } else {
+                json!({"size": 1})
+            };
+            made.volume = c.create_volume(body).await;
+        }
+        let v = made.volume.clone();
+        match self {
+            Flow::CreateVolume => {
+                let r = c.get("/volumes").await.expect(200);
+                made.volumes_before = r.body["volumes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x["id"].as_str().unwrap().to_string())
+                    .collect();
+            }
+            Flow::DeleteVolume | Flow::CreateAttachment => {}
+            Flow::CreateSecondOfMultiattach | Flow::LegacyTerminateUnknown => {
+                made.attachments.push(("alice", attach(c, &v, ALICE, "alice-host", true).await));
+            }
+            Flow::UpdateAttachment => {
+                let r = c.attach(&v, None).await.expect(200);
+                made.attachments.push(("reserved", r.body["attachment"]["id"].as_str().unwrap().to_string()));
+            }
+            Flow::ReplaceConnector => {
+                made.attachments.push(("alice", attach(c, &v, ALICE, "alice-host", false).await));
+            }
+            Flow::DeleteAttachment | Flow::ForceDetach => {
+                made.attachments.push(("alice", attach(c, &v, ALICE, "alice-host", true).await));
+            }
+            Flow::DeleteOneOfTwo => {
+                made.attachments.push(("alice", attach(c, &v, ALICE, "alice-host", true).await));
+                made.attachments.push(("bob", attach(c, &v, BOB, "bob-host", true).await));
+            }
+            Flow::LegacyInitialize => {
+                action(c, &v, "os-reserve", Value::Null).await.expect(202);
+                made.attachments.push(("reserved", live_ids(c, &v).await.remove(0)));
+            }
+            Flow::LegacyInitializeAgain => {
+                legacy_attached(c, &v).await;
+                made.attachments.push(("alice", live_ids(c, &v).await.remove(0)));
+            }
+            Flow::LegacyTerminate | Flow::LegacyDetach => {
+                legacy_attached(c, &v).await;
+                made.attachments.push(("alice", live_ids(c, &v).await.remove(0)));
+                action(c, &v, "os-begin_detaching", Value::Null).await.expect(202);
+            }
+            Flow::LegacyUnreserve => {
+                action(c, &v, "os-reserve", Value::Null).await.expect(202);
+                action(
+                    c,
+                    &v,
+                    "os-initialize_connection",
+                    json!({"connector": connector(ALICE, "alice-host")}),
+                )
+                .await
+                .expect(200);
+            }
+        }
+        made
+    }
+
+    /// The interrupted request: its answer (or the transport error when the process died).
+    async fn act(self, c: &Client, made: &Made) -> Result<u16, String> {
+        let v = &made.volume;
+        let (method, path, body) = match self {
+            Flow::CreateVolume => {
+                (Method::POST, "/volumes".to_string(), Some(json!({"volume": {"size": 1}})))
+            }
+            Flow::DeleteVolume => (Method::DELETE, format!("/volumes/{v}"), None),
+            Flow::CreateAttachment => (
+                Method::POST,
+                "/attachments".into(),
+                Some(json!({"attachment": {"volume_uuid": v, "connector": connector(ALICE, "alice-host")}})),
+            ),
+            Flow::CreateSecondOfMultiattach => (
+                Method::POST,
+                "/attachments".into(),
+                Some(json!({"attachment": {"volume_uuid": v, "connector": connector(BOB, "bob-host")}})),
+            ),
+            Flow::UpdateAttachment => (
+                Method::PUT,
+                format!("/attachments/{}", made.id("reserved")),
+                Some(json!({"attachment": {"connector": connector(ALICE, "alice-host")}})),
+            ),
+            Flow::ReplaceConnector => (
+                Method::PUT,
+                format!("/attachments/{}", made.id("alice")),
+                Some(json!({"attachment": {"connector": connector(BOB, "bob-host")}})),
+            ),
+            Flow::DeleteAttachment | Flow::DeleteOneOfTwo => {
+                (Method::DELETE, format!("/attachments/{}", made.id("alice")), None)
+            }
+            Flow::LegacyInitialize | Flow::LegacyInitializeAgain => (
+                Method::POST,
+                format!("/volumes/{v}/action"),
+                Some(json!({"os-initialize_connection": {"connector": connector(ALICE, "alice-host")}})),
+            ),
+            Flow::LegacyTerminate => (
+                Method::POST,
+                format!("/volumes/{v}/action"),
+                Some(json!({"os-terminate_connection": {"connector": connector(ALICE, "alice-host")}})),
+            ),
+            Flow::LegacyTerminateUnknown => (
+                Method::POST,
+                format!("/volumes/{v}/action"),
+                Some(json!({"os-terminate_connection": {"connector": connector(CAROL, "carol-host")}})),
+            ),
+            Flow::LegacyDetach => {
+                (Method::POST, format!("/volumes/{v}/action"), Some(json!({"os-detach": null})))
+            }
+            Flow::LegacyUnreserve => {
+                (Method::POST, format!("/volumes/{v}/action"), Some(json!({"os-unreserve": null})))
+            }
+            Flow::ForceDetach => {
+                (Method::POST, format!("/volumes/{v}/action"), Some(json!({"os-force_detach": null})))
+            }
+        };
+        c.try_send(method, &path, body, Some(Duration::from_secs(60))).await.map(|r| r.status)
+    }
+
+    /// Where the interrupted request must have ended (docs/operations.md, "the process dies"),
+    /// and that every acknowledged change of the set-up is still there.
+    fn check(self, made: &Made, w: &World, rig: &Rig) -> Vec<String> {
+        let mut wrong = Vec::new();
+        let v = &made.volume;
+        let live: Vec<_> = w.live_of(v).collect();
+        let status = w.volumes.get(v).map(|x| x.status.as_str());
+        let mut expect = |ok: bool, what: String| {
+            if !ok {
+                wrong.push(what);
+            }
+        };
+        match self {
+            Flow::CreateVolume => {
+                let new: Vec<_> = w.volumes.keys().filter(|id| !made.volumes_before.contains(*id)).collect();
+                expect(new.len() == 1, format!("the interrupted create left {} new volumes", new.len()));
+                for id in new {
+                    let s = &w.volumes[id].status;
+                    expect(s == "available", format!("the interrupted create ended {s}, not available"));
+                    expect(rig.backing_file(id).exists(), format!("volume {id} has no backing file"));
+                }
+            }
+            Flow::DeleteVolume => {
+                expect(status.is_none(), format!("the interrupted delete left the volume {status:?}"));
+                expect(!rig.backing_file(v).exists(), "the deleted volume's backing file remains".into());
+            }
+            Flow::CreateAttachment => {
+                expect(live.is_empty(), format!("the interrupted create left {} attachments", live.len()));
+                expect(status == Some("available"), format!("the volume is {status:?}, not available"));
+            }
+            Flow::CreateSecondOfMultiattach | Flow::LegacyTerminateUnknown => {
+                let alice = w.attachment(made.id("alice"));
+                expect(
+                    alice.is_some_and(|a| a.status == "attached" && a.is_connected()),
+                    format!("alice's acknowledged attachment is {alice:?}"),
+                );
+                expect(live.len() == 1, format!("{} attachments remain, not alice's alone", live.len()));
+            }
+            Flow::UpdateAttachment | Flow::ReplaceConnector => {
+                let id = if self == Flow::UpdateAttachment { made.id("reserved") } else { made.id("alice") };
+                let a = w.attachment(id);
+                expect(
+                    a.is_some_and(|a| a.status == "reserved" && !a.has_connector),
+                    format!("the updated attachment is {a:?}, not reserved without connector"),
+                );
+            }
+            Flow::DeleteAttachment | Flow::ForceDetach | Flow::LegacyDetach | Flow::LegacyUnreserve => {
+                expect(live.is_empty(), format!("the interrupted removal left {} attachments", live.len()));
+                expect(status == Some("available"), format!("the volume is {status:?}, not available"));
+            }
+            Flow::DeleteOneOfTwo => {
+                expect(w.attachment(made.id("alice")).is_none(), "alice's attachment was not removed".into());
+                let bob = w.attachment(made.id("bob"));
+                expect(
+                    bob.is_some_and(|a| a.status == "attached" && a.is_connected()),
+                    format!("bob's acknowledged attachment is {bob:?}"),
+                );
+            }
+            Flow::LegacyInitialize => {
+                let a = w.attachment(made.id("reserved"));
+                expect(
+                    a.is_some_and(|a| a.status == "reserved" && !a.has_connector && a.legacy),
+                    format!("the acknowledged reservation is {a:?}"),
+                );
+            }
+            Flow::LegacyInitializeAgain => {
+                let a = w.attachment(made.id("alice"));
+                expect(
+                    a.is_some_and(|a| a.status == "attached" && a.is_connected()),
+                    format!("the attached volume's attachment is {a:?}"),
+                );
+            }
+            Flow::LegacyTerminate => {
+                let a = w.attachment(made.id("alice"));
+                expect(
+                    a.is_some_and(|a| a.status == "attached" && !a.has_connector),
+                    format!("the terminated attachment is {a:?}, not attached without connector"),
+                );
+                expect(status == Some("detaching"), format!("the volume is {status:?}, not detaching"));
+            }
+        }
+        wrong
+    }
+}
+
+async fn reset(c: &Client, trace: bool) {
+    let url = format!("{}/_failpoints/reset", c.base);
+    reqwest::Client::new().post(url).json(&json!({"trace": trace})).send().await.unwrap();
+}
+
+async fn arm(c: &Client, name: &str, nth: usize) {
+    let url = format!("{}/_failpoints/arm", c.base);
+    let body = json!({"name": name, "nth": nth, "action": "kill"});
+    reqwest::Client::new().post(url).json(&body).send().await.unwrap();
+}
+
+async fn hits(c: &Client) -> Vec<String> {
+    let url = format!("{}/_failpoints/hits", c.base);
+    reqwest::Client::new().get(url).send().await.unwrap().json().await.unwrap()
+}
+
+/// Discovers a flow's failpoints, then kills the process at each (`BERTH_CRASH_REPEAT` times);
+/// returns how many kills were checked.
+async fn kill_at_every_failpoint(flow: Flow) -> usize {
+    let mut rig = Rig::start();
+    let c = rig.client();
+    let repeat: usize = std::env::var("BERTH_CRASH_REPEAT").ok().and_then(|r| r.parse().ok()).unwrap_or(1);
+
+    let made = flow.set_up(&c).await;
+    reset(&c, true).await;
+    let answered = flow.act(&c, &made).await.expect("the flow answers when nothing fails");
+    assert!(answered < 300, "{flow:?} answered {answered} when nothing failed");
+    let trace: Vec<String> = hits(&c).await.into_iter().filter(|h| !h.starts_with("reconcile.")).collect();
+    assert!(trace.len() >= 3, "{flow:?} passed only {trace:?}");
+    assert!(trace[0].ends_with(".intent"), "{flow:?}: the first failpoint comes after the intent: {trace:?}");
+
+    let store = invariants::open(&rig.db_url()).await;
+    let mut kills = 0;
+    for round in 0..repeat {
+        for (k, name) in trace.iter().enumerate() {
+            let nth = trace[..=k].iter().filter(|n| *n == name).count();
+            let made = flow.set_up(&c).await;
+            reset(&c, false).await;
+            arm(&c, name, nth).await;
+            let answer = flow.act(&c, &made).await;
+            let status = rig.berth.wait_exit(Duration::from_secs(10));
+            assert!(
+                status.is_some(),
+                "{flow:?}: the process survived failpoint {name} #{nth} (round {round}); the request answered {answer:?}"
+            );
+            assert!(
+                answer.is_err(),
+                "{flow:?}: a request answered {answer:?} although the process died at {name}"
+            );
+            rig.berth.start_again();
+            let world = match invariants::settled(&store, &rig.tgtd, Duration::from_secs(20)).await {
+                Ok(world) => world,
+                Err((_, wrong)) => panic!(
+                    "{flow:?} killed at {name} #{nth}: invariants do not hold after restart:\n  {}\n{}",
+                    wrong.join("\n  "),
+                    tail(&rig.berth.log_text())
+                ),
+            };
+            let wrong = flow.check(&made, &world, &rig);
+            assert!(
+                wrong.is_empty(),
+                "{flow:?} killed at {name} #{nth}: {}\n{}",
+                wrong.join("; "),
+                tail(&rig.berth.log_text())
+            );
+            kills += 1;
+        }
+    }
+    let log = rig.berth.log_text();
+    assert!(log.contains("recovering an interrupted operation"), "no recovery was logged");
+    eprintln!("{flow:?}: {kills} kills at {} failpoints {trace:?}, 0 violations", trace.len());
+    kills
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+macro_rules! crash_tests {
+    ($($name:ident => $flow:ident,)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                kill_at_every_failpoint(Flow::$flow).await;
+            }
+        )*
+
+        #[test]
+        fn every_flow_has_a_crash_test() {
+            let tested = [$(Flow::$flow),*];
+            for flow in Flow::ALL {
+                assert!(tested.contains(&flow), "{flow:?} has no crash test");
+            }
+        }
+    };
+}
+
+crash_tests! {
+    a_killed_volume_create_is_finished => CreateVolume,
+    a_killed_volume_delete_is_finished => DeleteVolume,
+    a_killed_attachment_create_is_undone => CreateAttachment,
+    a_killed_second_attach_of_a_multiattach_volume_is_undone_and_the_first_keeps_access => CreateSecondOfMultiattach,
+    a_killed_attachment_update_leaves_the_reservation => UpdateAttachment,
+    a_killed_connector_replacement_revokes_both => ReplaceConnector,
+    a_killed_attachment_delete_is_finished => DeleteAttachment,
+    a_killed_delete_of_one_of_two_attachments_keeps_the_other => DeleteOneOfTwo,
+    a_killed_legacy_initialize_leaves_the_reservation => LegacyInitialize,
+    a_killed_legacy_initialize_replay_keeps_the_connection => LegacyInitializeAgain,
+    a_killed_legacy_terminate_is_finished => LegacyTerminate,
+    a_killed_legacy_detach_is_finished => LegacyDetach,
+    a_killed_legacy_unreserve_is_finished => LegacyUnreserve,
+    a_killed_terminate_of_an_unknown_connector_changes_nothing_else => LegacyTerminateUnknown,
+    a_killed_force_detach_is_finished => ForceDetach,
+}

@@ -1,0 +1,239 @@
+//! The invariants every fault test checks after the dust settles, read from the database file
+//! and from tgtd (`tgtadm --op show`), independently of the service's API:
+//!
+//! - no operation is left unfinished, and no volume is `creating` or `deleting`;
+//! - every volume's status is what its live attachments make it;
+//! - every connected attachment (`attaching`/`attached` with a connector) has its export: the
+//!   volume's target, a LUN, one CHAP account, and the initiator in the ACL;
+//! - nothing on tgtd that no connected attachment needs: every target was created by the
+//!   service for a volume with a connected attachment, every ACL entry is a connected
+//!   attachment's initiator, every CHAP account is bound to a target.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use berth::attach::state::{AttachStatus, VolumeStatus, as_seen, settle};
+use berth::capabilities::iscsi::TargetState;
+use berth::store::{Store, StoreOptions};
+use serde_json::Value;
+
+use crate::tgt::TgtdProcess;
+
+/// A volume as stored.
+#[derive(Debug, Clone)]
+pub struct StoredVolume {
+    pub id: String,
+    pub status: String,
+    pub multiattach: bool,
+}
+
+/// A live attachment as stored, with its connector's initiator.
+#[derive(Debug, Clone)]
+pub struct StoredAttachment {
+    pub id: String,
+    pub volume_id: String,
+    pub status: String,
+    pub legacy: bool,
+    pub initiator: Option<String>,
+    pub has_connector: bool,
+}
+
+impl StoredAttachment {
+    pub fn is_connected(&self) -> bool {
+        self.has_connector && (self.status == "attaching" || self.status == "attached")
+    }
+}
+
+/// The database and tgtd, read at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct World {
+    pub volumes: BTreeMap<String, StoredVolume>,
+    pub attachments: Vec<StoredAttachment>,
+    /// Recorded targets: iqn -> volume.
+    pub recorded: BTreeMap<String, String>,
+    /// Unfinished operations: (kind, volume).
+    pub operations: Vec<(String, String)>,
+    pub targets: Vec<TargetState>,
+    pub accounts: Vec<String>,
+}
+
+impl World {
+    pub fn live_of(&self, volume: &str) -> impl Iterator<Item = &StoredAttachment> {
+        self.attachments.iter().filter(move |a| a.volume_id == volume)
+    }
+
+    pub fn attachment(&self, id: &str) -> Option<&StoredAttachment> {
+        self.attachments.iter().find(|a| a.id == id)
+    }
+
+    /// The target of a volume on tgtd, if any.
+    pub fn target_of(&self, volume: &str) -> Option<&TargetState> {
+        self.targets.iter().find(|t| self.recorded.get(&t.iqn).is_some_and(|v| v == volume))
+    }
+}
+
+/// Opens the service's database (read side).
+pub async fn open(url: &str) -> Store {
+    Store::open(url, &StoreOptions::default()).await.expect("open the service's database")
+}
+
+/// Reads the world.
+pub async fn snapshot(store: &Store, tgtd: &TgtdProcess) -> World {
+    let mut world = store
+        .read(async |tx| {
+            let mut w = World::default();
+            for r in tx.query("SELECT id, status, multiattach FROM volumes WHERE deleted = 0", &[]).await? {
+                let v = StoredVolume { id: r.text(0)?, status: r.text(1)?, multiattach: r.flag(2)? };
+                w.volumes.insert(v.id.clone(), v);
+            }
+            let mut specs: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+            for r in tx.query("SELECT attachment_id, key, value FROM attachment_specs", &[]).await? {
+                specs.entry(r.text(0)?).or_default().insert(r.text(1)?, r.text(2)?);
+            }
+            for r in tx
+                .query(
+                    "SELECT id, volume_id, attach_status, legacy FROM volume_attachment WHERE deleted = 0",
+                    &[],
+                )
+                .await?
+            {
+                let id = r.text(0)?;
+                let spec = specs.get(&id);
+                let initiator = spec
+                    .and_then(|s| s.get("initiator"))
+                    .and_then(|v| serde_json::from_str::<Value>(v).ok())
+                    .and_then(|v| v.as_str().map(str::to_string));
+                w.attachments.push(StoredAttachment {
+                    volume_id: r.text(1)?,
+                    status: r.text(2)?,
+                    legacy: r.flag(3)?,
+                    initiator,
+                    has_connector: spec.is_some_and(|s| !s.is_empty()),
+                    id,
+                });
+            }
+            for r in tx.query("SELECT iqn, volume_id FROM targets", &[]).await? {
+                w.recorded.insert(r.text(0)?, r.text(1)?);
+            }
+            for r in tx.query("SELECT kind, volume_id FROM operations", &[]).await? {
+                w.operations.push((r.text(0)?, r.text(1)?));
+            }
+            Ok::<_, berth::store::StoreError>(w)
+        })
+        .await
+        .expect("read the service's database");
+    world.targets = tgtd.targets();
+    world.accounts = tgtd.accounts();
+    world
+}
+
+/// What is wrong with a world (empty when every invariant holds).
+pub fn violations(w: &World) -> Vec<String> {
+    let mut out = Vec::new();
+    for (kind, volume) in &w.operations {
+        out.push(format!("operation {kind} on volume {volume} is unfinished"));
+    }
+    for v in w.volumes.values() {
+        let live: Vec<&StoredAttachment> = w.live_of(&v.id).collect();
+        if v.status == "creating" || v.status == "deleting" {
+            out.push(format!("volume {} is stuck in {}", v.id, v.status));
+        }
+        if live.is_empty() {
+            if !["available", "error", "error_deleting"].contains(&v.status.as_str()) {
+                out.push(format!("volume {} has no attachment but is {}", v.id, v.status));
+            }
+        } else {
+            let statuses: Vec<AttachStatus> = live
+                .iter()
+                .map(|a| as_seen(AttachStatus::parse(&a.status).expect("a known status"), a.legacy))
+                .collect();
+            let (want, _) = settle(&statuses, v.status == "detaching");
+            if VolumeStatus::parse(&v.status) != Some(want) {
+                out.push(format!(
+                    "volume {} is {} but its attachments {:?} make it {want}",
+                    v.id,
+                    v.status,
+                    live.iter().map(|a| &a.status).collect::<Vec<_>>()
+                ));
+            }
+            if !v.multiattach && live.len() > 1 {
+                out.push(format!("non-multiattach volume {} has {} live attachments", v.id, live.len()));
+            }
+        }
+    }
+    // Connected attachments have their export.
+    for a in w.attachments.iter().filter(|a| a.is_connected()) {
+        let Some(initiator) = &a.initiator else { continue };
+        match w.target_of(&a.volume_id) {
+            None => {
+                out.push(format!("connected attachment {} of volume {} has no target", a.id, a.volume_id))
+            }
+            Some(t) => {
+                if t.luns.is_empty() {
+                    out.push(format!("target {} of connected attachment {} has no LUN", t.iqn, a.id));
+                }
+                if t.chap_users.len() != 1 {
+                    out.push(format!(
+                        "target {} has {} CHAP accounts bound, not 1",
+                        t.iqn,
+                        t.chap_users.len()
+                    ));
+                }
+                if !t.initiators.contains(initiator) {
+                    out.push(format!(
+                        "connected attachment {} ({initiator}) is not in the ACL of {}",
+                        a.id, t.iqn
+                    ));
+                }
+            }
+        }
+    }
+    // Nothing nobody needs.
+    for t in &w.targets {
+        let Some(volume) = w.recorded.get(&t.iqn) else {
+            out.push(format!("target {} on tgtd was not recorded by the service", t.iqn));
+            continue;
+        };
+        let wanted: BTreeSet<&String> =
+            w.live_of(volume).filter(|a| a.is_connected()).filter_map(|a| a.initiator.as_ref()).collect();
+        if wanted.is_empty() {
+            out.push(format!(
+                "target {} of volume {volume} exists but no attachment of it is connected",
+                t.iqn
+            ));
+        }
+        for i in &t.initiators {
+            if !wanted.contains(i) {
+                out.push(format!("ACL entry {i} on {} belongs to no connected attachment", t.iqn));
+            }
+        }
+    }
+    let bound: BTreeSet<&String> = w.targets.iter().flat_map(|t| &t.chap_users).collect();
+    for account in &w.accounts {
+        if !bound.contains(account) {
+            out.push(format!("CHAP account {account} is bound to no target"));
+        }
+    }
+    out
+}
+
+/// Waits until every invariant holds (the reconciler may still be at work), up to `timeout`;
+/// returns the world, or the violations that remained.
+pub async fn settled(
+    store: &Store,
+    tgtd: &TgtdProcess,
+    timeout: Duration,
+) -> Result<World, (World, Vec<String>)> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let world = snapshot(store, tgtd).await;
+        let wrong = violations(&world);
+        if wrong.is_empty() {
+            return Ok(world);
+        }
+        if Instant::now() > deadline {
+            return Err((world, wrong));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
