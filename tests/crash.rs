@@ -1,14 +1,17 @@
-//! Crash safety with real processes: `berth serve` (tgt-iscsi, SQLite) on a real tgtd is killed
-//! with SIGKILL at every failpoint of every changing flow, started again, and checked once the
-//! reconciler has run: no operation unfinished, no volume stuck, the database and tgtd agree both
-//! ways (`harness/invariants.rs`), every acknowledged change is present, and the interrupted
-//! request ended where `docs/operations.md` says it ends.
+//! Interruptions with real processes: `berth serve` (tgt-iscsi, SQLite) on a real tgtd, at every
+//! failpoint of every changing flow,
+//!
+//! - **killed** with SIGKILL there, started again, and checked once the reconciler has run: no
+//!   operation unfinished, no volume stuck, the database and tgtd agree both ways
+//!   (`harness/invariants.rs`), every acknowledged change is present, and the interrupted request
+//!   ended where `docs/operations.md` says a killed one ends;
+//! - **left** by its client there (the flow stalls at the failpoint, the client gives up): the
+//!   flow goes on to its normal end, as if the client had stayed.
 //!
 //! For each flow, a first run with tracing lists the failpoints the flow passes, in order
-//! (`/_failpoints/hits`); then, for each of them, a fresh set-up is made, the failpoint is armed
-//! to kill the process, the flow's request is sent (and gets no answer), the process is started
-//! again, and the checks run. `BERTH_CRASH_REPEAT=N` kills N times at each failpoint (the long
-//! mode; see BENCHMARKS.md).
+//! (`/_failpoints/hits`); then, for each of them, a fresh set-up is made, the failpoint is armed,
+//! the flow's request is sent (and gets no answer), and the checks run. `BERTH_CRASH_REPEAT=N`
+//! repeats the kills N times at each failpoint (the long mode; see BENCHMARKS.md).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -179,6 +182,11 @@ impl Flow {
 
     /// The interrupted request: its answer (or the transport error when the process died).
     async fn act(self, c: &Client, made: &Made) -> Result<u16, String> {
+        self.act_with_timeout(c, made, Duration::from_secs(60)).await
+    }
+
+    /// The same, given up after `timeout`.
+    async fn act_with_timeout(self, c: &Client, made: &Made, timeout: Duration) -> Result<u16, String> {
         let v = &made.volume;
         let (method, path, body) = match self {
             Flow::CreateVolume => {
@@ -233,7 +241,7 @@ impl Flow {
                 (Method::POST, format!("/volumes/{v}/action"), Some(json!({"os-force_detach": null})))
             }
         };
-        c.try_send(method, &path, body, Some(Duration::from_secs(60))).await.map(|r| r.status)
+        c.try_send(method, &path, body, Some(timeout)).await.map(|r| r.status)
     }
 
     /// Where the interrupted request must have ended (docs/operations.md, "the process dies"),
@@ -321,14 +329,60 @@ impl Flow {
     }
 }
 
+impl Flow {
+    /// The flow's normal end (what a client that stayed would have been told).
+    fn check_done(self, made: &Made, w: &World) -> Vec<String> {
+        let v = &made.volume;
+        let live: Vec<_> = w.live_of(v).collect();
+        let status = w.volumes.get(v).map(|x| x.status.clone());
+        let connected =
+            |id: &str, s: &str| w.attachment(id).is_some_and(|a| a.status == s && a.is_connected());
+        let ok = match self {
+            Flow::CreateVolume => {
+                let new: Vec<_> = w.volumes.keys().filter(|id| !made.volumes_before.contains(*id)).collect();
+                new.len() == 1 && w.volumes[new[0]].status == "available"
+            }
+            Flow::DeleteVolume => status.is_none(),
+            Flow::CreateAttachment => {
+                live.len() == 1 && live[0].is_connected() && live[0].status == "attaching"
+            }
+            Flow::CreateSecondOfMultiattach => {
+                live.len() == 2
+                    && connected(made.id("alice"), "attached")
+                    && live.iter().all(|a| a.is_connected())
+            }
+            Flow::UpdateAttachment => connected(made.id("reserved"), "attaching"),
+            Flow::ReplaceConnector => w
+                .attachment(made.id("alice"))
+                .is_some_and(|a| a.initiator.as_deref() == Some(BOB) && a.is_connected()),
+            Flow::DeleteAttachment | Flow::LegacyDetach | Flow::LegacyUnreserve | Flow::ForceDetach => {
+                live.is_empty() && status.as_deref() == Some("available")
+            }
+            Flow::DeleteOneOfTwo => live.len() == 1 && connected(made.id("bob"), "attached"),
+            Flow::LegacyInitialize => connected(made.id("reserved"), "attaching"),
+            Flow::LegacyInitializeAgain | Flow::LegacyTerminateUnknown => {
+                connected(made.id("alice"), "attached")
+            }
+            Flow::LegacyTerminate => {
+                w.attachment(made.id("alice")).is_some_and(|a| a.status == "attached" && !a.has_connector)
+            }
+        };
+        if ok {
+            Vec::new()
+        } else {
+            vec![format!("{self:?} did not reach its end: volume {status:?}, attachments {live:?}")]
+        }
+    }
+}
+
 async fn reset(c: &Client, trace: bool) {
     let url = format!("{}/_failpoints/reset", c.base);
     reqwest::Client::new().post(url).json(&json!({"trace": trace})).send().await.unwrap();
 }
 
-async fn arm(c: &Client, name: &str, nth: usize) {
+async fn arm(c: &Client, name: &str, nth: usize, action: &str) {
     let url = format!("{}/_failpoints/arm", c.base);
-    let body = json!({"name": name, "nth": nth, "action": "kill"});
+    let body = json!({"name": name, "nth": nth, "action": action, "millis": 300});
     reqwest::Client::new().post(url).json(&body).send().await.unwrap();
 }
 
@@ -337,21 +391,25 @@ async fn hits(c: &Client) -> Vec<String> {
     reqwest::Client::new().get(url).send().await.unwrap().json().await.unwrap()
 }
 
+/// The failpoints a flow passes, in order, from a run with tracing.
+async fn discover(flow: Flow, c: &Client) -> Vec<String> {
+    let made = flow.set_up(c).await;
+    reset(c, true).await;
+    let answered = flow.act(c, &made).await.expect("the flow answers when nothing fails");
+    assert!(answered < 300, "{flow:?} answered {answered} when nothing failed");
+    let trace: Vec<String> = hits(c).await.into_iter().filter(|h| !h.starts_with("reconcile.")).collect();
+    assert!(trace.len() >= 3, "{flow:?} passed only {trace:?}");
+    assert!(trace[0].ends_with(".intent"), "{flow:?}: the first failpoint comes after the intent: {trace:?}");
+    trace
+}
+
 /// Discovers a flow's failpoints, then kills the process at each (`BERTH_CRASH_REPEAT` times);
 /// returns how many kills were checked.
 async fn kill_at_every_failpoint(flow: Flow) -> usize {
     let mut rig = Rig::start();
     let c = rig.client();
     let repeat: usize = std::env::var("BERTH_CRASH_REPEAT").ok().and_then(|r| r.parse().ok()).unwrap_or(1);
-
-    let made = flow.set_up(&c).await;
-    reset(&c, true).await;
-    let answered = flow.act(&c, &made).await.expect("the flow answers when nothing fails");
-    assert!(answered < 300, "{flow:?} answered {answered} when nothing failed");
-    let trace: Vec<String> = hits(&c).await.into_iter().filter(|h| !h.starts_with("reconcile.")).collect();
-    assert!(trace.len() >= 3, "{flow:?} passed only {trace:?}");
-    assert!(trace[0].ends_with(".intent"), "{flow:?}: the first failpoint comes after the intent: {trace:?}");
-
+    let trace = discover(flow, &c).await;
     let store = invariants::open(&rig.db_url()).await;
     let mut kills = 0;
     for round in 0..repeat {
@@ -359,7 +417,7 @@ async fn kill_at_every_failpoint(flow: Flow) -> usize {
             let nth = trace[..=k].iter().filter(|n| *n == name).count();
             let made = flow.set_up(&c).await;
             reset(&c, false).await;
-            arm(&c, name, nth).await;
+            arm(&c, name, nth, "kill").await;
             let answer = flow.act(&c, &made).await;
             let status = rig.berth.wait_exit(Duration::from_secs(10));
             assert!(
@@ -395,44 +453,85 @@ async fn kill_at_every_failpoint(flow: Flow) -> usize {
     kills
 }
 
+/// Discovers a flow's failpoints, then, at each, stalls the flow there while its client gives up:
+/// the flow must still reach its normal end.
+async fn leave_at_every_failpoint(flow: Flow) {
+    let rig = Rig::start();
+    let c = rig.client();
+    let trace = discover(flow, &c).await;
+    let store = invariants::open(&rig.db_url()).await;
+    for (k, name) in trace.iter().enumerate() {
+        let nth = trace[..=k].iter().filter(|n| *n == name).count();
+        let made = flow.set_up(&c).await;
+        reset(&c, false).await;
+        arm(&c, name, nth, "sleep").await;
+        let gave_up = flow.act_with_timeout(&c, &made, Duration::from_millis(100)).await;
+        assert!(gave_up.is_err(), "{flow:?}: the client was to give up at {name}, but got {gave_up:?}");
+        let world = match invariants::settled(&store, &rig.tgtd, Duration::from_secs(20)).await {
+            Ok(world) => world,
+            Err((_, wrong)) => panic!("{flow:?} left at {name} #{nth}: {}", wrong.join("\n  ")),
+        };
+        let wrong = flow.check_done(&made, &world);
+        assert!(
+            wrong.is_empty(),
+            "{flow:?} left at {name} #{nth}: {}\n{}",
+            wrong.join("; "),
+            tail(&rig.berth.log_text())
+        );
+    }
+    eprintln!(
+        "{flow:?}: the client left at each of {} failpoints; the flow always reached its end",
+        trace.len()
+    );
+}
+
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-macro_rules! crash_tests {
+macro_rules! interruption_tests {
     ($($name:ident => $flow:ident,)*) => {
         $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                kill_at_every_failpoint(Flow::$flow).await;
+            mod $name {
+                use super::*;
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_kill_at_every_failpoint_ends_safely() {
+                    kill_at_every_failpoint(Flow::$flow).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_client_leaving_at_every_failpoint_changes_nothing() {
+                    leave_at_every_failpoint(Flow::$flow).await;
+                }
             }
         )*
 
         #[test]
-        fn every_flow_has_a_crash_test() {
+        fn every_flow_is_interrupted() {
             let tested = [$(Flow::$flow),*];
             for flow in Flow::ALL {
-                assert!(tested.contains(&flow), "{flow:?} has no crash test");
+                assert!(tested.contains(&flow), "{flow:?} has no interruption tests");
             }
         }
     };
 }
 
-crash_tests! {
-    a_killed_volume_create_is_finished => CreateVolume,
-    a_killed_volume_delete_is_finished => DeleteVolume,
-    a_killed_attachment_create_is_undone => CreateAttachment,
-    a_killed_second_attach_of_a_multiattach_volume_is_undone_and_the_first_keeps_access => CreateSecondOfMultiattach,
-    a_killed_attachment_update_leaves_the_reservation => UpdateAttachment,
-    a_killed_connector_replacement_revokes_both => ReplaceConnector,
-    a_killed_attachment_delete_is_finished => DeleteAttachment,
-    a_killed_delete_of_one_of_two_attachments_keeps_the_other => DeleteOneOfTwo,
-    a_killed_legacy_initialize_leaves_the_reservation => LegacyInitialize,
-    a_killed_legacy_initialize_replay_keeps_the_connection => LegacyInitializeAgain,
-    a_killed_legacy_terminate_is_finished => LegacyTerminate,
-    a_killed_legacy_detach_is_finished => LegacyDetach,
-    a_killed_legacy_unreserve_is_finished => LegacyUnreserve,
-    a_killed_terminate_of_an_unknown_connector_changes_nothing_else => LegacyTerminateUnknown,
-    a_killed_force_detach_is_finished => ForceDetach,
+interruption_tests! {
+    volume_create => CreateVolume,
+    volume_delete => DeleteVolume,
+    attachment_create => CreateAttachment,
+    second_attachment_of_a_multiattach_volume => CreateSecondOfMultiattach,
+    attachment_update => UpdateAttachment,
+    connector_replacement => ReplaceConnector,
+    attachment_delete => DeleteAttachment,
+    delete_of_one_of_two_attachments => DeleteOneOfTwo,
+    legacy_initialize => LegacyInitialize,
+    legacy_initialize_replay => LegacyInitializeAgain,
+    legacy_terminate => LegacyTerminate,
+    legacy_detach => LegacyDetach,
+    legacy_unreserve => LegacyUnreserve,
+    legacy_terminate_of_an_unknown_connector => LegacyTerminateUnknown,
+    force_detach => ForceDetach,
 }

@@ -305,3 +305,56 @@ async fn the_legacy_and_attachments_flows_detach_each_other_without_leaking_an_e
     assert!(!rig.exported(&volume));
     assert_eq!(c.volume_status(&volume).await, "available");
 }
+
+async fn attach_for(
+    c: &Client,
+    volume: &str,
+    instance: &str,
+    initiator: &str,
+    host: &str,
+) -> (String, Value) {
+    let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": instance, "connector": connector(initiator, host)}});
+    let r = c.post("/attachments", body).await.expect(200);
+    (
+        r.body["attachment"]["id"].as_str().unwrap().to_string(),
+        r.body["attachment"]["connection_info"].clone(),
+    )
+}
+
+/// Nova's live migration on a real target: the destination host gets its own attachment of the
+/// non-multiattach volume, both hosts have access while the instance moves, and deleting the
+/// source's attachment ends the source's access only. A failed migration deletes the new
+/// attachment instead, and the old one keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_migration_moves_access_from_the_source_host_to_the_destination() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let instance = uuid::Uuid::new_v4().to_string();
+    let (source, info) = attach_for(&c, &volume, &instance, ALICE, "alice-host").await;
+    c.post(&format!("/attachments/{source}/action"), json!({"os-complete": null})).await.expect(204);
+    let target = Target::from_connection_info(&info);
+    let data = pattern(77, 4 * BLOCK);
+    login(&target, ALICE).expect("the source logs in").write(10, &data).unwrap();
+
+    // A failed migration first: the new attachment is deleted, the source keeps working.
+    let (failed, _) = attach_for(&c, &volume, &instance, BOB, "bob-host").await;
+    c.delete(&format!("/attachments/{failed}")).await.expect(200);
+    assert!(Session::login(&target, BOB).is_err(), "the failed destination has no access");
+    assert_eq!(login(&target, ALICE).expect("the source still logs in").read(10, data.len()).unwrap(), data);
+
+    // Nova's sequence: create with the destination connector, complete, delete the source's.
+    let (destination, dinfo) = attach_for(&c, &volume, &instance, BOB, "bob-host").await;
+    assert_eq!(Target::from_connection_info(&dinfo).iqn, target.iqn, "one target for the volume");
+    let shown = rig.tgtd.targets().into_iter().find(|t| t.iqn == target.iqn).unwrap();
+    assert_eq!(shown.initiators.len(), 2, "both hosts have access during the migration");
+    let bob = login(&Target::from_connection_info(&dinfo), BOB).expect("the destination logs in");
+    assert_eq!(bob.read(10, data.len()).unwrap(), data, "and sees the source's data");
+    c.post(&format!("/attachments/{destination}/action"), json!({"os-complete": null})).await.expect(204);
+    c.delete(&format!("/attachments/{source}")).await.expect(200);
+    assert!(Session::login(&target, ALICE).is_err(), "the source's access ended");
+    assert_eq!(bob.read(10, data.len()).unwrap(), data, "the destination's session goes on");
+    let shown = rig.tgtd.targets().into_iter().find(|t| t.iqn == target.iqn).expect("the export stays");
+    assert_eq!(shown.initiators, vec![BOB.to_string()]);
+    assert_eq!(c.volume_status(&volume).await, "in-use");
+}

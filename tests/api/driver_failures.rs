@@ -119,4 +119,18 @@ both_databases! {
         script(&c, &volume, "create-export", "ok").await;
         c.put(&format!("/attachments/{att}"), json!({"attachment": {"connector": connector(INITIATOR, "h1")}})).await.expect(200);
     }
+
+    async fn a_replaced_connector_whose_revoke_fails_leaves_error_attaching(s) {
+        let c = s.client("p1").at("3.54");
+        let volume = c.create_volume(json!({"size": 1})).await;
+        let att = c.attach(&volume, Some(connector(INITIATOR, "h1"))).await.expect(200).body["attachment"]["id"].as_str().unwrap().to_string();
+        script(&c, &volume, "terminate-connection", "backend").await;
+        let other = connector("iqn.1993-08.org.debian:01:bbbb", "h2");
+        c.put(&format!("/attachments/{att}"), json!({"attachment": {"connector": other}})).await.fault(502, "computeFault");
+        assert_eq!(c.get(&format!("/attachments/{att}")).await.expect(200).body["attachment"]["status"], "error_attaching");
+        assert_eq!(c.volume_status(&volume).await, "in-use", "access may remain");
+        script(&c, &volume, "terminate-connection", "ok").await;
+        c.delete(&format!("/attachments/{att}")).await.expect(200);
+        assert_eq!(c.volume_status(&volume).await, "available");
+    }
 }

@@ -298,4 +298,43 @@ both_databases! {
         act(&admin, &volume, "os-force_detach", json!({})).await.expect(202);
         assert_eq!(c.volume_status(&volume).await, "available", "force detach ends a detach lock too");
     }
+
+    async fn a_failed_legacy_terminate_leaves_error_detaching_and_detach_finishes_it(s) {
+        let c = s.client("p1");
+        let volume = c.create_volume(json!({"size": 1})).await;
+        legacy_attach(&c, &volume, ALICE, "h1").await;
+        act(&c, &volume, "os-begin_detaching", Value::Null).await.expect(202);
+        script(&c, &volume, "terminate-connection", "backend").await;
+        act(&c, &volume, "os-terminate_connection", json!({"connector": connector(ALICE, "h1")})).await.fault(502, "computeFault");
+        assert_eq!(attachments(&c, &volume).await[0]["status"], "error_detaching");
+        script(&c, &volume, "terminate-connection", "ok").await;
+        act(&c, &volume, "os-detach", Value::Null).await.expect(202);
+        assert_eq!(c.volume_status(&volume).await, "available");
+        assert!(attachments(&c, &volume).await.is_empty());
+    }
+
+    async fn a_failed_replay_of_initialize_connection_changes_nothing(s) {
+        let c = s.client("p1");
+        let volume = c.create_volume(json!({"size": 1})).await;
+        legacy_attach(&c, &volume, ALICE, "h1").await;
+        script(&c, &volume, "initialize-connection", "backend").await;
+        act(&c, &volume, "os-initialize_connection", json!({"connector": connector(ALICE, "h1")})).await.fault(502, "computeFault");
+        let rows = attachments(&c, &volume).await;
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0]["status"], "attached");
+        assert_eq!(c.volume_status(&volume).await, "in-use");
+        script(&c, &volume, "initialize-connection", "ok").await;
+        act(&c, &volume, "os-initialize_connection", json!({"connector": connector(ALICE, "h1")})).await.expect(200);
+    }
+
+    async fn a_failed_revoke_of_an_unknown_connector_changes_nothing(s) {
+        let c = s.client("p1");
+        let volume = c.create_volume(json!({"size": 1})).await;
+        legacy_attach(&c, &volume, ALICE, "h1").await;
+        script(&c, &volume, "terminate-connection", "retryable").await;
+        act(&c, &volume, "os-terminate_connection", json!({"connector": connector(BOB, "h2")})).await.fault(503, "serviceUnavailable");
+        let rows = attachments(&c, &volume).await;
+        assert_eq!((rows.len(), rows[0]["status"].clone()), (1, json!("attached")));
+        assert_eq!(c.volume_status(&volume).await, "in-use");
+    }
 }

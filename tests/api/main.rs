@@ -7,5 +7,6 @@ mod concurrency;
 mod driver_failures;
 mod identity;
 mod legacy;
+mod migration;
 mod versions;
 mod volumes;

@@ -1,9 +1,9 @@
-//! One async lock per volume: a volume's driver calls never overlap, so a detach cannot tear
-//! down what a concurrent attach of the same volume is setting up. (State changes themselves are
-//! conditional updates and need no lock; this only orders driver work.)
-//!
-//! In-process: several `berth serve` processes sharing one PostgreSQL database must not manage
-//! the same backend, since their driver calls for one volume would not be ordered.
+//! One async lock per volume, in this process: a volume's driver calls never overlap, so a detach
+//! cannot tear down what a concurrent attach of the same volume is setting up. (State changes
+//! themselves are conditional updates and need no lock; this only orders driver work.) A flow
+//! holds the lock from before it writes its operation until after it ends it, which is what lets
+//! the holder recognise an operation of this node as orphaned (`ops.rs`). Across processes, the
+//! database allows one operation per volume (`one_operation_per_volume`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};

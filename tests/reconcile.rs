@@ -1,0 +1,152 @@
+//! The reconciler on a real tgtd (`attach/reconcile.rs`): what connected attachments need is
+//! re-created, what nobody needs is removed (or only reported), what the service did not create
+//! is left alone, and healthy attachments cost no change at all.
+
+use std::time::{Duration, Instant};
+
+use berth_tests::invariants;
+use berth_tests::iscsi::{Session, Target};
+use berth_tests::server::{Client, connector};
+use berth_tests::tgt::Rig;
+use serde_json::{Value, json};
+
+const ALICE: &str = "iqn.1993-08.org.debian:01:alice";
+const MALLORY: &str = "iqn.1993-08.org.debian:01:mallory";
+
+async fn attach(c: &Client, volume: &str, initiator: &str, host: &str) -> (String, Value) {
+    let r = c.attach(volume, Some(connector(initiator, host))).await.expect(200);
+    let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
+    c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    (id, r.body["attachment"]["connection_info"].clone())
+}
+
+/// Waits until `ok` holds for tgtd's state, or panics with `what` and the log.
+async fn eventually(rig: &Rig, what: &str, ok: impl Fn(&Rig) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !ok(rig) {
+        assert!(Instant::now() < deadline, "{what}\n{}", rig.berth.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn tid_of(rig: &Rig, iqn: &str) -> String {
+    rig.tgtd.targets().into_iter().find(|t| t.iqn == iqn).expect("the target exists").tid.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_entry_nobody_needs_is_revoked_and_a_missing_one_comes_back() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let iqn = info["target_iqn"].as_str().unwrap().to_string();
+    let tid = tid_of(&rig, &iqn);
+
+    // Someone adds an initiator to the ACL by hand: it is revoked, and the log says why.
+    assert!(
+        rig.tgtd.tgtadm(&["--op", "bind", "--mode", "target", "--tid", &tid, "-Q", MALLORY]).status.success()
+    );
+    eventually(&rig, "the foreign ACL entry was not revoked", |r| {
+        r.tgtd.targets().iter().any(|t| t.iqn == iqn && t.initiators == [ALICE])
+    })
+    .await;
+    assert!(rig.berth.log_text().contains("revoking an ACL entry that no connected attachment needs"));
+
+    // Someone removes the attached initiator by hand: it comes back.
+    assert!(
+        rig.tgtd.tgtadm(&["--op", "unbind", "--mode", "target", "--tid", &tid, "-Q", ALICE]).status.success()
+    );
+    eventually(&rig, "the attached initiator's ACL entry did not come back", |r| {
+        r.tgtd.targets().iter().any(|t| t.iqn == iqn && t.initiators == [ALICE])
+    })
+    .await;
+    let target = Target::from_connection_info(&info);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Err(e) = Session::login(&target, ALICE) {
+        assert!(Instant::now() < deadline, "alice cannot log in again: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An attachment whose connect failed and whose cleanup failed too (`error_attaching`) may still
+/// have access: the reconciler revokes it and removes the export, and deleting the row later
+/// still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_of_an_attachment_in_error_is_revoked_and_its_export_removed() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let store = invariants::open(&rig.db_url()).await;
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (id, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let iqn = info["target_iqn"].as_str().unwrap().to_string();
+    store
+        .write(async |tx| {
+            tx.execute(
+                "UPDATE volume_attachment SET attach_status = 'error_attaching' WHERE id = $1",
+                &berth::params![id.as_str()],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+    eventually(&rig, "the export of an attachment in error was not removed", |r| {
+        !r.tgtd.targets().iter().any(|t| t.iqn == iqn)
+    })
+    .await;
+    assert!(rig.berth.log_text().contains("removing a target that no connected attachment uses"));
+    let shown = c.get(&format!("/attachments/{id}")).await.expect(200);
+    assert_eq!(shown.body["attachment"]["status"], "error_attaching", "the row stays until deleted");
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+    assert_eq!(c.volume_status(&volume).await, "available");
+    invariants::settled(&store, &rig.tgtd, Duration::from_secs(10)).await.expect("consistent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_report_only_mode_nothing_is_removed() {
+    let rig = Rig::start_with("mode = \"report\"\n");
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let iqn = info["target_iqn"].as_str().unwrap().to_string();
+    let tid = tid_of(&rig, &iqn);
+    assert!(
+        rig.tgtd.tgtadm(&["--op", "bind", "--mode", "target", "--tid", &tid, "-Q", MALLORY]).status.success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !rig.berth.log_text().contains("reconcile (report only)") {
+        assert!(Instant::now() < deadline, "the extra entry was not reported:\n{}", rig.berth.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let t = rig.tgtd.targets().into_iter().find(|t| t.iqn == iqn).unwrap();
+    assert!(t.initiators.contains(&MALLORY.to_string()), "reported, not removed");
+}
+
+/// Healthy attachments cost no change: with many attached volumes, passes run and tgtadm (which
+/// makes every change) is not run once, and a normal detach is not taken for a restart of tgtd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthy_attachments_are_left_alone_and_a_normal_detach_is_not_a_restart() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        let volume = c.create_volume(json!({"size": 1})).await;
+        ids.push(attach(&c, &volume, &format!("iqn.1993-08.org.debian:01:h{i}"), &format!("h{i}")).await.0);
+    }
+    let before = rig.tgtadm_calls().len();
+    let passes = |log: &str| log.matches("reconcile pass finished").count();
+    let start = passes(&rig.berth.log_text());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while passes(&rig.berth.log_text()) < start + 5 {
+        assert!(Instant::now() < deadline, "the reconciler does not run");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rig.tgtadm_calls().len(), before, "a reconcile of healthy attachments changed tgtd");
+
+    c.delete(&format!("/attachments/{}", ids[0])).await.expect(200);
+    let start = passes(&rig.berth.log_text());
+    while passes(&rig.berth.log_text()) < start + 3 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = rig.berth.log_text();
+    assert!(!log.contains("re-creating it"), "a normal detach was taken for a lost export:\n{log}");
+}
