@@ -98,16 +98,12 @@ async fn a_real_initiator_reads_and_writes_an_attached_volume_and_nobody_else_ge
     assert!(!rig.tgtd.targets().iter().any(|t| t.iqn.ends_with(&volume)), "the target is gone");
     assert!(!file.exists(), "the backing file is gone");
 
-    // No CHAP credential ever reached a log or a command line.
+    // No CHAP credential ever reached a log; every change went to tgtd over its control socket
+    // (Berth runs no tgtadm, so no credential is ever on a command line).
     let (user, secret) = target.chap.clone().unwrap();
     let log = rig.berth.log_text();
     assert!(!log.contains(&secret) && !log.contains(&user), "a CHAP credential is in berth's log");
-    let argv = rig.tgtadm_calls().join("\n");
-    assert!(!argv.is_empty(), "tgtadm was used");
-    assert!(
-        !argv.contains(&secret) && !argv.contains(&user),
-        "a CHAP credential was on a command line:\n{argv}"
-    );
+    assert!(rig.tgtd_changes() > 0, "the changes are logged");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,7 +205,7 @@ async fn hostile_initiator_names_are_refused_before_any_command_runs() {
     let rig = Rig::start();
     let c = rig.client();
     let volume = c.create_volume(json!({"size": 1})).await;
-    let before = rig.tgtadm_calls().len();
+    let before = rig.tgtd_changes();
     for hostile in [
         "iqn.2010-10.org.openstack:x;reboot",
         "iqn.2010-10.org.openstack:$(touch /tmp/pwned)",
@@ -223,7 +219,7 @@ async fn hostile_initiator_names_are_refused_before_any_command_runs() {
         let message = r.fault(400, "badRequest");
         assert!(message.contains("initiator"), "{message}");
     }
-    assert_eq!(rig.tgtadm_calls().len(), before, "tgtadm ran for a hostile request");
+    assert_eq!(rig.tgtd_changes(), before, "tgtd was changed for a hostile request");
     assert_eq!(c.volume_status(&volume).await, "available");
     assert!(rig.tgtd.targets().is_empty());
 }

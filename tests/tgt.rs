@@ -1,7 +1,7 @@
 //! The iSCSI target capability on a real tgtd: every operation is idempotent, touches one target
-//! only, checks its result, and times out; CHAP works with a real initiator.
+//! only, costs one exchange on tgtd's control socket, never reaches a restarted tgtd's other
+//! targets, and times out; CHAP works with a real initiator.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use berth::capabilities::iscsi::tgt::{Tgtd, TgtdConfig};
@@ -161,54 +161,107 @@ async fn chap_is_enforced_and_can_be_replaced_after_a_restart_of_the_host() {
 }
 
 #[tokio::test]
-async fn a_backing_store_outside_the_data_directory_is_refused_before_any_command() {
+async fn a_backing_store_outside_the_data_directory_is_refused_before_any_request() {
     let rig = Rig::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (wrapper, log) = berth_tests::tgt::recording_tgtadm(dir.path());
-    let t = Tgtd::new(TgtdConfig { tgtadm: wrapper, ..rig.config() });
+    let t = rig.service();
     let target = iqn("iqn.2010-10.org.openstack:volume-d");
     t.create_target(&target).await.unwrap();
-    let calls = std::fs::read_to_string(&log).unwrap().lines().count();
+    let changes = t.changes();
     for path in ["/etc/shadow", &format!("{}/../x.img", rig.dir.path().display()), "volume.img"] {
         let e = t.add_lun(&target, Lun::new(1).unwrap(), path).await.unwrap_err();
         assert!(matches!(e, TargetError::InvalidArgument(_)), "{path}: {e}");
     }
-    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), calls, "no tgtadm command ran");
-}
-
-/// A stand-in `tgtadm` with the given shell body.
-fn fake_tgtadm(dir: &Path, body: &str) -> std::path::PathBuf {
-    let path = dir.join("tgtadm");
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    path
+    assert_eq!(t.changes(), changes, "no request reached tgtd");
 }
 
 #[tokio::test]
-async fn a_command_that_hangs_times_out() {
-    let rig = Rig::start();
+async fn a_daemon_that_does_not_answer_times_out() {
     let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::UnixListener::bind(dir.path().join("socket.4242")).unwrap();
+    // Accepts and holds every connection without a word.
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
     let t = Tgtd::new(TgtdConfig {
-        tgtadm: fake_tgtadm(dir.path(), "exec sleep 30"),
+        socket_dir: dir.path().to_path_buf(),
         timeout: Duration::from_millis(300),
-        ..rig.config()
+        ..TgtdConfig::new(4242, dir.path())
     });
     let started = Instant::now();
     let e = t.create_target(&iqn("iqn.2010-10.org.openstack:volume-e")).await.unwrap_err();
     assert!(matches!(e, TargetError::Timeout(_)), "{e}");
-    assert!(started.elapsed() < Duration::from_secs(10), "the command was not cut off");
+    assert!(started.elapsed() < Duration::from_secs(5), "the request was not cut off");
+    silent.abort();
 }
 
+/// The service keeps a model of tgtd's targets for one daemon. After tgtd restarts, target ids
+/// may name other targets: a change meant for the old daemon must never reach a target of the
+/// new one.
 #[tokio::test]
-async fn a_success_that_did_not_happen_is_an_error() {
+async fn a_restarted_tgtd_is_noticed_before_any_change_reaches_the_wrong_target() {
+    let mut rig = Rig::start();
+    let t = rig.service();
+    let (a, _) = export(&rig, &t, "a", ALICE).await;
+    let tid = rig.tgtd.targets()[0].tid.to_string();
+
+    rig.tgtd.restart();
+    let other = "iqn.2010-10.org.openstack:volume-other";
+    assert!(
+        rig.tgtd.tgtadm(&["--op", "new", "--mode", "target", "--tid", &tid, "-T", other]).status.success()
+    );
+
+    let e = t.allow_initiator(&a, &iqn(BOB)).await.unwrap_err();
+    assert!(matches!(e, TargetError::NotFound(_)), "{e}");
+    let created = t.create_target(&a).await.unwrap();
+    assert_ne!(created.tid.to_string(), tid, "the new daemon's target id is not reused");
+    t.allow_initiator(&a, &iqn(BOB)).await.unwrap();
+    let shown = rig.tgtd.targets();
+    let foreign = shown.iter().find(|x| x.iqn == other).expect("the other target is there");
+    assert!(foreign.initiators.is_empty(), "the other target's ACL was not touched: {foreign:?}");
+    let ours = shown.iter().find(|x| x.iqn == a.as_str()).expect("ours was re-created");
+    assert_eq!(ours.initiators, vec![BOB.to_string()]);
+}
+
+/// A target removed behind the service's back (same tgtd) is noticed at the next change to it:
+/// tgtd answers "can't find the target", the model is reloaded, and the operation is decided
+/// again on what tgtd has.
+#[tokio::test]
+async fn a_target_removed_behind_the_services_back_is_noticed_at_the_next_change() {
     let rig = Rig::start();
-    let dir = tempfile::tempdir().unwrap();
-    let t = Tgtd::new(TgtdConfig { tgtadm: fake_tgtadm(dir.path(), "exit 0"), ..rig.config() });
-    let e = t.create_target(&iqn("iqn.2010-10.org.openstack:volume-f")).await.unwrap_err();
-    assert!(matches!(e, TargetError::NotFound(_) | TargetError::Failed(_)), "{e}");
-    let (target, _) = export(&rig, &rig.service(), "f2", ALICE).await;
-    let e = t.allow_initiator(&target, &iqn(BOB)).await.unwrap_err();
-    assert!(e.to_string().contains("not visible"), "{e}");
+    let t = rig.service();
+    let (a, _) = export(&rig, &t, "a", ALICE).await;
+    let tid = rig.tgtd.targets()[0].tid.to_string();
+    assert!(
+        rig.tgtd.tgtadm(&["--op", "delete", "--mode", "target", "--force", "--tid", &tid]).status.success()
+    );
+    let e = t.allow_initiator(&a, &iqn(BOB)).await.unwrap_err();
+    assert!(matches!(e, TargetError::NotFound(_)), "{e}");
+    assert!(t.show(&a).await.unwrap().is_none(), "the model knows the target is gone");
+    t.deny_initiator(&a, &iqn(ALICE)).await.expect("revoking on a missing target is not an error");
+    export(&rig, &t, "a", ALICE).await;
+    assert_eq!(rig.tgtd.targets()[0].initiators, vec![ALICE.to_string()]);
+}
+
+/// Operations cost one exchange each, whatever the number of targets: after the model is
+/// loaded once, nothing lists tgtd's targets again.
+#[tokio::test]
+async fn operations_do_not_list_every_target() {
+    let rig = Rig::start();
+    let t = rig.service();
+    for i in 0..20 {
+        export(&rig, &t, &format!("n{i}"), ALICE).await;
+    }
+    let listings = t.listings();
+    assert_eq!(listings, 1, "only the first operation loaded the model");
+    let (x, _) = export(&rig, &t, "x", BOB).await;
+    t.show(&x).await.unwrap().expect("shown");
+    t.deny_initiator(&x, &iqn(BOB)).await.unwrap();
+    t.delete_target(&x).await.unwrap();
+    assert_eq!(t.listings(), listings, "no operation listed tgtd's targets");
+    assert_eq!(rig.tgtd.targets().len(), 20);
 }
 
 #[tokio::test]

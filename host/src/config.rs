@@ -154,8 +154,10 @@ pub struct TgtConfig {
     pub control_port: u16,
     /// Start tgtd on the portal when it does not answer.
     pub start: bool,
-    pub tgtadm: PathBuf,
+    /// tgtd's program, to start it. (Berth never runs `tgtadm`: it speaks tgtd's control
+    /// protocol on its socket.)
     pub tgtd: PathBuf,
+    /// Timeout of one request to tgtd.
     pub command_timeout_ms: u64,
     pub chap_username_length: usize,
     pub chap_secret_length: usize,
@@ -168,7 +170,6 @@ impl Default for TgtConfig {
             extra_portals: Vec::new(),
             control_port: 0,
             start: true,
-            tgtadm: "/usr/sbin/tgtadm".into(),
             tgtd: "/usr/sbin/tgtd".into(),
             command_timeout_ms: 10_000,
             chap_username_length: 20,

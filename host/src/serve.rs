@@ -135,7 +135,6 @@ async fn iscsi_capability(config: &Config, stores: Arc<BackingStores>) -> anyhow
         portals.push(Portal { address: addr.ip().to_string(), port: addr.port() });
     }
     let tgtd = Tgtd::new(TgtdConfig {
-        tgtadm: config.tgt.tgtadm.clone(),
         tgtd: config.tgt.tgtd.clone(),
         control_port: config.tgt.control_port,
         socket_dir: PathBuf::from("/var/run/tgtd"),

@@ -12,7 +12,7 @@ use berth_tests::bench::{attach_cycle, closed_loop, workers};
 use berth_tests::process::BerthProcess;
 use berth_tests::server::Client;
 use berth_tests::stats::{Summary, human};
-use berth_tests::tgt::{TgtdProcess, recording_tgtadm};
+use berth_tests::tgt::TgtdProcess;
 use serde_json::json;
 
 fn main() {
@@ -41,24 +41,22 @@ async fn run() {
     let tgtd = TgtdProcess::start();
     println!("one tgtadm command (spawn + control socket): {}", tgtadm_latency(&tgtd));
 
-    // How many tgtadm commands a cycle runs, counted with a recording tgtadm in a short pass.
+    // How many changes a cycle sends to tgtd, counted in berth's log in a short pass.
     {
-        let dir = tempfile::tempdir().unwrap();
-        let (wrapper, log) = recording_tgtadm(dir.path());
-        let berth = BerthProcess::start(&tgtd.config(&wrapper));
+        let berth = BerthProcess::start(&tgtd.config());
         let c = Client::for_base(&berth.base, "bench").at("3.54");
         let volume = c.create_volume(json!({"size": 1})).await;
         attach_cycle(&c, &volume, "iqn.1993-08.org.debian:01:warmup").await;
-        let before = std::fs::read_to_string(&log).unwrap().lines().count();
+        let changes = || berth.log_text().matches("tgtd change").count();
+        let before = changes();
         let n = 20;
         for _ in 0..n {
             attach_cycle(&c, &volume, "iqn.1993-08.org.debian:01:count").await;
         }
-        let after = std::fs::read_to_string(&log).unwrap().lines().count();
-        println!("tgtadm commands per cycle: {:.1}", (after - before) as f64 / n as f64);
+        println!("changes sent to tgtd per cycle: {:.1}", (changes() - before) as f64 / n as f64);
     }
 
-    let berth = BerthProcess::start(&tgtd.config(std::path::Path::new("/usr/sbin/tgtadm")));
+    let berth = BerthProcess::start(&tgtd.config());
     for clients in [1usize, 4] {
         let base = Client::for_base(&berth.base, "bench").at("3.54");
         let (mut latencies, elapsed) = closed_loop(workers(&base, clients).await).await;

@@ -101,13 +101,11 @@ impl TgtdProcess {
             .collect()
     }
 
-    /// The `[tgt]` section of a Berth configuration for this tgtd.
-    pub fn config(&self, tgtadm: &Path) -> String {
+    /// The `[tgt]` section of a Berth configuration for this tgtd (and a quick reconciler).
+    pub fn config(&self) -> String {
         format!(
-            "[tgt]\nportal = \"127.0.0.1:{}\"\ncontrol_port = {}\nstart = false\ntgtadm = \"{}\"\n\n[reconcile]\ninterval_seconds = 0.25\ngrace_seconds = 0\n",
-            self.portal_port,
-            self.control_port,
-            tgtadm.display()
+            "[tgt]\nportal = \"127.0.0.1:{}\"\ncontrol_port = {}\nstart = false\n\n[reconcile]\ninterval_seconds = 0.25\ngrace_seconds = 0\n",
+            self.portal_port, self.control_port,
         )
     }
 }
@@ -124,27 +122,11 @@ fn rand_u32() -> u32 {
     u32::from_ne_bytes(b)
 }
 
-/// A `tgtadm` that records every argument vector it is given (one line per call) and then runs
-/// the real one. Returns the wrapper and its log.
-pub fn recording_tgtadm(dir: &Path) -> (PathBuf, PathBuf) {
-    let log = dir.join("tgtadm-argv.log");
-    let wrapper = dir.join("tgtadm");
-    std::fs::write(&log, "").unwrap();
-    std::fs::write(
-        &wrapper,
-        format!("#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nexec /usr/sbin/tgtadm \"$@\"\n", log.display()),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    (wrapper, log)
-}
-
-/// A tgtd of its own, a recording tgtadm, and `berth serve` (tgt-iscsi, SQLite) configured for
-/// them: the product as a user runs it.
+/// A tgtd of its own and `berth serve` (tgt-iscsi, SQLite) configured for it: the product as a
+/// user runs it.
 pub struct Rig {
     pub tgtd: TgtdProcess,
     pub berth: BerthProcess,
-    pub argv_log: PathBuf,
     /// The database, when it is not the SQLite file in the data directory.
     pub database_url: Option<String>,
     _dir: tempfile::TempDir,
@@ -170,10 +152,9 @@ impl Rig {
     fn start_on(database_url: Option<String>, more: &str) -> Rig {
         let tgtd = TgtdProcess::start();
         let dir = tempfile::tempdir().unwrap();
-        let (wrapper, argv_log) = recording_tgtadm(dir.path());
         let top = database_url.as_ref().map(|u| format!("database_url = \"{u}\"")).unwrap_or_default();
-        let berth = BerthProcess::start_full(&top, &format!("{}{more}", tgtd.config(&wrapper)));
-        Rig { tgtd, berth, argv_log, database_url, _dir: dir }
+        let berth = BerthProcess::start_full(&top, &format!("{}{more}", tgtd.config()));
+        Rig { tgtd, berth, database_url, _dir: dir }
     }
 
     /// An admin of project `e2e` at microversion 3.54.
@@ -197,9 +178,9 @@ impl Rig {
         self.berth.dir.path().join(format!("data/volumes/volume-{volume}.img"))
     }
 
-    /// Every tgtadm command line berth ran.
-    pub fn tgtadm_calls(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.argv_log).unwrap().lines().map(str::to_string).collect()
+    /// How many changes berth sent to tgtd so far (its log records each, at debug level).
+    pub fn tgtd_changes(&self) -> usize {
+        self.berth.log_text().matches("tgtd change").count()
     }
 
     /// Whether tgtd has a target for the volume.

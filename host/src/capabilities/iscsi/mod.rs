@@ -2,7 +2,7 @@
 //!
 //! Every argument is a validated newtype ([`Iqn`], [`Lun`], [`ChapUser`], a CHAP [`Secret`])
 //! before it reaches a [`TargetService`], so no implementation can be handed a hostile string.
-//! Two implementations: [`tgt::Tgtd`] drives Linux's tgtd through `tgtadm`, and
+//! Two implementations: [`tgt::Tgtd`] drives Linux's tgtd over its control socket, and
 //! [`model::TargetModel`] is an in-memory model that records every call (for the conformance
 //! suite and tests).
 

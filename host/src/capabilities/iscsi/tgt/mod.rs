@@ -1,0 +1,8 @@
+//! Linux's userspace iSCSI target daemon, tgtd: its control protocol (`protocol.rs`), and the
+//! target service built on it (`service.rs`).
+
+mod protocol;
+mod service;
+
+pub use protocol::{parse_accounts, parse_show};
+pub use service::{Tgtd, TgtdConfig};

@@ -1,0 +1,443 @@
+//! tgtd's control protocol: the request `tgtadm` sends on tgtd's root-only Unix socket
+//! (`/var/run/tgtd/socket.<port>`), and tgtd's answer (tgt `usr/tgtadm.h`, `struct tgtadm_req`
+//! in its x86-64/aarch64 layout; `usr/mgmt.c` for how tgtd reads it). Every operation Berth needs
+//! is one exchange on a fresh connection, so no `tgtadm` process is ever spawned and no CHAP
+//! secret ever appears on a command line.
+//!
+//! The connection tells who answers: the peer's pid (`SO_PEERCRED`). A request can name the tgtd
+//! it is meant for; when another daemon answers (tgtd was restarted, and its target ids may now
+//! name other targets), the request is not sent ([`Failure::Restarted`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::super::TargetState;
+
+/// `enum tgtadm_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    System = 0,
+    Target = 1,
+    Device = 2,
+    Account = 7,
+}
+
+/// `enum tgtadm_op`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    New = 0,
+    Delete = 1,
+    Show = 2,
+    Bind = 3,
+    Unbind = 4,
+}
+
+/// One request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub mode: Mode,
+    pub op: Op,
+    /// The target id; -1 for none.
+    pub tid: i32,
+    pub lun: Option<u64>,
+    pub force: bool,
+    /// `key=value` parameters, comma-separated, as `tgtadm` builds them.
+    pub params: String,
+}
+
+impl Request {
+    fn of(mode: Mode, op: Op, tid: i32, params: String) -> Request {
+        Request { mode, op, tid, lun: None, force: false, params }
+    }
+
+    /// `tgtadm --op show --mode sys`.
+    pub fn show_system() -> Request {
+        Request::of(Mode::System, Op::Show, -1, String::new())
+    }
+
+    /// `tgtadm --lld iscsi --op show --mode target`: every target with its LUNs, ACL, accounts
+    /// and sessions (tgtd has no such view of one target).
+    pub fn show_targets() -> Request {
+        Request::of(Mode::Target, Op::Show, -1, String::new())
+    }
+
+    pub fn new_target(tid: u32, iqn: &str) -> Request {
+        Request::of(Mode::Target, Op::New, tid as i32, format!("targetname={iqn}"))
+    }
+
+    /// Deletes a target with its LUNs, closing its sessions (`--force`).
+    pub fn delete_target(tid: u32) -> Request {
+        Request { force: true, ..Request::of(Mode::Target, Op::Delete, tid as i32, String::new()) }
+    }
+
+    /// A LUN backed by the file at `path` (tgtd's default `rdwr` backing store).
+    pub fn new_lun(tid: u32, lun: u32, path: &str) -> Request {
+        Request {
+            lun: Some(lun.into()),
+            ..Request::of(Mode::Device, Op::New, tid as i32, format!("path={path}"))
+        }
+    }
+
+    pub fn delete_lun(tid: u32, lun: u32) -> Request {
+        Request { lun: Some(lun.into()), ..Request::of(Mode::Device, Op::Delete, tid as i32, String::new()) }
+    }
+
+    pub fn bind_initiator(tid: u32, initiator: &str) -> Request {
+        Request::of(Mode::Target, Op::Bind, tid as i32, format!("initiator-name={initiator}"))
+    }
+
+    pub fn unbind_initiator(tid: u32, initiator: &str) -> Request {
+        Request::of(Mode::Target, Op::Unbind, tid as i32, format!("initiator-name={initiator}"))
+    }
+
+    /// A CHAP account. The secret travels only on the socket.
+    pub fn new_account(user: &str, secret: &str) -> Request {
+        Request::of(Mode::Account, Op::New, -1, format!("user={user},password={secret}"))
+    }
+
+    pub fn delete_account(user: &str) -> Request {
+        Request::of(Mode::Account, Op::Delete, -1, format!("user={user}"))
+    }
+
+    /// Binds an incoming account to a target.
+    pub fn bind_account(tid: u32, user: &str) -> Request {
+        Request::of(Mode::Account, Op::Bind, tid as i32, format!("user={user}"))
+    }
+
+    pub fn unbind_account(tid: u32, user: &str) -> Request {
+        Request::of(Mode::Account, Op::Unbind, tid as i32, format!("user={user}"))
+    }
+
+    pub fn show_accounts() -> Request {
+        Request::of(Mode::Account, Op::Show, -1, String::new())
+    }
+
+    /// The request's bytes: the header, then the parameters NUL-terminated.
+    pub fn encode(&self) -> Vec<u8> {
+        let body_len = self.params.len() + 1;
+        let mut h = vec![0u8; REQ_SIZE];
+        h[0..4].copy_from_slice(&(self.mode as u32).to_ne_bytes());
+        h[4..8].copy_from_slice(&(self.op as u32).to_ne_bytes());
+        h[8..13].copy_from_slice(b"iscsi"); // lld[64], NUL-padded
+        h[72..76].copy_from_slice(&((REQ_SIZE + body_len) as u32).to_ne_bytes()); // len
+        h[76..80].copy_from_slice(&self.tid.to_ne_bytes());
+        // sid (80..88) = 0
+        h[88..96].copy_from_slice(&self.lun.unwrap_or(u64::MAX).to_ne_bytes());
+        // cid, host_no, device_type (disk = 0), ac_dir (incoming = 0), pack = 0
+        h[116..120].copy_from_slice(&u32::from(self.force).to_ne_bytes());
+        h.extend_from_slice(self.params.as_bytes());
+        h.push(0);
+        h
+    }
+}
+
+/// `sizeof(struct tgtadm_req)`.
+const REQ_SIZE: usize = 120;
+/// The longest answer read from tgtd (a `show` of some tens of thousands of targets).
+const MAX_ANSWER: usize = 256 << 20;
+
+/// A successful answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// What `tgtadm` would print.
+    pub text: String,
+    /// The pid of the tgtd that answered.
+    pub daemon: i32,
+}
+
+/// A failed exchange, classified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    AlreadyExists(String),
+    NotFound(String),
+    Timeout,
+    /// The request was meant for tgtd with this pid, but another daemon answers now: tgtd was
+    /// restarted. Nothing was sent.
+    Restarted {
+        expected: i32,
+        found: i32,
+    },
+    Other(String),
+}
+
+impl Failure {
+    /// Sorts tgtadm's messages (`tgtadm_strerror`) into the outcomes that matter.
+    pub fn classify(message: &str) -> Failure {
+        let m = message.trim().trim_start_matches("tgtadm: ").to_string();
+        const EXISTS: [&str; 5] = [
+            "this target already exists",
+            "this logical unit number already exists",
+            "this access control rule already exists",
+            "this account already exists",
+            "this binding already exists",
+        ];
+        const MISSING: [&str; 5] = [
+            "can't find the target",
+            "can't find the logical unit",
+            "this access control rule does not exist",
+            "can't find the account",
+            "can't find the binding",
+        ];
+        if EXISTS.iter().any(|e| m.contains(e)) {
+            Failure::AlreadyExists(m)
+        } else if MISSING.iter().any(|e| m.contains(e)) {
+            Failure::NotFound(m)
+        } else {
+            Failure::Other(m)
+        }
+    }
+}
+
+/// tgtadm's messages for `enum tgtadm_errno` (tgt `usr/tgtadm_error.h`, `usr/tgtadm.c`,
+/// `tgtadm_strerror`).
+fn strerror(code: u32) -> &'static str {
+    const MESSAGES: [&str; 26] = [
+        "success",
+        "unknown error",
+        "out of memory",
+        "can't find the driver",
+        "can't find the target",
+        "can't find the logical unit",
+        "can't find the session",
+        "can't find the connection",
+        "can't find the binding",
+        "this target already exists",
+        "this logical unit number already exists",
+        "this binding already exists",
+        "this access control rule already exists",
+        "this access control rule does not exist",
+        "this account already exists",
+        "can't find the account",
+        "too many accounts",
+        "invalid request",
+        "this target already has an outgoing account",
+        "this target is still active",
+        "this logical unit is still active",
+        "this driver is busy",
+        "this operation isn't supported",
+        "unknown parameter",
+        "this device has Prevent Removal set",
+        "(unknown tgtadm_errno)",
+    ];
+    MESSAGES.get(code as usize).copied().unwrap_or("(unknown tgtadm_errno)")
+}
+
+/// A client of one tgtd's control socket.
+#[derive(Debug, Clone)]
+pub struct Control {
+    pub socket: PathBuf,
+    pub timeout: Duration,
+}
+
+impl Control {
+    /// One exchange. With `daemon`, the request is sent only if that tgtd (by pid) answers.
+    pub async fn send(&self, request: &Request, daemon: Option<i32>) -> Result<Answer, Failure> {
+        let exchange = async {
+            let mut stream = tokio::net::UnixStream::connect(&self.socket)
+                .await
+                .map_err(|e| Failure::Other(format!("cannot connect to tgtd's control socket: {e}")))?;
+            let pid =
+                stream.peer_cred().ok().and_then(|c| c.pid()).ok_or_else(|| {
+                    Failure::Other("cannot tell which process answers on tgtd's socket".into())
+                })?;
+            if let Some(expected) = daemon
+                && expected != pid
+            {
+                return Err(Failure::Restarted { expected, found: pid });
+            }
+            stream
+                .write_all(&request.encode())
+                .await
+                .map_err(|e| Failure::Other(format!("write to tgtd: {e}")))?;
+            let mut rsp = [0u8; 8];
+            stream.read_exact(&mut rsp).await.map_err(|e| Failure::Other(format!("read from tgtd: {e}")))?;
+            let err = u32::from_ne_bytes(rsp[0..4].try_into().expect("4 bytes"));
+            let len = u32::from_ne_bytes(rsp[4..8].try_into().expect("4 bytes")) as usize;
+            if len > MAX_ANSWER {
+                return Err(Failure::Other(format!("tgtd's answer is too long ({len} bytes)")));
+            }
+            let mut rest = vec![0u8; len.saturating_sub(8)];
+            stream.read_exact(&mut rest).await.map_err(|e| Failure::Other(format!("read from tgtd: {e}")))?;
+            match err {
+                0 => Ok(Answer {
+                    text: String::from_utf8_lossy(&rest).trim_end_matches('\0').to_string(),
+                    daemon: pid,
+                }),
+                code => Err(Failure::classify(strerror(code))),
+            }
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(Failure::Timeout),
+        }
+    }
+}
+
+/// Parses `tgtadm --lld iscsi --op show --mode target`.
+pub fn parse_show(out: &str) -> Vec<TargetState> {
+    #[derive(PartialEq)]
+    enum Section {
+        Other,
+        Nexus,
+        Lun,
+        Account,
+        Acl,
+    }
+    let mut targets: Vec<TargetState> = Vec::new();
+    let mut section = Section::Other;
+    let mut lun: Option<u32> = None;
+    for line in out.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let text = line.trim();
+        if indent == 0 {
+            if let Some(rest) = text.strip_prefix("Target ")
+                && let Some((tid, iqn)) = rest.split_once(": ")
+            {
+                targets.push(TargetState {
+                    iqn: iqn.trim().to_string(),
+                    tid: tid.parse().unwrap_or(0),
+                    ..Default::default()
+                });
+            }
+            section = Section::Other;
+            continue;
+        }
+        let Some(target) = targets.last_mut() else { continue };
+        if indent == 4 {
+            section = match text {
+                "I_T nexus information:" => Section::Nexus,
+                "LUN information:" => Section::Lun,
+                "Account information:" => Section::Account,
+                "ACL information:" => Section::Acl,
+                _ => Section::Other,
+            };
+            continue;
+        }
+        match section {
+            Section::Nexus if indent == 8 && text.starts_with("I_T nexus:") => target.sessions += 1,
+            Section::Lun if indent == 8 => lun = text.strip_prefix("LUN: ").and_then(|n| n.parse().ok()),
+            Section::Lun if indent == 12 => {
+                if let (Some(l), Some(path)) = (lun, text.strip_prefix("Backing store path: "))
+                    && l != 0
+                    && path != "None"
+                {
+                    target.luns.push((l, path.to_string()));
+                }
+            }
+            Section::Account if indent == 8 && !text.ends_with("(outgoing)") => {
+                target.chap_users.push(text.to_string())
+            }
+            Section::Acl if indent == 8 => target.initiators.push(text.to_string()),
+            _ => {}
+        }
+    }
+    targets
+}
+
+/// Parses `tgtadm --op show --mode account` (incoming accounts).
+pub fn parse_accounts(out: &str) -> Vec<String> {
+    out.lines()
+        .skip_while(|l| !l.starts_with("Account list"))
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.ends_with("(outgoing)"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHOW: &str = "Target 1: iqn.2010-10.org.openstack:volume-abc
+    System information:
+        Driver: iscsi
+        State: ready
+    I_T nexus information:
+        I_T nexus: 3
+            Initiator: iqn.1993-08.org.debian:01:aaa alias: host
+            Connection: 0
+                IP Address: 127.0.0.1
+    LUN information:
+        LUN: 0
+            Type: controller
+            Backing store type: null
+            Backing store path: None
+            Backing store flags: 
+        LUN: 1
+            Type: disk
+            Backing store type: rdwr
+            Backing store path: /var/lib/berth/volumes/volume-abc.img
+            Backing store flags: 
+    Account information:
+        userA
+        userB (outgoing)
+    ACL information:
+        iqn.1993-08.org.debian:01:aaa
+Target 2: iqn.2010-10.org.openstack:volume-def
+    System information:
+        Driver: iscsi
+        State: ready
+    I_T nexus information:
+    LUN information:
+        LUN: 0
+            Backing store path: None
+    Account information:
+    ACL information:
+";
+
+    #[test]
+    fn show_output_is_parsed_per_target() {
+        let t = parse_show(SHOW);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0].iqn, "iqn.2010-10.org.openstack:volume-abc");
+        assert_eq!(t[0].tid, 1);
+        assert_eq!(t[0].sessions, 1);
+        assert_eq!(t[0].luns, vec![(1, "/var/lib/berth/volumes/volume-abc.img".to_string())]);
+        assert_eq!(t[0].chap_users, vec!["userA".to_string()]);
+        assert_eq!(t[0].initiators, vec!["iqn.1993-08.org.debian:01:aaa".to_string()]);
+        assert_eq!(t[1].tid, 2);
+        assert!(t[1].luns.is_empty() && t[1].initiators.is_empty() && t[1].sessions == 0);
+    }
+
+    #[test]
+    fn accounts_are_parsed_without_outgoing_ones() {
+        assert_eq!(
+            parse_accounts("Account list:\n    alice\n    bob (outgoing)\n"),
+            vec!["alice".to_string()]
+        );
+    }
+
+    #[test]
+    fn tgtadm_messages_are_classified() {
+        assert!(matches!(Failure::classify("tgtadm: this target already exists"), Failure::AlreadyExists(_)));
+        assert!(matches!(Failure::classify("tgtadm: can't find the target"), Failure::NotFound(_)));
+        assert!(matches!(
+            Failure::classify("tgtadm: this access control rule does not exist"),
+            Failure::NotFound(_)
+        ));
+        assert!(matches!(Failure::classify("tgtadm: out of memory"), Failure::Other(_)));
+    }
+
+    /// The bytes `tgtadm --lld iscsi --mode logicalunit --op new --tid 3 --lun 1 -b <path>` sends.
+    #[test]
+    fn requests_match_tgtadms_layout() {
+        let r = Request::new_lun(3, 1, "/x.img").encode();
+        let u32_at = |i: usize| u32::from_ne_bytes(r[i..i + 4].try_into().unwrap());
+        assert_eq!(u32_at(0), Mode::Device as u32);
+        assert_eq!(u32_at(4), Op::New as u32);
+        assert_eq!(&r[8..14], b"iscsi\0");
+        assert_eq!(u32_at(72) as usize, r.len());
+        assert_eq!(i32::from_ne_bytes(r[76..80].try_into().unwrap()), 3);
+        assert_eq!(u64::from_ne_bytes(r[88..96].try_into().unwrap()), 1);
+        assert_eq!(u32_at(116), 0, "no force");
+        assert_eq!(&r[120..], b"path=/x.img\0");
+        let d = Request::delete_target(7).encode();
+        assert_eq!(u32::from_ne_bytes(d[116..120].try_into().unwrap()), 1, "force");
+        assert_eq!(u64::from_ne_bytes(d[88..96].try_into().unwrap()), u64::MAX, "no LUN");
+        let a = Request::new_account("u", "s").encode();
+        assert_eq!(i32::from_ne_bytes(a[76..80].try_into().unwrap()), -1);
+    }
+}
