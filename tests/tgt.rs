@@ -2,6 +2,7 @@
 //! only, costs one exchange on tgtd's control socket, never reaches a restarted tgtd's other
 //! targets, and times out; CHAP works with a real initiator.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth::capabilities::iscsi::tgt::{Tgtd, TgtdConfig};
@@ -243,6 +244,58 @@ async fn a_target_removed_behind_the_services_back_is_noticed_at_the_next_change
     t.deny_initiator(&a, &iqn(ALICE)).await.expect("revoking on a missing target is not an error");
     export(&rig, &t, "a", ALICE).await;
     assert_eq!(rig.tgtd.targets()[0].initiators, vec![ALICE.to_string()]);
+}
+
+/// A listing (the reconciler's) taken while other targets change must not make the service forget
+/// those changes: here listings run in a loop while eight targets are exported and half of them
+/// removed again, concurrently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_while_targets_change_lose_no_change() {
+    let rig = Rig::start();
+    let t = Arc::new(rig.service());
+    let images: Vec<String> = (0..8).map(|i| rig.image(&format!("r{i}.img"))).collect();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lister = {
+        let (t, stop) = (t.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                t.list().await.unwrap();
+            }
+        })
+    };
+    let mut tasks = Vec::new();
+    for (i, image) in images.into_iter().enumerate() {
+        let t = t.clone();
+        tasks.push(tokio::spawn(async move {
+            for round in 0..5 {
+                let target = iqn(&format!("iqn.2010-10.org.openstack:volume-r{i}"));
+                t.create_target(&target).await.unwrap();
+                t.add_lun(&target, Lun::new(1).unwrap(), &image).await.unwrap();
+                t.set_chap(&target, &ChapPolicy::default().generate()).await.unwrap();
+                t.allow_initiator(&target, &iqn(ALICE)).await.unwrap();
+                if i % 2 == 0 || round < 4 {
+                    t.deny_initiator(&target, &iqn(ALICE)).await.unwrap();
+                    t.delete_target(&target).await.unwrap();
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("every change succeeds");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    lister.await.unwrap();
+    let left = rig.tgtd.targets();
+    assert_eq!(left.len(), 4, "{left:?}");
+    for target in &left {
+        assert_eq!(target.initiators, vec![ALICE.to_string()]);
+        assert_eq!(target.chap_users.len(), 1);
+        assert_eq!(
+            t.show(&iqn(&target.iqn)).await.unwrap().as_ref(),
+            Some(target),
+            "the model agrees with tgtd"
+        );
+    }
 }
 
 /// Operations cost one exchange each, whatever the number of targets: after the model is

@@ -56,8 +56,14 @@ async fn run() {
         println!("changes sent to tgtd per cycle: {:.1}", (changes() - before) as f64 / n as f64);
     }
 
+    // Measured as a user runs it: the default log level.
+    // SAFETY: set before any thread that reads the environment is started by this benchmark.
+    unsafe { std::env::set_var("BERTH_TEST_SERVER_LOG", "info") };
     let berth = BerthProcess::start(&tgtd.config());
-    for clients in [1usize, 4] {
+    let counts: Vec<usize> = std::env::var("BERTH_BENCH_CLIENTS")
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|_| vec![1, 4]);
+    for clients in counts {
         let base = Client::for_base(&berth.base, "bench").at("3.54");
         let (mut latencies, elapsed) = closed_loop(workers(&base, clients).await).await;
         let rate = latencies.len() as f64 / elapsed.as_secs_f64();

@@ -60,7 +60,11 @@ impl BerthProcess {
         let child = Command::new(berth_binary())
             .args(["serve", "--config"])
             .arg(&self.config)
-            .env("BERTH_LOG", "debug,sqlx=warn,hyper=info,reqwest=info")
+            .env(
+                "BERTH_LOG",
+                std::env::var("BERTH_TEST_SERVER_LOG")
+                    .unwrap_or_else(|_| "debug,sqlx=warn,hyper=info,reqwest=info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

@@ -77,12 +77,38 @@ struct Daemon {
     socket: SocketId,
 }
 
+/// What this process knows of one tgtd's targets. Local changes are stamped with an epoch, so
+/// that a listing requested before them (by the reconciler, say, while a change of another
+/// target is under way) does not undo them when it is installed.
 #[derive(Default)]
 struct Model {
     daemon: Option<Daemon>,
-    targets: HashMap<String, TargetState>,
-    /// The target ids in use, and those being created.
-    tids: BTreeSet<u32>,
+    targets: HashMap<String, Known>,
+    /// Targets deleted by this process, at which epoch.
+    gone: HashMap<String, u64>,
+    /// Target ids being created.
+    reserved: BTreeSet<u32>,
+    /// Counts local changes.
+    epoch: u64,
+}
+
+struct Known {
+    state: TargetState,
+    /// The epoch of the last local change (0: as listed).
+    changed: u64,
+}
+
+impl Model {
+    /// The next id after the highest in use or being created.
+    fn next_tid(&self) -> u32 {
+        let listed = self.targets.values().map(|k| k.state.tid).max().unwrap_or(0);
+        listed.max(self.reserved.last().copied().unwrap_or(0)) + 1
+    }
+
+    fn touch(&mut self) -> u64 {
+        self.epoch += 1;
+        self.epoch
+    }
 }
 
 /// tgtd, reached over its control socket.
@@ -229,23 +255,43 @@ impl Tgtd {
     /// Loads the model from one listing of tgtd's targets.
     async fn reload(&self) -> Result<i32, Failure> {
         let _one = self.reloading.lock().await;
+        Ok(self.listing().await?.1)
+    }
+
+    /// Lists tgtd's targets and installs the listing in the model; returns it with the daemon.
+    async fn listing(&self) -> Result<(Vec<TargetState>, i32), Failure> {
+        let since = guard(&self.model).epoch;
         let socket = self.socket_id();
         let answer = self.control.send(&Request::show_targets(), None).await?;
         self.listings.fetch_add(1, Ordering::Relaxed);
-        self.install(&answer, socket);
-        Ok(answer.daemon)
+        let targets = parse_show(&answer.text);
+        self.install(&targets, answer.daemon, socket, since);
+        Ok((targets, answer.daemon))
     }
 
-    fn install(&self, answer: &Answer, socket: Option<SocketId>) -> Vec<TargetState> {
-        let targets = parse_show(&answer.text);
+    /// Installs a listing requested when the model was at epoch `since`: what this process
+    /// changed since then stays as it is in the model.
+    fn install(&self, listed: &[TargetState], pid: i32, socket: Option<SocketId>, since: u64) {
         let mut model = guard(&self.model);
-        if model.daemon.is_some_and(|p| p.pid != answer.daemon) {
-            tracing::warn!(pid = answer.daemon, "tgtd was restarted; reloaded its targets");
+        let same_daemon = model.daemon.is_some_and(|d| d.pid == pid);
+        if model.daemon.is_some() && !same_daemon {
+            tracing::warn!(pid, "tgtd was restarted; reloaded its targets");
         }
-        model.daemon = socket.map(|socket| Daemon { pid: answer.daemon, socket });
-        model.tids = targets.iter().map(|t| t.tid).collect();
-        model.targets = targets.iter().map(|t| (t.iqn.clone(), t.clone())).collect();
-        targets
+        let mut targets: HashMap<String, Known> =
+            listed.iter().map(|t| (t.iqn.clone(), Known { state: t.clone(), changed: 0 })).collect();
+        if same_daemon {
+            for (iqn, known) in model.targets.drain().filter(|(_, k)| k.changed > since) {
+                targets.insert(iqn, known);
+            }
+            for (iqn, _) in model.gone.iter().filter(|(_, at)| **at > since) {
+                targets.remove(iqn);
+            }
+            model.gone.retain(|_, at| *at > since);
+        } else {
+            model.gone.clear();
+        }
+        model.targets = targets;
+        model.daemon = socket.map(|socket| Daemon { pid, socket });
     }
 
     /// Sends a change to the daemon the model describes. A restarted daemon gets nothing: the
@@ -276,16 +322,20 @@ impl Tgtd {
     }
 
     fn known(&self, iqn: &Iqn) -> Option<TargetState> {
-        guard(&self.model).targets.get(iqn.as_str()).cloned()
+        guard(&self.model).targets.get(iqn.as_str()).map(|k| k.state.clone())
     }
 
     fn require(&self, iqn: &Iqn) -> Result<TargetState, Failure> {
         self.known(iqn).ok_or_else(|| Failure::NotFound(format!("can't find the target {iqn}")))
     }
 
+    /// Records a change this process made to a target.
     fn update(&self, iqn: &Iqn, f: impl FnOnce(&mut TargetState)) {
-        if let Some(t) = guard(&self.model).targets.get_mut(iqn.as_str()) {
-            f(t);
+        let mut model = guard(&self.model);
+        let epoch = model.touch();
+        if let Some(known) = model.targets.get_mut(iqn.as_str()) {
+            f(&mut known.state);
+            known.changed = epoch;
         }
     }
 
@@ -342,7 +392,7 @@ impl Tgtd {
         guard(&self.model)
             .targets
             .values()
-            .any(|t| t.iqn != iqn.as_str() && t.chap_users.iter().any(|u| u == user))
+            .any(|k| k.state.iqn != iqn.as_str() && k.state.chap_users.iter().any(|u| u == user))
     }
 
     fn check_backing_path(&self, path: &str) -> Result<(), TargetError> {
@@ -381,20 +431,23 @@ impl TargetService for Tgtd {
                 // its id back, and targets created at the same time get different ones.
                 let tid = {
                     let mut model = guard(&self.model);
-                    let tid = model.tids.last().map_or(1, |t| t + 1);
-                    model.tids.insert(tid);
+                    let tid = model.next_tid();
+                    model.reserved.insert(tid);
                     tid
                 };
                 let created = self.change(Request::new_target(tid, iqn.as_str()), iqn.as_str()).await;
-                if created.is_err() {
-                    guard(&self.model).tids.remove(&tid);
+                let state = TargetState { iqn: iqn.to_string(), tid, ..Default::default() };
+                {
+                    let mut model = guard(&self.model);
+                    model.reserved.remove(&tid);
+                    if created.is_ok() {
+                        let changed = model.touch();
+                        model.gone.remove(iqn.as_str());
+                        model.targets.insert(iqn.to_string(), Known { state: state.clone(), changed });
+                    }
                 }
                 match created {
-                    Ok(_) => {
-                        let state = TargetState { iqn: iqn.to_string(), tid, ..Default::default() };
-                        guard(&self.model).targets.insert(iqn.to_string(), state.clone());
-                        return Ok(state);
-                    }
+                    Ok(_) => return Ok(state),
                     // The id or the name is taken by a target the model did not know of.
                     Err(Failure::AlreadyExists(_)) => {
                         self.reload().await?;
@@ -417,8 +470,9 @@ impl TargetService for Tgtd {
             }
             {
                 let mut model = guard(&self.model);
+                let epoch = model.touch();
                 model.targets.remove(iqn.as_str());
-                model.tids.remove(&target.tid);
+                model.gone.insert(iqn.to_string(), epoch);
             }
             for user in &target.chap_users {
                 if !self.bound_elsewhere(user, iqn) {
@@ -583,14 +637,7 @@ impl TargetService for Tgtd {
 
     /// Every target, as tgtd lists them now; the model is reloaded from the same listing.
     async fn list(&self) -> Result<Vec<TargetState>, TargetError> {
-        let socket = self.socket_id();
-        let answer = self
-            .control
-            .send(&Request::show_targets(), None)
-            .await
-            .map_err(|f| f.into_error("show targets"))?;
-        self.listings.fetch_add(1, Ordering::Relaxed);
-        Ok(self.install(&answer, socket))
+        Ok(self.listing().await.map_err(|f| f.into_error("show targets"))?.0)
     }
 }
 
