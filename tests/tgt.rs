@@ -23,8 +23,12 @@ impl Rig {
         Rig { tgtd: TgtdProcess::start(), dir: tempfile::tempdir().unwrap() }
     }
 
+    /// Accounts are deleted with their target (see `kept_accounts_...` for the default).
     fn config(&self) -> TgtdConfig {
-        TgtdConfig::new(self.tgtd.control_port, self.dir.path())
+        TgtdConfig {
+            keep_exports: Duration::ZERO,
+            ..TgtdConfig::new(self.tgtd.control_port, self.dir.path())
+        }
     }
 
     fn service(&self) -> Tgtd {
@@ -298,6 +302,119 @@ async fn listings_while_targets_change_lose_no_change() {
     }
 }
 
+/// A volume's CHAP account outlives its export (tgtd's account table is quadratic, so accounts
+/// are not made and deleted with every export): deleting the target unbinds it, the next export
+/// with the same credentials binds it again without making one, and the sweep deletes it once it
+/// has been kept long enough.
+#[tokio::test]
+async fn kept_accounts_are_bound_again_and_swept_when_unused() {
+    let rig = Rig::start();
+    let t = Tgtd::new(TgtdConfig { keep_exports: Duration::from_millis(300), ..rig.config() });
+    let (target, chap) = export(&rig, &t, "k", ALICE).await;
+    let user = chap.user.as_str().to_string();
+    t.deny_initiator(&target, &iqn(ALICE)).await.unwrap();
+    t.delete_target(&target).await.unwrap();
+    assert!(rig.tgtd.targets().iter().all(|t| t.chap_users.is_empty()), "no account is bound");
+    assert!(t.accounts().await.unwrap().contains(&user), "the account is kept");
+
+    // The next export with the volume's credentials binds the kept account (and takes the kept
+    // target back): neither an account nor a target is made.
+    let before = t.changes();
+    t.create_target(&target).await.unwrap();
+    t.add_lun(&target, Lun::new(1).unwrap(), &rig.image("k.img")).await.unwrap();
+    t.set_chap(&target, &chap).await.unwrap();
+    t.allow_initiator(&target, &iqn(ALICE)).await.unwrap();
+    assert_eq!(t.changes() - before, 3, "add LUN, bind account, allow initiator");
+    Session::login(&rig.target(&target, &chap), ALICE).expect("the kept account logs in");
+    assert_eq!(t.sweep().await.unwrap(), 0, "a bound account is not swept");
+
+    t.deny_initiator(&target, &iqn(ALICE)).await.unwrap();
+    t.delete_target(&target).await.unwrap();
+    assert_eq!(t.sweep().await.unwrap(), 0, "not kept long enough yet");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(t.sweep().await.unwrap(), 2, "the kept target and its account");
+    assert!(!t.accounts().await.unwrap().contains(&user), "swept");
+    assert!(rig.tgtd.targets().is_empty());
+
+    // An unbound account this process does not know (an earlier run kept it) is swept at once.
+    assert!(
+        rig.tgtd
+            .tgtadm(&[
+                "--op",
+                "new",
+                "--mode",
+                "account",
+                "--user",
+                "stray",
+                "--password",
+                "straysecret12345678"
+            ])
+            .status
+            .success()
+    );
+    assert_eq!(t.sweep().await.unwrap(), 1);
+    assert!(t.accounts().await.unwrap().is_empty());
+}
+
+/// An export whose target goes is kept bare for reuse (tgtd deletes targets in quadratic time):
+/// drivers no longer see it, the next export of the volume takes it back with its id, a target
+/// with a session is deleted for real (which closes the session), deleting it again deletes it,
+/// a restarted service still knows it (state file), and the sweep deletes it once kept too long.
+#[tokio::test]
+async fn a_deleted_target_is_kept_bare_and_taken_back() {
+    let rig = Rig::start();
+    let state = rig.dir.path().join("kept.json");
+    let keeping = || {
+        Tgtd::new(TgtdConfig {
+            keep_exports: Duration::from_millis(400),
+            state_file: Some(state.clone()),
+            ..rig.config()
+        })
+    };
+    let t = keeping();
+    let (a, chap) = export(&rig, &t, "ka", ALICE).await;
+    let tid = rig.tgtd.targets()[0].tid;
+    t.deny_initiator(&a, &iqn(ALICE)).await.unwrap();
+    t.delete_target(&a).await.unwrap();
+    assert!(t.show(&a).await.unwrap().is_none(), "drivers see it deleted");
+    assert!(t.list().await.unwrap().is_empty());
+    let bare = rig.tgtd.targets();
+    assert_eq!(bare.len(), 1, "tgtd keeps it");
+    assert!(
+        bare[0].luns.is_empty() && bare[0].initiators.is_empty() && bare[0].chap_users.is_empty(),
+        "bare"
+    );
+
+    // A restarted service still knows it; the next export takes it back.
+    let t = keeping();
+    assert!(t.list().await.unwrap().is_empty(), "still hidden after a restart");
+    let again = t.create_target(&a).await.unwrap();
+    assert_eq!(again.tid, tid, "taken back with its id");
+    t.add_lun(&a, Lun::new(1).unwrap(), &rig.image("ka.img")).await.unwrap();
+    t.set_chap(&a, &chap).await.unwrap();
+    t.allow_initiator(&a, &iqn(ALICE)).await.unwrap();
+    let session = Session::login(&rig.target(&a, &chap), ALICE).expect("the export taken back works");
+
+    // With a session, deleting deletes for real (and closes it).
+    t.delete_target(&a).await.unwrap();
+    assert!(rig.tgtd.targets().is_empty(), "a target with a session is deleted");
+    assert!(session.capacity().is_err(), "its session is closed");
+    drop(session);
+
+    // Kept, then deleted again: gone. Kept, then left: swept.
+    let (b, _) = export(&rig, &t, "kb", BOB).await;
+    t.delete_target(&b).await.unwrap();
+    assert_eq!(rig.tgtd.targets().len(), 1);
+    t.delete_target(&b).await.unwrap();
+    assert!(rig.tgtd.targets().is_empty(), "deleting a kept target deletes it");
+    let (c, _) = export(&rig, &t, "kc", BOB).await;
+    t.delete_target(&c).await.unwrap();
+    assert_eq!(t.sweep().await.unwrap(), 0);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(t.sweep().await.unwrap() >= 1);
+    assert!(rig.tgtd.targets().is_empty(), "swept");
+}
+
 /// Operations cost one exchange each, whatever the number of targets: after the model is
 /// loaded once, nothing lists tgtd's targets again.
 #[tokio::test]
@@ -332,4 +449,63 @@ async fn new_chap_credentials_replace_the_old_ones() {
     );
     assert!(Session::login(&rig.target(&target, &old), ALICE).is_err());
     Session::login(&rig.target(&target, &new), ALICE).expect("the new credentials log in");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn probe_costs_by_target_count() {
+    let mut tgtd = TgtdProcess::start_with_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let t = Tgtd::new(TgtdConfig::new(tgtd.control_port, dir.path()));
+    let img = |name: &str| {
+        let p = dir.path().join(name);
+        std::fs::File::create(&p).unwrap().set_len(1 << 20).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let mut made = 0;
+    for goal in [0usize, 1000, 3000] {
+        while made < goal {
+            let q = iqn(&format!("iqn.2010-10.org.openstack:volume-fill{made}"));
+            t.create_target(&q).await.unwrap();
+            t.add_lun(&q, Lun::new(1).unwrap(), &img(&format!("f{made}.img"))).await.unwrap();
+            t.set_chap(&q, &ChapPolicy::default().generate()).await.unwrap();
+            t.allow_initiator(&q, &iqn(ALICE)).await.unwrap();
+            made += 1;
+        }
+        let q = iqn("iqn.2010-10.org.openstack:volume-probe");
+        let path = img("probe.img");
+        let probe_chap = ChapPolicy::default().generate();
+        let mut times = std::collections::BTreeMap::<&str, Duration>::new();
+        for _ in 0..20 {
+            let s = Instant::now();
+            t.create_target(&q).await.unwrap();
+            *times.entry("1 create target").or_default() += s.elapsed();
+            let s = Instant::now();
+            t.add_lun(&q, Lun::new(1).unwrap(), &path).await.unwrap();
+            *times.entry("2 add lun").or_default() += s.elapsed();
+            let s = Instant::now();
+            t.set_chap(&q, &probe_chap).await.unwrap();
+            *times.entry("3 set chap").or_default() += s.elapsed();
+            let s = Instant::now();
+            t.allow_initiator(&q, &iqn(BOB)).await.unwrap();
+            *times.entry("4 allow").or_default() += s.elapsed();
+            let s = Instant::now();
+            t.deny_initiator(&q, &iqn(BOB)).await.unwrap();
+            *times.entry("5 deny").or_default() += s.elapsed();
+            let s = Instant::now();
+            t.remove_lun(&q, Lun::new(1).unwrap()).await.unwrap();
+            *times.entry("6 remove lun").or_default() += s.elapsed();
+            let s = Instant::now();
+            t.delete_target(&q).await.unwrap();
+            *times.entry("7 delete target").or_default() += s.elapsed();
+        }
+        eprintln!(
+            "{goal} targets: {:?}",
+            times
+                .iter()
+                .map(|(k, v)| format!("{k} {:.0}us", v.as_micros() as f64 / 20.0))
+                .collect::<Vec<_>>()
+        );
+    }
+    tgtd.kill();
 }

@@ -159,6 +159,15 @@ pub struct TgtConfig {
     pub tgtd: PathBuf,
     /// Timeout of one request to tgtd.
     pub command_timeout_ms: u64,
+    /// I/O threads tgtd gives each LUN (`tgtd -t`), when Berth starts tgtd. Every attached volume
+    /// costs tgtd that many threads: with the kernel's default `pid_max` of 32,768, 4 threads
+    /// allow about 8,000 attached volumes, 2 about 16,000 (tgtd's own default, 16, about 2,000).
+    pub io_threads: u32,
+    /// How long a volume's target and CHAP account stay in tgtd, inert (no LUN, no ACL entry, no
+    /// account bound: they expose nothing and admit nobody), after its last attachment goes, so
+    /// that attaching the volume again reuses them: tgtd deletes targets and accounts in time
+    /// quadratic in their number (see `capabilities/iscsi/tgt/service.rs`). 0: deleted at once.
+    pub keep_exports_seconds: u64,
     pub chap_username_length: usize,
     pub chap_secret_length: usize,
 }
@@ -172,6 +181,8 @@ impl Default for TgtConfig {
             start: true,
             tgtd: "/usr/sbin/tgtd".into(),
             command_timeout_ms: 10_000,
+            io_threads: 4,
+            keep_exports_seconds: 3600,
             chap_username_length: 20,
             chap_secret_length: 20,
         }

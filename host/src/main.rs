@@ -104,6 +104,23 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Measure a Cinder-compatible endpoint (Berth or Cinder) with the same client.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// The attach cycle (attachments API, or the legacy actions with --legacy): cycles/s and
+    /// p50/p99 of every call, optionally after filling the backend with live attachments.
+    Attach {
+        #[command(flatten)]
+        args: berth::client::bench::AttachBench,
+        #[command(flatten)]
+        credentials: Credentials,
+    },
 }
 
 #[derive(Subcommand)]
@@ -193,6 +210,28 @@ fn main() -> ExitCode {
             println!("detached volume {} (attachment {id})", args.volume_id);
             Ok(())
         }),
+        Command::Bench { command: BenchCommand::Attach { args, credentials } } => {
+            let runtime =
+                tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+            let outcome = runtime.block_on(async {
+                let api = Endpoint::resolve(&credentials)?;
+                berth::client::bench::run(&api, &args).await
+            });
+            match outcome {
+                Ok(report) if args.json => {
+                    println!("{}", report.json());
+                    ExitCode::SUCCESS
+                }
+                Ok(report) => {
+                    print!("{}", report.text());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("berth: {e}");
+                    ExitCode::from(e.exit_code())
+                }
+            }
+        }
         Command::Token { command: TokenCommand::New { user, project, roles } } => {
             match berth::api::auth::new_token(&user, &project, &roles) {
                 Ok((token, entry)) => {

@@ -140,6 +140,9 @@ async fn iscsi_capability(config: &Config, stores: Arc<BackingStores>) -> anyhow
         socket_dir: PathBuf::from("/var/run/tgtd"),
         backing_dir: stores.dir().to_path_buf(),
         timeout: Duration::from_millis(config.tgt.command_timeout_ms),
+        io_threads: config.tgt.io_threads,
+        keep_exports: Duration::from_secs(config.tgt.keep_exports_seconds),
+        state_file: Some(config.data_dir().join(format!("tgt-kept-{}.json", config.tgt.control_port))),
     });
     if config.tgt.start {
         if tgtd.ensure_running(&portals[0]).await.map_err(|e| anyhow::anyhow!("tgtd: {e}"))? {

@@ -16,6 +16,8 @@ unsafe extern "C" {
     fn iscsi_set_targetname(iscsi: *mut c_void, targetname: *const c_char) -> c_int;
     fn iscsi_set_session_type(iscsi: *mut c_void, session_type: c_int) -> c_int;
     fn iscsi_set_header_digest(iscsi: *mut c_void, digest: c_int) -> c_int;
+    fn iscsi_set_timeout(iscsi: *mut c_void, timeout: c_int) -> c_int;
+    fn iscsi_set_noautoreconnect(iscsi: *mut c_void, state: c_int);
     fn iscsi_set_initiator_username_pwd(
         iscsi: *mut c_void,
         user: *const c_char,
@@ -125,6 +127,10 @@ impl Session {
             iscsi_set_targetname(ctx, iqn.as_ptr());
             iscsi_set_session_type(ctx, ISCSI_SESSION_NORMAL);
             iscsi_set_header_digest(ctx, ISCSI_HEADER_DIGEST_NONE);
+            // A test's initiator gives up instead of reconnecting forever to a target that is
+            // gone or that closed its session: the next I/O fails, within seconds.
+            iscsi_set_timeout(ctx, 5);
+            iscsi_set_noautoreconnect(ctx, 1);
             if let Some((user, secret)) = &target.chap {
                 let (u, s) = (CString::new(user.clone()).unwrap(), CString::new(secret.clone()).unwrap());
                 iscsi_set_initiator_username_pwd(ctx, u.as_ptr(), s.as_ptr());

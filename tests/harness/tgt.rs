@@ -18,17 +18,23 @@ pub struct TgtdProcess {
     child: Option<Child>,
     pub control_port: u16,
     pub portal_port: u16,
+    /// I/O threads per LUN (`tgtd -t`): thousands of LUNs need few (see `[tgt] io_threads`).
+    pub io_threads: u32,
 }
 
 impl TgtdProcess {
     pub fn start() -> TgtdProcess {
+        Self::start_with_threads(4)
+    }
+
+    pub fn start_with_threads(io_threads: u32) -> TgtdProcess {
         let control_port = loop {
             let n = 1_000 + (rand_u32() % 31_000) as u16; // tgtd -C takes a short
             if !Path::new(&format!("/var/run/tgtd/socket.{n}")).exists() {
                 break n;
             }
         };
-        let mut t = TgtdProcess { child: None, control_port, portal_port: free_port() };
+        let mut t = TgtdProcess { child: None, control_port, portal_port: free_port(), io_threads };
         t.spawn();
         t
     }
@@ -38,10 +44,10 @@ impl TgtdProcess {
             Path::new("/usr/sbin/tgtd").exists(),
             "tgtd is not installed (Debian package tgt); run .ci/setup"
         );
-        let (c, p) = (self.control_port, self.portal_port);
+        let (c, p, t) = (self.control_port, self.portal_port, self.io_threads);
         let script = format!(
             "rm -f /var/run/tgtd/socket.{c} /var/run/tgtd/socket.{c}.lock; \
-             /usr/sbin/tgtd -f -C {c} --iscsi portal=127.0.0.1:{p} >/dev/null 2>&1 & pid=$!; \
+             /usr/sbin/tgtd -f -C {c} -t {t} --iscsi portal=127.0.0.1:{p} >/dev/null 2>&1 & pid=$!; \
              cat >/dev/null; kill -KILL $pid; wait $pid; rm -f /var/run/tgtd/socket.{c} /var/run/tgtd/socket.{c}.lock"
         );
         let child = Command::new("sh")
@@ -183,8 +189,9 @@ impl Rig {
         self.berth.log_text().matches("tgtd change").count()
     }
 
-    /// Whether tgtd has a target for the volume.
+    /// Whether tgtd exports the volume (a target with a LUN; a bare target kept for reuse after
+    /// the volume's last attachment went does not count).
     pub fn exported(&self, volume: &str) -> bool {
-        self.tgtd.targets().iter().any(|t| t.iqn.ends_with(volume))
+        self.tgtd.targets().iter().any(|t| t.iqn.ends_with(volume) && !t.luns.is_empty())
     }
 }

@@ -28,6 +28,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+
 use super::model::{Connector, Live, OpKind};
 use super::state::{Event, transition};
 use super::{AttachError, Service};
@@ -36,6 +38,9 @@ use crate::failpoint;
 use crate::runtime::Call;
 use crate::store::attachments as rows;
 use crate::store::{operations, targets, volumes};
+
+/// Repairs run at the same time (each is a few driver calls and target-service requests).
+const REPAIRS_AT_ONCE: usize = 4;
 
 /// How a reconciliation acts.
 #[derive(Debug, Clone)]
@@ -69,6 +74,8 @@ pub struct Reconciled {
     pub reported: Vec<String>,
     /// Targets the target service has that this service did not create.
     pub drift: Vec<String>,
+    /// Unused objects the target service's housekeeping removed (tgtd: kept CHAP accounts).
+    pub swept: usize,
     /// What could not be done, with the reason.
     pub failed: Vec<(String, String)>,
 }
@@ -128,6 +135,12 @@ impl Service {
         self.recover_orphans(&mut report).await?;
         if let Some(service) = targets {
             self.compare(service, options, &mut report).await?;
+            match service.sweep().await {
+                Ok(n) => report.swept = n,
+                Err(e) => {
+                    report.failed.push((String::new(), format!("housekeeping of the target service: {e}")))
+                }
+            }
         }
         Ok(report)
     }
@@ -184,6 +197,7 @@ impl Service {
         });
         let backends = backends.await?;
         let mut still_seen = HashSet::new();
+        let mut to_repair = Vec::new();
 
         for (volume_id, expected) in &by_volume {
             let uses_targets =
@@ -200,11 +214,7 @@ impl Service {
                         })
                     });
                 if !healthy {
-                    match self.repair(volume_id).await {
-                        Ok(true) => report.repaired.push(volume_id.clone()),
-                        Ok(false) => {}
-                        Err(e) => report.failed.push((volume_id.clone(), format!("repair: {e}"))),
-                    }
+                    to_repair.push(volume_id.clone());
                 }
                 for iqn in &expected.targets {
                     let Some(target) = actual.get(iqn) else { continue };
@@ -244,6 +254,23 @@ impl Service {
             }
         }
         self.reconciler.seen().first_seen.retain(|k, _| still_seen.contains(k));
+
+        // After a restart of the target service every volume needs a repair: several at a time.
+        let repaired: Vec<(String, Result<bool, AttachError>)> = futures_util::stream::iter(to_repair)
+            .map(|volume_id| async move {
+                let outcome = self.repair(&volume_id).await;
+                (volume_id, outcome)
+            })
+            .buffer_unordered(REPAIRS_AT_ONCE)
+            .collect()
+            .await;
+        for (volume_id, outcome) in repaired {
+            match outcome {
+                Ok(true) => report.repaired.push(volume_id),
+                Ok(false) => {}
+                Err(e) => report.failed.push((volume_id, format!("repair: {e}"))),
+            }
+        }
 
         for iqn in actual.keys().filter(|iqn| !recorded_iqns.contains(iqn.as_str())) {
             report.drift.push(iqn.clone());

@@ -106,7 +106,8 @@ impl Endpoint {
         &self.base
     }
 
-    async fn call(
+    /// One call of the volume API at a microversion; the answer's JSON (`null` when empty).
+    pub async fn call(
         &self,
         method: Method,
         path: &str,
@@ -151,6 +152,52 @@ impl Endpoint {
             }
             _ => ClientError::Api(message),
         })
+    }
+
+    /// `POST /volumes`: a volume of `size_gib`, of the given type (the default type when none);
+    /// returns its id. (Cinder creates it asynchronously: see [`Endpoint::wait_available`].)
+    pub async fn create_volume(
+        &self,
+        size_gib: u64,
+        volume_type: Option<&str>,
+    ) -> Result<String, ClientError> {
+        let mut volume = json!({ "size": size_gib });
+        if let Some(t) = volume_type {
+            volume["volume_type"] = json!(t);
+        }
+        let created = self.call(Method::POST, "/volumes", "3.0", Some(json!({ "volume": volume }))).await?;
+        created["volume"]["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| ClientError::Api("POST /volumes: no volume id in the answer".into()))
+    }
+
+    /// Waits until a volume is `available` (or fails when it turns `error`).
+    pub async fn wait_available(&self, id: &str, timeout: Duration) -> Result<(), ClientError> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let status = self.volume(id).await?["status"].as_str().unwrap_or_default().to_string();
+            match status.as_str() {
+                "available" => return Ok(()),
+                "error" | "error_deleting" => {
+                    return Err(ClientError::Api(format!("volume {id} is {status}")));
+                }
+                _ if std::time::Instant::now() > deadline => {
+                    return Err(ClientError::Api(format!("volume {id} is still {status}")));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// `DELETE /volumes/{id}`.
+    pub async fn delete_volume(&self, id: &str) -> Result<(), ClientError> {
+        self.call(Method::DELETE, &format!("/volumes/{id}"), "3.0", None).await.map(drop)
+    }
+
+    /// `POST /volumes/{id}/action {action: arg}` (the legacy actions); the answer.
+    pub async fn volume_action(&self, id: &str, action: &str, arg: Json) -> Result<Json, ClientError> {
+        self.call(Method::POST, &format!("/volumes/{id}/action"), "3.0", Some(json!({ action: arg }))).await
     }
 
     /// `GET /volumes/{id}`.

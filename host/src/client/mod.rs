@@ -5,9 +5,11 @@
 //! - `connector.rs`: this machine's connector, as os-brick builds it;
 //! - `iscsi.rs`: open-iscsi through `iscsiadm`;
 //! - `local.rs`: the attach and detach flows, with undo;
-//! - `error.rs`: what can go wrong, and the exit code of each.
+//! - `error.rs`: what can go wrong, and the exit code of each;
+//! - `bench.rs`: `berth bench attach`, the attach cycle against any Cinder-compatible endpoint.
 
 pub mod api;
+pub mod bench;
 pub mod connector;
 pub mod error;
 pub mod iscsi;

@@ -141,6 +141,11 @@ pub trait TargetService: Send + Sync {
     async fn set_chap(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError>;
     /// Every target, for the host's own drift report.
     async fn list(&self) -> Result<Vec<TargetState>, TargetError>;
+    /// Housekeeping the host runs now and then (tgtd: deleting CHAP accounts kept unused);
+    /// returns how many objects it removed.
+    async fn sweep(&self) -> Result<usize, TargetError> {
+        Ok(0)
+    }
 }
 
 /// How the host generates CHAP credentials.

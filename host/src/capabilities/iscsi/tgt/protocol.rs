@@ -21,6 +21,7 @@ pub enum Mode {
     System = 0,
     Target = 1,
     Device = 2,
+    Connection = 6,
     Account = 7,
 }
 
@@ -108,6 +109,11 @@ impl Request {
 
     pub fn unbind_account(tid: u32, user: &str) -> Request {
         Request::of(Mode::Account, Op::Unbind, tid as i32, format!("user={user}"))
+    }
+
+    /// The iSCSI connections of one target ("Session: N / Connection: M / Initiator: ...").
+    pub fn show_connections(tid: u32) -> Request {
+        Request::of(Mode::Connection, Op::Show, tid as i32, String::new())
     }
 
     pub fn show_accounts() -> Request {

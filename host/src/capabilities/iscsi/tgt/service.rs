@@ -20,6 +20,20 @@
 //! no silent success, unlike `tgt-admin --force`, which Cinder re-checks); the reconciler's
 //! periodic listing (`list`) reloads the model and compares everything. Target ids are allocated
 //! from the model, and changes to different targets run in parallel.
+//!
+//! Kept exports: tgtd deletes targets and accounts in time quadratic in their number (tgt 1.0.85
+//! to 1.0.97: deleting a target looks it up by name through a walk of every target with a list
+//! lookup each; adding the k-th account scans for a free id with a list walk per candidate;
+//! deleting one walks every target with a lookup each; at 3,000 targets a target deletion costs
+//! 50 ms, at 10,000 about half a second, and tgtd serves nobody meanwhile). So an export is not
+//! destroyed and made again with every attach cycle. `delete-target` on a target with no session
+//! removes its LUNs, ACL entries and account bindings (each cheap) and *keeps* the bare target:
+//! it exposes nothing and admits nobody, and drivers no longer see it (`show` and `list` leave it
+//! out, as if deleted). `create-target` of its name takes it back; `set-chap` with the volume's
+//! stored credentials binds its kept account again. [`Tgtd::sweep`] (from the reconciler) really
+//! deletes what was kept longer than `keep_exports`, a little at a time, and unbound accounts
+//! this process does not know. The kept targets are listed in `state_file`, so that a restarted
+//! Berth still knows them.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -48,6 +62,13 @@ pub struct TgtdConfig {
     pub backing_dir: PathBuf,
     /// Timeout of one request.
     pub timeout: Duration,
+    /// I/O threads per LUN of a tgtd this service starts (`tgtd -t`).
+    pub io_threads: u32,
+    /// How long a deleted target and its CHAP account stay in tgtd, inert, for reuse (zero: they
+    /// are deleted at once). See the module notes.
+    pub keep_exports: Duration,
+    /// Where the kept targets are listed (none: nowhere; a restart forgets them).
+    pub state_file: Option<PathBuf>,
 }
 
 impl TgtdConfig {
@@ -58,6 +79,9 @@ impl TgtdConfig {
             socket_dir: PathBuf::from("/var/run/tgtd"),
             backing_dir: backing_dir.into(),
             timeout: Duration::from_secs(10),
+            io_threads: 4,
+            keep_exports: Duration::from_secs(3600),
+            state_file: None,
         }
     }
 
@@ -88,6 +112,10 @@ struct Model {
     gone: HashMap<String, u64>,
     /// Target ids being created.
     reserved: BTreeSet<u32>,
+    /// Targets kept inert after a `delete-target`, hidden from drivers: name -> (tid, since).
+    kept: HashMap<String, (u32, std::time::Instant)>,
+    /// The kept targets were loaded from the state file (once per process).
+    kept_loaded: bool,
     /// Counts local changes.
     epoch: u64,
 }
@@ -99,10 +127,11 @@ struct Known {
 }
 
 impl Model {
-    /// The next id after the highest in use or being created.
+    /// The next id after the highest in use, kept or being created.
     fn next_tid(&self) -> u32 {
         let listed = self.targets.values().map(|k| k.state.tid).max().unwrap_or(0);
-        listed.max(self.reserved.last().copied().unwrap_or(0)) + 1
+        let kept = self.kept.values().map(|(t, _)| *t).max().unwrap_or(0);
+        listed.max(kept).max(self.reserved.last().copied().unwrap_or(0)) + 1
     }
 
     fn touch(&mut self) -> u64 {
@@ -123,6 +152,8 @@ pub struct Tgtd {
     /// sha256 of the secret of each CHAP account this process created, so that repeating
     /// `set-chap` with the same credentials changes nothing.
     accounts: Mutex<HashMap<String, [u8; 32]>>,
+    /// Accounts kept unbound since their target was deleted, and since when.
+    kept: Mutex<HashMap<String, std::time::Instant>>,
     /// Changes sent to tgtd, and listings of all its targets (for tests and benchmarks).
     changes: AtomicU64,
     listings: AtomicU64,
@@ -173,6 +204,7 @@ impl Tgtd {
             reloading: AsyncMutex::new(()),
             locks: Mutex::default(),
             accounts: Mutex::default(),
+            kept: Mutex::default(),
             changes: AtomicU64::new(0),
             listings: AtomicU64::new(0),
         }
@@ -214,7 +246,8 @@ impl Tgtd {
         let _ =
             std::fs::remove_file(self.cfg.socket_dir.join(format!("socket.{}.lock", self.cfg.control_port)));
         let status = tokio::process::Command::new(&self.cfg.tgtd)
-            .args(["-C", &self.cfg.control_port.to_string(), "--iscsi", &portal_arg])
+            .args(["-C", &self.cfg.control_port.to_string(), "-t", &self.cfg.io_threads.max(1).to_string()])
+            .args(["--iscsi", &portal_arg])
             .env_clear()
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -266,7 +299,11 @@ impl Tgtd {
         self.listings.fetch_add(1, Ordering::Relaxed);
         let targets = parse_show(&answer.text);
         self.install(&targets, answer.daemon, socket, since);
-        Ok((targets, answer.daemon))
+        let visible = {
+            let model = guard(&self.model);
+            targets.into_iter().filter(|t| !model.kept.contains_key(&t.iqn)).collect()
+        };
+        Ok((visible, answer.daemon))
     }
 
     /// Installs a listing requested when the model was at epoch `since`: what this process
@@ -277,8 +314,33 @@ impl Tgtd {
         if model.daemon.is_some() && !same_daemon {
             tracing::warn!(pid, "tgtd was restarted; reloaded its targets");
         }
-        let mut targets: HashMap<String, Known> =
-            listed.iter().map(|t| (t.iqn.clone(), Known { state: t.clone(), changed: 0 })).collect();
+        if !same_daemon {
+            // A new daemon has none of the accounts this process made.
+            guard(&self.accounts).clear();
+            guard(&self.kept).clear();
+        }
+        // Kept targets stay hidden while tgtd still has them, bare; a new daemon has none. At the
+        // first listing of this process, the state file says which bare targets were kept.
+        if !model.kept_loaded {
+            model.kept_loaded = true;
+            for (iqn, tid) in self.load_kept() {
+                model.kept.insert(iqn, (tid, std::time::Instant::now()));
+            }
+        } else if !same_daemon {
+            model.kept.clear();
+        }
+        let bare = |t: &TargetState| t.luns.is_empty() && t.initiators.is_empty() && t.chap_users.is_empty();
+        let listed_kept: HashMap<&str, &TargetState> = listed
+            .iter()
+            .filter(|t| model.kept.get(&t.iqn).is_some_and(|(tid, _)| *tid == t.tid) && bare(t))
+            .map(|t| (t.iqn.as_str(), t))
+            .collect();
+        model.kept.retain(|iqn, _| listed_kept.contains_key(iqn.as_str()));
+        let mut targets: HashMap<String, Known> = listed
+            .iter()
+            .filter(|t| !listed_kept.contains_key(t.iqn.as_str()))
+            .map(|t| (t.iqn.clone(), Known { state: t.clone(), changed: 0 }))
+            .collect();
         if same_daemon {
             for (iqn, known) in model.targets.drain().filter(|(_, k)| k.changed > since) {
                 targets.insert(iqn, known);
@@ -290,8 +352,34 @@ impl Tgtd {
         } else {
             model.gone.clear();
         }
+        for iqn in model.kept.keys() {
+            targets.remove(iqn);
+        }
         model.targets = targets;
         model.daemon = socket.map(|socket| Daemon { pid, socket });
+    }
+
+    /// The kept targets the state file lists: (name, tid).
+    fn load_kept(&self) -> Vec<(String, u32)> {
+        let Some(path) = &self.cfg.state_file else { return Vec::new() };
+        let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
+        serde_json::from_str::<HashMap<String, u32>>(&text)
+            .map(|m| m.into_iter().collect())
+            .unwrap_or_default()
+    }
+
+    /// Writes the kept targets to the state file (atomically; not synced: a file lost in a power
+    /// failure only leaves bare targets that the drift report names).
+    fn save_kept(&self) {
+        let Some(path) = &self.cfg.state_file else { return };
+        let kept: HashMap<String, u32> =
+            guard(&self.model).kept.iter().map(|(iqn, (tid, _))| (iqn.clone(), *tid)).collect();
+        let tmp = path.with_extension("tmp");
+        let written = std::fs::write(&tmp, serde_json::to_vec(&kept).expect("a map serialises"))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            tracing::warn!("cannot write {}: {e}", path.display());
+        }
     }
 
     /// Sends a change to the daemon the model describes. A restarted daemon gets nothing: the
@@ -371,10 +459,188 @@ impl Tgtd {
         match self.change(Request::delete_account(user), iqn).await {
             Ok(_) | Err(Failure::NotFound(_)) => {
                 guard(&self.accounts).remove(user);
+                guard(&self.kept).remove(user);
                 Ok(())
             }
             Err(f) => Err(f),
         }
+    }
+
+    /// A kept target of that name, taken back (bare) into the targets drivers see.
+    fn take_back(&self, iqn: &Iqn) -> Option<TargetState> {
+        let state = {
+            let mut model = guard(&self.model);
+            let (tid, _) = model.kept.remove(iqn.as_str())?;
+            let state = TargetState { iqn: iqn.to_string(), tid, ..Default::default() };
+            let changed = model.touch();
+            model.gone.remove(iqn.as_str());
+            model.targets.insert(iqn.to_string(), Known { state: state.clone(), changed });
+            state
+        };
+        self.save_kept();
+        Some(state)
+    }
+
+    /// Whether the target has iSCSI sessions now (asked of tgtd, not of the model).
+    async fn has_sessions(&self, tid: u32, iqn: &Iqn) -> Result<bool, Failure> {
+        let answer = self.change_read(Request::show_connections(tid), iqn.as_str()).await?;
+        Ok(answer.text.lines().any(|l| l.trim_start().starts_with("Session:")))
+    }
+
+    /// A read that must reach the daemon the model describes.
+    async fn change_read(&self, request: Request, iqn: &str) -> Result<Answer, Failure> {
+        let pid = self.fresh().await?;
+        match self.control.send(&request, Some(pid)).await {
+            Err(Failure::Restarted { .. }) => {
+                self.reload().await?;
+                Err(Failure::Restarted { expected: pid, found: pid })
+            }
+            Err(Failure::NotFound(m)) if m.contains("can't find the target") => {
+                self.reload().await?;
+                Err(Failure::Restarted { expected: pid, found: pid })
+            }
+            other => other.map_err(|f| match f {
+                Failure::Other(m) => Failure::Other(format!("{iqn}: {m}")),
+                f => f,
+            }),
+        }
+    }
+
+    /// Deletes a target from tgtd (closing its sessions), and its accounts unless they are kept.
+    async fn destroy(&self, target: &TargetState, iqn: &Iqn) -> Result<(), Failure> {
+        match self.change(Request::delete_target(target.tid), iqn.as_str()).await {
+            Ok(_) | Err(Failure::NotFound(_)) => {}
+            Err(f) => return Err(f),
+        }
+        {
+            let mut model = guard(&self.model);
+            let epoch = model.touch();
+            model.targets.remove(iqn.as_str());
+            model.gone.insert(iqn.to_string(), epoch);
+        }
+        for user in &target.chap_users {
+            self.release_account(user, iqn.as_str()).await?;
+        }
+        Ok(())
+    }
+
+    /// Keeps a target for reuse when it has no session: its ACL entries go first (so that nobody
+    /// logs in any more), then, if no session is left, its LUNs and account bindings (each cheap
+    /// for tgtd), and the bare target stays, hidden from drivers. A target with sessions is
+    /// destroyed, which closes them: a session must never outlive its target's export.
+    async fn strip(&self, target: &TargetState, iqn: &Iqn) -> Result<(), Failure> {
+        let (tid, name) = (target.tid, iqn.as_str());
+        for initiator in &target.initiators {
+            match self.change(Request::unbind_initiator(tid, initiator), name).await {
+                Ok(_) | Err(Failure::NotFound(_)) => {}
+                Err(f) => return Err(f),
+            }
+            self.update(iqn, |t| t.initiators.retain(|i| i != initiator));
+        }
+        if self.has_sessions(tid, iqn).await? {
+            let now = self.known(iqn).unwrap_or_else(|| target.clone());
+            return self.destroy(&now, iqn).await;
+        }
+        for (lun, _) in &target.luns {
+            match self.change(Request::delete_lun(tid, *lun), name).await {
+                Ok(_) | Err(Failure::NotFound(_)) => {}
+                Err(f) => return Err(f),
+            }
+            self.update(iqn, |t| t.luns.retain(|(l, _)| l != lun));
+        }
+        for user in &target.chap_users {
+            match self.change(Request::unbind_account(tid, user), name).await {
+                Ok(_) | Err(Failure::NotFound(_)) => {}
+                Err(f) => return Err(f),
+            }
+            self.update(iqn, |t| t.chap_users.retain(|u| u != user));
+            self.release_account(user, name).await?;
+        }
+        {
+            let mut model = guard(&self.model);
+            let epoch = model.touch();
+            model.targets.remove(name);
+            model.gone.insert(name.to_string(), epoch);
+            model.kept.insert(name.to_string(), (tid, std::time::Instant::now()));
+        }
+        self.save_kept();
+        Ok(())
+    }
+
+    /// Creates an account (replacing one of that name whose secret this process does not know:
+    /// tgtd never shows secrets).
+    async fn create_account(&self, credentials: &ChapCredentials, iqn: &str) -> Result<(), Failure> {
+        let (user, secret) = (credentials.user.as_str(), credentials.secret.expose());
+        match self.change(Request::new_account(user, secret), iqn).await {
+            Ok(_) => {}
+            Err(Failure::AlreadyExists(_)) => {
+                self.account_delete(user, iqn).await?;
+                self.change(Request::new_account(user, secret), iqn).await?;
+            }
+            Err(f) => return Err(f),
+        }
+        self.remember(credentials);
+        Ok(())
+    }
+
+    /// An account no target of this service needs any more: kept unbound for reuse, or deleted.
+    async fn release_account(&self, user: &str, iqn: &str) -> Result<(), Failure> {
+        if self.bound_elsewhere(user, &Iqn::parse(iqn).map_err(|e| Failure::Other(e.to_string()))?) {
+            return Ok(());
+        }
+        if self.cfg.keep_exports.is_zero() || !guard(&self.accounts).contains_key(user) {
+            return self.account_delete(user, iqn).await;
+        }
+        guard(&self.kept).insert(user.to_string(), std::time::Instant::now());
+        Ok(())
+    }
+
+    /// Deletes a target and accounts kept longer than `keep_exports`, and unbound accounts this
+    /// process does not know, a few per call (each deletion costs tgtd O(targets²)). Returns how
+    /// many it deleted.
+    pub async fn sweep(&self) -> Result<usize, TargetError> {
+        const AT_MOST: usize = 4;
+        self.fresh().await.map_err(|f| f.into_error("sweep accounts"))?;
+        let expired: Vec<String> = guard(&self.kept)
+            .iter()
+            .filter(|(_, since)| since.elapsed() >= self.cfg.keep_exports)
+            .map(|(u, _)| u.clone())
+            .collect();
+        let bound: BTreeSet<String> =
+            guard(&self.model).targets.values().flat_map(|k| k.state.chap_users.clone()).collect();
+        let unknown: Vec<String> = self
+            .accounts()
+            .await?
+            .into_iter()
+            .filter(|u| !bound.contains(u) && !guard(&self.accounts).contains_key(u))
+            .collect();
+        let mut deleted = 0;
+        // A kept target's deletion is the expensive one: one per sweep.
+        let expired_target = guard(&self.model)
+            .kept
+            .iter()
+            .find(|(_, (_, since))| since.elapsed() >= self.cfg.keep_exports)
+            .map(|(iqn, (tid, _))| (iqn.clone(), *tid));
+        if let Some((iqn, tid)) = expired_target {
+            match self.change(Request::delete_target(tid), &iqn).await {
+                Ok(_) | Err(Failure::NotFound(_)) => {}
+                Err(f) => return Err(f.into_error("delete a kept target")),
+            }
+            guard(&self.model).kept.remove(&iqn);
+            self.save_kept();
+            tracing::info!(target_iqn = %iqn, "deleted a target kept unused");
+            deleted += 1;
+        }
+        for user in expired.into_iter().chain(unknown).take(AT_MOST) {
+            if bound.contains(&user) {
+                guard(&self.kept).remove(&user);
+                continue;
+            }
+            self.account_delete(&user, "").await.map_err(|f| f.into_error("delete account"))?;
+            tracing::info!("deleted a CHAP account no target uses any more");
+            deleted += 1;
+        }
+        Ok(deleted)
     }
 
     fn remember(&self, credentials: &ChapCredentials) {
@@ -427,6 +693,9 @@ impl TargetService for Tgtd {
                 if let Some(existing) = self.known(iqn) {
                     return Ok(existing);
                 }
+                if let Some(taken) = self.take_back(iqn) {
+                    return Ok(taken);
+                }
                 // The next id after the highest in use: a target deleted and created again gets
                 // its id back, and targets created at the same time get different ones.
                 let tid = {
@@ -463,23 +732,20 @@ impl TargetService for Tgtd {
         let _one = self.lock(iqn).await;
         retrying!("delete target", async {
             self.fresh().await?;
+            // Deleting a kept target again (a volume's deletion after its export was kept)
+            // deletes it for real.
+            let kept = guard(&self.model).kept.get(iqn.as_str()).map(|(tid, _)| *tid);
+            if let Some(tid) = kept {
+                let bare = TargetState { iqn: iqn.to_string(), tid, ..Default::default() };
+                guard(&self.model).kept.remove(iqn.as_str());
+                self.save_kept();
+                return self.destroy(&bare, iqn).await;
+            }
             let Some(target) = self.known(iqn) else { return Ok(()) };
-            match self.change(Request::delete_target(target.tid), iqn.as_str()).await {
-                Ok(_) | Err(Failure::NotFound(_)) => {}
-                Err(f) => return Err(f),
+            if self.cfg.keep_exports.is_zero() {
+                return self.destroy(&target, iqn).await;
             }
-            {
-                let mut model = guard(&self.model);
-                let epoch = model.touch();
-                model.targets.remove(iqn.as_str());
-                model.gone.insert(iqn.to_string(), epoch);
-            }
-            for user in &target.chap_users {
-                if !self.bound_elsewhere(user, iqn) {
-                    self.account_delete(user, iqn.as_str()).await?;
-                }
-            }
-            Ok(())
+            self.strip(&target, iqn).await
         })
     }
 
@@ -600,23 +866,22 @@ impl TargetService for Tgtd {
                     Err(f) => return Err(f),
                 }
                 self.update(iqn, |t| t.chap_users.retain(|u| u != old));
-                if !self.bound_elsewhere(old, iqn) {
-                    self.account_delete(old, name).await?;
-                }
+                self.release_account(old, name).await?;
             }
-            match self.change(Request::new_account(user, credentials.secret.expose()), name).await {
-                Ok(_) => {}
-                // An account of that name, bound to no target of ours, with a secret tgtd never
-                // shows.
-                Err(Failure::AlreadyExists(_)) => {
-                    self.account_delete(user, name).await?;
-                    self.change(Request::new_account(user, credentials.secret.expose()), name).await?;
-                }
-                Err(f) => return Err(f),
+            // An account kept from this volume's earlier export (or bound to another target)
+            // with these very credentials is bound again; otherwise it is made.
+            let reuse = self.knows(credentials);
+            if !reuse {
+                self.create_account(credentials, name).await?;
             }
-            self.remember(credentials);
+            guard(&self.kept).remove(user);
             match self.change(Request::bind_account(tid, user), name).await {
                 Ok(_) | Err(Failure::AlreadyExists(_)) => {}
+                // The kept account is gone (deleted by someone else): make it again.
+                Err(Failure::NotFound(_)) if reuse => {
+                    self.create_account(credentials, name).await?;
+                    self.change(Request::bind_account(tid, user), name).await?;
+                }
                 Err(f) => return Err(f),
             }
             self.update(iqn, |t| t.chap_users = vec![user.to_string()]);
@@ -633,6 +898,10 @@ impl TargetService for Tgtd {
             }
             Ok(())
         })
+    }
+
+    async fn sweep(&self) -> Result<usize, TargetError> {
+        Tgtd::sweep(self).await
     }
 
     /// Every target, as tgtd lists them now; the model is reloaded from the same listing.

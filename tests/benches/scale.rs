@@ -1,0 +1,151 @@
+//! Attach cost against the number of live attachments, and restarts with many of them, on a real
+//! tgtd with `berth serve` (release build, tgt-iscsi, SQLite `synchronous=FULL`, the default
+//! reconciler) as a user runs it, measured with `berth bench attach`'s client:
+//!
+//! 1. the cycle with 1 client on an empty backend;
+//! 2. the fill: N live attachments through the API;
+//! 3. the cycle with 1 and 4 clients while N attachments are live;
+//! 4. a restart of `berth serve`: how soon the API answers, and how long the first reconciliation
+//!    takes and what it changes (nothing, for healthy attachments);
+//! 5. a restart of tgtd, which loses every target: how long until every export is back.
+//!
+//! Run: `cargo bench -p berth-tests --bench scale` (`BERTH_SCALE_ATTACHMENTS`, default 10000;
+//! `BERTH_BENCH_SECONDS` per cycle run, default 5). Figures go to BENCHMARKS.md.
+
+use std::time::{Duration, Instant};
+
+use berth::client::api::{Credentials, Endpoint};
+use berth::client::bench::{AttachBench, Report, run as bench};
+use berth_tests::process::BerthProcess;
+use berth_tests::tgt::TgtdProcess;
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(run());
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn args(clients: usize, fill: usize) -> AttachBench {
+    AttachBench {
+        clients,
+        duration: env("BERTH_BENCH_SECONDS", 5) as f64,
+        warmup: 1.0,
+        legacy: false,
+        fill,
+        fill_clients: 8,
+        volume_type: None,
+        keep: fill > 0,
+        json: false,
+    }
+}
+
+fn line(label: &str, r: &Report) {
+    println!(
+        "{label}: {:.1} cycles/s, cycle p50 {} p99 {}",
+        r.rate(),
+        berth::client::bench::human(r.cycle.p50),
+        berth::client::bench::human(r.cycle.p99)
+    );
+}
+
+/// Waits for the first line containing `needle` written after `from` bytes of the log.
+fn wait_log(berth: &BerthProcess, from: usize, needle: &str, timeout: Duration) -> Option<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let log = berth.log_text();
+        if let Some(l) = log.get(from..).and_then(|tail| tail.lines().find(|l| l.contains(needle))) {
+            return Some(l.to_string());
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+async fn run() {
+    let n = env("BERTH_SCALE_ATTACHMENTS", 10_000) as usize;
+    println!(
+        "berth scale benchmark: tgt-iscsi on a real tgtd (1 I/O thread per LUN), SQLite synchronous=FULL, {n} live attachments"
+    );
+    // SAFETY: set before this benchmark starts any thread that reads the environment.
+    unsafe { std::env::set_var("BERTH_TEST_SERVER_LOG", "info") };
+    let mut tgtd = TgtdProcess::start_with_threads(1);
+    let config = format!(
+        "[tgt]\nportal = \"127.0.0.1:{}\"\ncontrol_port = {}\nstart = false\n",
+        tgtd.portal_port, tgtd.control_port
+    );
+    let mut berth = BerthProcess::start(&config);
+    let credentials = Credentials {
+        endpoint: Some(format!("{}/v3", berth.base)),
+        project_id: Some("scale".into()),
+        user_id: Some("scale".into()),
+        auth_type: Some("noauth".into()),
+        token: None,
+    };
+    let api = Endpoint::resolve(&credentials).unwrap();
+
+    let empty = bench(&api, &args(1, 0)).await.unwrap();
+    line("1 client, no live attachment", &empty);
+    let filled = bench(&api, &args(1, n)).await.unwrap();
+    let (count, took) = filled.fill.unwrap();
+    println!(
+        "fill: {count} live attachments through the API in {:.1} s ({:.0} per s)",
+        took.as_secs_f64(),
+        count as f64 / took.as_secs_f64()
+    );
+    line(&format!("1 client, {n} live attachments"), &filled);
+    println!(
+        "cycle p50 with {n} live attachments / empty: {:.2}",
+        filled.cycle.p50.as_secs_f64() / empty.cycle.p50.as_secs_f64()
+    );
+    let four = bench(&api, &args(4, 0)).await.unwrap();
+    line(&format!("4 clients, {n} live attachments"), &four);
+    println!("4 clients / 1 client throughput: {:.2}", four.rate() / filled.rate());
+
+    // berth restarts: the API answers at once; the first reconciliation changes nothing.
+    let from = berth.log_text().len();
+    berth.stop();
+    let started = Instant::now();
+    berth.start_again();
+    let listening = started.elapsed();
+    api.volume_action("00000000-0000-0000-0000-000000000000", "os-reserve", serde_json::Value::Null)
+        .await
+        .ok();
+    let answered = started.elapsed();
+    let pass = wait_log(&berth, from, "reconcile pass finished", Duration::from_secs(600))
+        .expect("a reconcile pass");
+    let reconciled = started.elapsed();
+    println!(
+        "berth restart with {n} live attachments: listening after {:.0} ms, the API answered after {:.0} ms, first reconciliation done after {:.1} s: {}",
+        listening.as_secs_f64() * 1000.0,
+        answered.as_secs_f64() * 1000.0,
+        reconciled.as_secs_f64(),
+        pass.split("reconcile pass finished").nth(1).unwrap_or("").trim()
+    );
+
+    // tgtd restarts and loses everything: the reconciler puts every export back.
+    let from = berth.log_text().len();
+    tgtd.restart();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(600);
+    loop {
+        let targets = tgtd.targets();
+        let back = targets.iter().filter(|t| !t.initiators.is_empty() && !t.luns.is_empty()).count();
+        if back >= n {
+            break;
+        }
+        assert!(Instant::now() < deadline, "only {back} of {n} exports came back");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let restored = started.elapsed();
+    let pass = wait_log(&berth, from, "repaired=", Duration::from_secs(60)).unwrap_or_default();
+    println!(
+        "tgtd restart (every target lost): all {n} exports back after {:.1} s ({})",
+        restored.as_secs_f64(),
+        pass.split("reconcile pass finished").nth(1).unwrap_or("").trim()
+    );
+}
