@@ -166,10 +166,7 @@ pub async fn of_volumes(tx: &mut Tx, volume_ids: &[String]) -> Result<Vec<Attach
 pub async fn connected(tx: &mut Tx) -> Result<Vec<Live>, StoreError> {
     let rows = attachments(
         tx.query(
-            &format!(
-                "SELECT {COLUMNS} FROM volume_attachment a WHERE deleted = 0 AND attach_status IN ($1, $2) AND \
-                 EXISTS (SELECT 1 FROM attachment_specs s WHERE s.attachment_id = a.id) ORDER BY volume_id"
-            ),
+            &connected_query(),
             &params![AttachStatus::Attaching.as_str(), AttachStatus::Attached.as_str()],
         )
         .await?,
@@ -183,6 +180,15 @@ pub async fn connected(tx: &mut Tx) -> Result<Vec<Live>, StoreError> {
             Live { attachment, connector }
         })
         .collect())
+}
+
+/// The statement of [`connected`]: it reads the live rows through the partial index of live
+/// attachments, whatever the number of deleted ones.
+pub(crate) fn connected_query() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM volume_attachment a WHERE deleted = 0 AND attach_status IN ($1, $2) AND \
+         EXISTS (SELECT 1 FROM attachment_specs s WHERE s.attachment_id = a.id) ORDER BY volume_id"
+    )
 }
 
 /// What a connect writes on an attachment.
@@ -336,6 +342,17 @@ pub async fn list(
     page: &Page,
     marker: Option<&Attachment>,
 ) -> Result<Vec<Attachment>, StoreError> {
+    let q = list_query(scope, filter, page, marker);
+    attachments(tx.query(&q.sql, &q.params).await?)
+}
+
+/// The statement of [`list`].
+pub(crate) fn list_query(
+    scope: Scope<'_>,
+    filter: &AttachmentFilter,
+    page: &Page,
+    marker: Option<&Attachment>,
+) -> Query {
     let mut q = Query::new(&format!("SELECT {COLUMNS} FROM volume_attachment WHERE deleted = 0"));
     if let Scope::Project(p) = scope {
         q.and("project_id = ?", p);
@@ -363,5 +380,5 @@ pub async fn list(
         ]
     });
     q.page(page, marker);
-    attachments(tx.query(&q.sql, &q.params).await?)
+    q
 }

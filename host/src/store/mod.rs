@@ -338,4 +338,104 @@ mod tests {
             (2, "one".to_string(), 2)
         );
     }
+
+    /// The plans SQLite chooses for the lists that must stay fast at 100,000 attachments and
+    /// more: no full scan of a table (soft-deleted rows pile up: one per finished attach cycle),
+    /// and no sort of every row before a page is taken (`USE TEMP B-TREE FOR ORDER BY`).
+    #[tokio::test]
+    async fn lists_at_scale_use_indexes() {
+        use crate::attach::list::{AttachmentFilter, Page, Scope, VolumeFilter};
+        use crate::attach::model::{AttachMode, Attachment};
+        use crate::attach::state::{AttachStatus, Slot};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("sqlite://{}/t.db", dir.path().display()), &StoreOptions::default())
+            .await
+            .unwrap();
+        let marker = Attachment {
+            id: "m".into(),
+            volume_id: "v".into(),
+            project_id: "p".into(),
+            instance_uuid: None,
+            attached_host: None,
+            mountpoint: None,
+            attach_mode: AttachMode::Null,
+            status: AttachStatus::Attached,
+            slot: Slot::Exclusive,
+            connection_info: None,
+            attach_time: None,
+            detach_time: None,
+            created_at: 1,
+            updated_at: 1,
+            legacy: false,
+        };
+        let page = Page::default();
+        let (all, project) = (Scope::All, Scope::Project("p"));
+        let none = AttachmentFilter::default();
+        let by_volume = AttachmentFilter { volume_id: Some("v".into()), ..Default::default() };
+        // (what, the statement, the index it must use)
+        let mut queries = vec![
+            (
+                "attachments of a project",
+                attachments::list_query(project, &none, &page, None),
+                "volume_attachment_by_project",
+            ),
+            (
+                "attachments of a project after a marker",
+                attachments::list_query(project, &none, &page, Some(&marker)),
+                "volume_attachment_by_project",
+            ),
+            (
+                "attachments of every project",
+                attachments::list_query(all, &none, &page, None),
+                "volume_attachment_live",
+            ),
+            (
+                "attachments of every project after a marker",
+                attachments::list_query(all, &none, &page, Some(&marker)),
+                "volume_attachment_live",
+            ),
+            (
+                "attachments of a volume",
+                attachments::list_query(project, &by_volume, &page, None),
+                "volume_attachment_by_volume",
+            ),
+            (
+                "volumes of a project",
+                volumes::list_query(project, &VolumeFilter::default(), &page, None),
+                "volumes_by_project",
+            ),
+            (
+                "volumes of every project",
+                volumes::list_query(all, &VolumeFilter::default(), &page, None),
+                "volumes_live",
+            ),
+        ]
+        .into_iter()
+        .map(|(what, q, index)| (what, q.sql, q.params, index))
+        .collect::<Vec<_>>();
+        queries.push((
+            "connected attachments",
+            attachments::connected_query(),
+            crate::params!["a", "b"].to_vec(),
+            "volume_attachment_by_volume",
+        ));
+        for (what, sql, params, index) in queries {
+            let plan: Vec<String> = store
+                .read(async |tx| {
+                    let rows = tx.query(&format!("EXPLAIN QUERY PLAN {sql}"), &params).await?;
+                    rows.iter().map(|r| r.text(3)).collect::<Result<Vec<_>, StoreError>>()
+                })
+                .await
+                .unwrap();
+            for step in &plan {
+                let full_scan = step.starts_with("SCAN ") && !step.contains("USING");
+                assert!(!full_scan, "{what}: a full scan: {plan:?}\n{sql}");
+                assert!(
+                    !step.contains("TEMP B-TREE FOR ORDER BY"),
+                    "{what}: sorts every row: {plan:?}\n{sql}"
+                );
+            }
+            assert!(plan.iter().any(|s| s.contains(index)), "{what}: does not use {index}: {plan:?}\n{sql}");
+        }
+    }
 }

@@ -241,6 +241,17 @@ pub async fn list(
     page: &Page,
     marker: Option<&Volume>,
 ) -> Result<Vec<Volume>, StoreError> {
+    let q = list_query(scope, filter, page, marker);
+    volumes(tx.query(&q.sql, &q.params).await?)
+}
+
+/// The statement of [`list`].
+pub(crate) fn list_query(
+    scope: Scope<'_>,
+    filter: &VolumeFilter,
+    page: &Page,
+    marker: Option<&Volume>,
+) -> Query {
     let mut q = filtered(&format!("SELECT {COLUMNS}"), scope, filter);
     let marker = marker.map(|m| {
         vec![
@@ -254,7 +265,7 @@ pub async fn list(
         ]
     });
     q.page(page, marker);
-    volumes(tx.query(&q.sql, &q.params).await?)
+    q
 }
 
 /// How many live volumes in `scope` match `filter`.
@@ -297,6 +308,21 @@ impl Query {
         if let Some(values) = marker {
             let value_of =
                 |k: &str| values.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()).expect("marker key");
+            // Every key in one direction: one row-value comparison, which an index on the keys
+            // serves (SQLite 3.15+, PostgreSQL).
+            if keys.iter().all(|(_, asc)| *asc == keys[0].1) {
+                let mut lhs = Vec::new();
+                let mut rhs = Vec::new();
+                for (k, _) in &keys {
+                    self.params.push(value_of(k));
+                    lhs.push(expr(k));
+                    rhs.push(format!("${}", self.params.len()));
+                }
+                let op = if keys[0].1 { ">" } else { "<" };
+                self.sql.push_str(&format!(" AND ({}) {op} ({})", lhs.join(", "), rhs.join(", ")));
+                self.order_limit(&keys, page);
+                return;
+            }
             // (k1 > v1) OR (k1 = v1 AND k2 > v2) OR ..., each comparison in its key's direction.
             let mut ors = Vec::new();
             for i in 0..keys.len() {
@@ -312,6 +338,10 @@ impl Query {
             }
             self.sql.push_str(&format!(" AND ({})", ors.join(" OR ")));
         }
+        self.order_limit(&keys, page);
+    }
+
+    fn order_limit(&mut self, keys: &[(String, bool)], page: &Page) {
         let order: Vec<String> = keys
             .iter()
             .map(|(k, asc)| format!("{} {}", expr(k), if *asc { "ASC" } else { "DESC" }))
