@@ -150,3 +150,32 @@ async fn healthy_attachments_are_left_alone_and_a_normal_detach_is_not_a_restart
     let log = rig.berth.log_text();
     assert!(!log.contains("re-creating it"), "a normal detach was taken for a lost export:\n{log}");
 }
+
+/// After a restart of Berth during which tgtd lost its targets, a volume connected before the
+/// first reconciliation has run is reconciled first: the attachment already connected gets its
+/// access back with the new one, not a pass later. (The first pass is held back here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_connected_before_the_first_reconciliation_is_reconciled_first() {
+    let mut rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1, "volume_type": "multiattach"})).await;
+    let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let iqn = info["target_iqn"].as_str().unwrap().to_string();
+
+    rig.berth.stop();
+    rig.tgtd.restart();
+    rig.berth.env.push(("BERTH_FAILPOINTS".into(), "reconcile.pass=sleep:5000".into()));
+    let from = rig.berth.log_text().len();
+    rig.berth.start_again();
+    attach(&c, &volume, MALLORY, "mallory-host").await;
+    let target = rig.tgtd.targets().into_iter().find(|t| t.iqn == iqn).expect("the export is back");
+    assert!(
+        target.initiators.contains(&ALICE.to_string()) && target.initiators.contains(&MALLORY.to_string()),
+        "both connected attachments have access: {target:?}\n{}",
+        &rig.berth.log_text()[from..]
+    );
+    assert!(
+        !rig.berth.log_text()[from..].contains("reconcile pass finished"),
+        "the first pass had not run yet"
+    );
+}

@@ -4,7 +4,9 @@
 //!
 //! Compiled in only with the `failpoints` feature, which the test package enables; in any other
 //! build [`hit`] is an empty inline function. Even when compiled in, nothing happens until a test
-//! arms a failpoint through the test-only route `/_failpoints` (see `api/mod.rs`).
+//! arms a failpoint through the test-only route `/_failpoints` (see `api/mod.rs`), or, for what
+//! happens at start-up, through `BERTH_FAILPOINTS` (`name=kill` or `name=sleep:<ms>`, optionally
+//! `@<nth>`, comma-separated).
 //!
 //! Names are `<flow>.<step>` (`attach.connect.intent`, `volume.delete.commit`) and
 //! `capability.<interface>.<op>` for the end of a capability call. Every hit is traced (when
@@ -57,8 +59,27 @@ mod active {
         STATE.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Arms what `BERTH_FAILPOINTS` names, once per process.
+    fn from_environment() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let Ok(spec) = std::env::var("BERTH_FAILPOINTS") else { return };
+            for item in spec.split(',').filter(|i| !i.trim().is_empty()) {
+                let Some((name, rest)) = item.trim().split_once('=') else { continue };
+                let (what, nth) = rest.split_once('@').unwrap_or((rest, "1"));
+                let nth = nth.parse().unwrap_or(1);
+                match what.split_once(':') {
+                    Some(("sleep", ms)) => arm(name, nth, Action::Sleep, ms.parse().unwrap_or(0)),
+                    _ if what == "kill" => arm(name, nth, Action::Kill, 0),
+                    _ => {}
+                }
+            }
+        });
+    }
+
     /// Passes the failpoint `name`.
     pub fn hit(name: &str) {
+        from_environment();
         let fire = {
             let mut s = state();
             if let Some(trace) = &mut s.trace

@@ -218,8 +218,13 @@ async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
     let mut pass = 0u64;
     loop {
         pass += 1;
+        crate::failpoint::hit("reconcile.pass");
         let started = std::time::Instant::now();
-        match assembled.reconcile().await {
+        let outcome = assembled.reconcile().await;
+        if pass == 1 {
+            assembled.state.service.first_pass_finished();
+        }
+        match outcome {
             Ok(r) => {
                 let millis = started.elapsed().as_millis() as u64;
                 if pass == 1 || r.changed() || !r.failed.is_empty() {
@@ -269,6 +274,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         ?types, "berth is serving"
     );
     let interval = Duration::from_secs_f64(assembled.config.reconcile.interval_seconds.clamp(0.05, 86_400.0));
+    service.awaiting_first_pass();
     let reconciler = tokio::spawn(reconcile_loop(assembled.clone(), interval));
     let leases = tokio::spawn(service.clone().renew_leases());
     let app = app(assembled.state.clone());

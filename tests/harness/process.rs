@@ -24,6 +24,8 @@ pub struct BerthProcess {
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
     pub log: PathBuf,
+    /// Extra environment of the process.
+    pub env: Vec<(String, String)>,
 }
 
 impl BerthProcess {
@@ -35,6 +37,11 @@ impl BerthProcess {
 
     /// The same with top-level keys (e.g. `database_url`), which TOML wants before any table.
     pub fn start_full(top: &str, config_body: &str) -> BerthProcess {
+        Self::start_with_env(top, config_body, &[])
+    }
+
+    /// The same with environment variables for the process (e.g. `BERTH_FAILPOINTS`).
+    pub fn start_with_env(top: &str, config_body: &str, env: &[(&str, &str)]) -> BerthProcess {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let config = dir.path().join("berth.toml");
@@ -49,8 +56,15 @@ impl BerthProcess {
         )
         .unwrap();
         let log = dir.path().join("berth.log");
-        let mut p =
-            BerthProcess { child: None, base: format!("http://127.0.0.1:{port}"), port, dir, config, log };
+        let mut p = BerthProcess {
+            child: None,
+            base: format!("http://127.0.0.1:{port}"),
+            port,
+            dir,
+            config,
+            log,
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
         p.spawn();
         p
     }
@@ -65,6 +79,7 @@ impl BerthProcess {
                 std::env::var("BERTH_TEST_SERVER_LOG")
                     .unwrap_or_else(|_| "debug,sqlx=warn,hyper=info,reqwest=info".into()),
             )
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

@@ -71,6 +71,7 @@ impl Service {
     ) -> Result<Attachment, AttachError> {
         self.clear_interrupted(&req.volume_id).await?;
         let volume = self.volume(caller, &req.volume_id).await?;
+        self.reconciled_first(&volume.id).await?;
         let connector = req.connector.clone().expect("a create that connects has a connector");
         let id = uuid::Uuid::new_v4().to_string();
         let op = self.operation(
@@ -168,6 +169,7 @@ impl Service {
     ) -> Result<Attachment, AttachError> {
         let row = self.attachment(caller, id).await?;
         self.clear_interrupted(&row.volume_id).await?;
+        self.reconciled_first(&row.volume_id).await?;
         let (row, stored) = self
             .store
             .read(async |tx| {

@@ -114,6 +114,7 @@ impl Service {
         self.driver(&found)?.calls().validate_connector(&connector.for_mode(mode)).await?;
         let _lock = self.locks.lock(volume_id).await;
         self.clear_interrupted(volume_id).await?;
+        self.reconciled_first(volume_id).await?;
         let volume = self.legacy_volume(volume_id).await?;
         if let Some(row) = volume.matching(&connector).next() {
             return self.reinitialize(row, &connector).await;

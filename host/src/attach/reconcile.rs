@@ -91,8 +91,18 @@ impl Reconciled {
 }
 
 /// What the reconciler remembers between passes.
-#[derive(Default)]
-pub struct Memory(Mutex<Seen>);
+pub struct Memory {
+    seen: Mutex<Seen>,
+    /// False from the start of `berth serve` until its first pass has finished.
+    first_pass_done: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        // A service without a reconciler (tests that embed it) has nothing to wait for.
+        Memory { seen: Mutex::default(), first_pass_done: std::sync::atomic::AtomicBool::new(true) }
+    }
+}
 
 #[derive(Default)]
 struct Seen {
@@ -104,7 +114,23 @@ struct Seen {
 
 impl Memory {
     fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn first_pass_done(&self) -> bool {
+        self.first_pass_done.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl Service {
+    /// Marks the start of a service whose reconciler has not run yet (`berth serve`).
+    pub fn awaiting_first_pass(&self) {
+        self.reconciler.first_pass_done.store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Marks the end of the reconciler's first pass.
+    pub fn first_pass_finished(&self) {
+        self.reconciler.first_pass_done.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -312,6 +338,22 @@ impl Service {
     async fn repair(&self, volume_id: &str) -> Result<bool, AttachError> {
         let _lock = self.locks.lock(volume_id).await;
         self.clear_interrupted(volume_id).await?;
+        self.repair_locked(volume_id).await
+    }
+
+    /// Until the first pass after start-up has finished, a volume about to be connected is
+    /// reconciled first: its connected attachments' export is replayed, so that a target service
+    /// that lost its targets while Berth was down does not leave them without access once this
+    /// volume's export is made again. The caller holds the volume's lock.
+    pub(super) async fn reconciled_first(&self, volume_id: &str) -> Result<(), AttachError> {
+        if self.reconciler.first_pass_done() {
+            return Ok(());
+        }
+        self.repair_locked(volume_id).await.map(drop)
+    }
+
+    /// [`Service::repair`] for a caller that holds the volume's lock.
+    async fn repair_locked(&self, volume_id: &str) -> Result<bool, AttachError> {
         let (volume, live) = self
             .store
             .read(async |tx| {
