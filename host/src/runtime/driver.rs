@@ -6,7 +6,6 @@
 //! failure fails that call only and names the driver, its version and the call.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use wasmtime::component::Component;
@@ -166,20 +165,19 @@ impl Driver {
             Ok(())
         });
         let cpu = inner.limits.cpu();
-        let parked = store.data().clock.parked();
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |ctx| {
-            if ctx.data().clock.guest_time() > cpu {
+            let clock = ctx.data().clock.clone();
+            if clock.guest_time() > cpu {
                 return Err(wasmtime::Error::new(CpuTimeExceeded));
             }
-            // Yield to the executor at every tick, and do not count the time spent parked.
-            let parked = parked.clone();
+            // Yield to the executor at every tick; the guest may resume on another thread.
+            clock.leave();
             Ok(UpdateDeadline::YieldCustom(
                 1,
                 Box::pin(async move {
-                    let t = Instant::now();
                     tokio::task::yield_now().await;
-                    parked.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    clock.enter();
                 }),
             ))
         });

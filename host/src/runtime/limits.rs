@@ -1,10 +1,10 @@
 //! Every per-call resource limit of a driver in one place, and the per-store accounting that
-//! enforces them: linear memory (a `ResourceLimiter`), guest CPU time (epoch callbacks that
-//! exclude time spent in host calls), wall time, output size and log volume.
+//! enforces them: linear memory (a `ResourceLimiter`), guest CPU time (the running thread's CPU
+//! time while in the guest, checked by epoch callbacks), wall time, output size and log volume.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Deserialize;
 use wasmtime::CallHook;
@@ -113,49 +113,67 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
     }
 }
 
-/// Measures the guest's own time: wall time since the store was created, minus time spent in
-/// host calls (seen through the call hook) and minus time parked in the executor after an epoch
-/// yield.
-#[derive(Debug)]
-pub(crate) struct GuestClock {
-    start: Instant,
-    host: Duration,
-    in_host_since: Option<Instant>,
-    parked_nanos: Arc<AtomicU64>,
+/// Measures the guest's own CPU time: the CPU time of the thread running it, counted from each
+/// entry into the guest (a call into wasm, a return from a host call, a resumption after an epoch
+/// yield) to the next exit (a host call, a return from wasm, an epoch yield). Time blocked in host
+/// calls, parked in the executor, or waiting for a CPU on a busy machine is not the guest's and
+/// does not count, so a correct driver does not fail because the host is loaded; the call's wall
+/// time has its own limit.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GuestClock(Arc<ClockState>);
+
+#[derive(Debug, Default)]
+struct ClockState {
+    /// CPU time of finished guest segments, in nanoseconds.
+    spent: AtomicU64,
+    /// The running thread's CPU time when the current segment began, plus one; 0 when the guest
+    /// is not running.
+    since: AtomicU64,
 }
 
 impl GuestClock {
     pub(crate) fn new() -> Self {
-        GuestClock {
-            start: Instant::now(),
-            host: Duration::ZERO,
-            in_host_since: None,
-            parked_nanos: Arc::default(),
-        }
+        GuestClock::default()
     }
 
-    pub(crate) fn hook(&mut self, hook: CallHook) {
+    pub(crate) fn hook(&self, hook: CallHook) {
         match hook {
-            CallHook::CallingHost => self.in_host_since = Some(Instant::now()),
-            CallHook::ReturningFromHost => {
-                if let Some(since) = self.in_host_since.take() {
-                    self.host += since.elapsed();
-                }
-            }
-            CallHook::CallingWasm | CallHook::ReturningFromWasm => {}
+            CallHook::CallingWasm | CallHook::ReturningFromHost => self.enter(),
+            CallHook::CallingHost | CallHook::ReturningFromWasm => self.leave(),
         }
     }
 
-    /// A handle the epoch yield uses to report time parked in the executor.
-    pub(crate) fn parked(&self) -> Arc<AtomicU64> {
-        self.parked_nanos.clone()
+    /// The guest starts running on this thread.
+    pub(crate) fn enter(&self) {
+        self.0.since.store(thread_cpu_nanos() + 1, Ordering::Relaxed);
     }
 
-    pub(crate) fn guest_time(&self) -> Duration {
-        let in_host = self.in_host_since.map(|s| s.elapsed()).unwrap_or_default();
-        let parked = Duration::from_nanos(self.parked_nanos.load(Ordering::Relaxed));
-        self.start.elapsed().saturating_sub(self.host + in_host + parked)
+    /// The guest stops running on this thread.
+    pub(crate) fn leave(&self) {
+        let since = self.0.since.swap(0, Ordering::Relaxed);
+        if since != 0 {
+            self.0.spent.fetch_add(thread_cpu_nanos().saturating_sub(since - 1), Ordering::Relaxed);
+        }
     }
+
+    /// The guest's CPU time so far; called on the thread running it, or after it stopped.
+    pub(crate) fn guest_time(&self) -> Duration {
+        let since = self.0.since.load(Ordering::Relaxed);
+        let running = if since == 0 { 0 } else { thread_cpu_nanos().saturating_sub(since - 1) };
+        Duration::from_nanos(self.0.spent.load(Ordering::Relaxed) + running)
+    }
+}
+
+/// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu_nanos() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer; the clock id is valid on
+    // every Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    if rc != 0 {
+        return 0;
+    }
+    (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
 }
 
 /// The error an epoch callback raises when a call used up its CPU time.
@@ -169,6 +187,25 @@ mod tests {
     use wasmtime::ResourceLimiter;
 
     #[test]
+    fn guest_time_is_cpu_time_not_wall_time() {
+        let clock = GuestClock::new();
+        clock.enter();
+        // Off the CPU, as a guest whose thread waits for a CPU on a busy machine.
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(clock.guest_time() < Duration::from_millis(20), "{:?}", clock.guest_time());
+        // On the CPU.
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_millis(50) {
+            std::hint::black_box(0u64);
+        }
+        clock.leave();
+        let spent = clock.guest_time();
+        assert!(spent >= Duration::from_millis(40), "{spent:?}");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(clock.guest_time(), spent, "nothing counts while the guest is not running");
+    }
+
+    #[test]
     fn memory_limit_covers_all_memories_together() {
         let mut l = MemoryLimiter::new(100);
         assert!(l.memory_growing(0, 60, None).unwrap());
@@ -180,10 +217,16 @@ mod tests {
 
     #[test]
     fn host_time_is_not_guest_time() {
-        let mut c = GuestClock::new();
+        let c = GuestClock::new();
+        c.hook(CallHook::CallingWasm);
         c.hook(CallHook::CallingHost);
-        std::thread::sleep(Duration::from_millis(50));
+        // The host works on the CPU (a capability call).
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_millis(50) {
+            std::hint::black_box(0u64);
+        }
         c.hook(CallHook::ReturningFromHost);
+        c.hook(CallHook::ReturningFromWasm);
         assert!(c.guest_time() < Duration::from_millis(20), "{:?}", c.guest_time());
     }
 }
