@@ -1,6 +1,6 @@
 //! A real tgtd for tests: its own control port and loopback portal, stopped (and its state lost,
 //! as in a crash) when dropped or when the test process exits: it runs under a shell that kills
-//! it when a pipe held by this process closes.
+//! it when a pipe held by this process closes, and it dies with that shell if the shell is killed.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -47,7 +47,7 @@ impl TgtdProcess {
         let (c, p, t) = (self.control_port, self.portal_port, self.io_threads);
         let script = format!(
             "rm -f /var/run/tgtd/socket.{c} /var/run/tgtd/socket.{c}.lock; \
-             /usr/sbin/tgtd -f -C {c} -t {t} --iscsi portal=127.0.0.1:{p} >/dev/null 2>&1 & pid=$!; \
+             setpriv --pdeathsig KILL /usr/sbin/tgtd -f -C {c} -t {t} --iscsi portal=127.0.0.1:{p} >/dev/null 2>&1 & pid=$!; \
              cat >/dev/null; kill -KILL $pid; wait $pid; rm -f /var/run/tgtd/socket.{c} /var/run/tgtd/socket.{c}.lock"
         );
         let child = Command::new("sh")

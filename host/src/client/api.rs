@@ -16,7 +16,7 @@ use super::error::ClientError;
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Credentials {
     /// The volume endpoint, e.g. http://127.0.0.1:8776/v3 [env: CINDER_ENDPOINT, OS_ENDPOINT]
-    #[arg(long = "os-endpoint", global = true)]
+    #[arg(long = "os-endpoint", visible_alias = "endpoint", global = true)]
     pub endpoint: Option<String>,
     /// [env: OS_PROJECT_ID]
     #[arg(long = "os-project-id", global = true)]
