@@ -10,7 +10,8 @@
 //! 5. a restart of tgtd, which loses every target: how long until every export is back.
 //!
 //! Run: `cargo bench -p berth-tests --bench scale` (`BERTH_SCALE_ATTACHMENTS`, default 10000;
-//! `BERTH_BENCH_SECONDS` per cycle run, default 5). Figures go to BENCHMARKS.md.
+//! `BERTH_BENCH_SECONDS` per cycle run, default 5; `BERTH_SCALE_RESTORE_SECONDS`, default
+//! 1800, how long to wait for the exports after the tgtd restart). Figures go to BENCHMARKS.md.
 
 use std::time::{Duration, Instant};
 
@@ -131,15 +132,22 @@ async fn run() {
     let from = berth.log_text().len();
     tgtd.restart();
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(600);
+    // Polled every 2 s: a listing of thousands of targets costs tgtd time it would spend restoring.
+    let deadline = started + Duration::from_secs(env("BERTH_SCALE_RESTORE_SECONDS", 1800));
     loop {
         let targets = tgtd.targets();
         let back = targets.iter().filter(|t| !t.initiators.is_empty() && !t.luns.is_empty()).count();
         if back >= n {
             break;
         }
-        assert!(Instant::now() < deadline, "only {back} of {n} exports came back");
-        std::thread::sleep(Duration::from_millis(250));
+        if Instant::now() > deadline {
+            println!(
+                "tgtd restart (every target lost): only {back} of {n} exports back after {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_secs(2));
     }
     let restored = started.elapsed();
     let pass = wait_log(&berth, from, "repaired=", Duration::from_secs(60)).unwrap_or_default();
