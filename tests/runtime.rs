@@ -253,6 +253,39 @@ async fn a_cached_driver_loads_without_recompiling() {
     assert_eq!(first.digest(), second.digest());
 }
 
+/// The cache holds native code: a file under one driver's name that holds another driver's
+/// artifact (swapped by someone with write access to the cache) is refused by its MAC and the
+/// driver is compiled again, so each backend runs its own code.
+#[tokio::test]
+async fn swapped_cached_artifacts_are_recompiled_not_run() {
+    let cache = tempfile::tempdir().unwrap();
+    let options = RuntimeOptions { cache_dir: Some(cache.path().to_path_buf()), ..Default::default() };
+    let runtime = Runtime::new(options.clone()).unwrap();
+    let fake = runtime.load(spec("fake")).await.unwrap();
+    let other = runtime.load(spec("misbehaving")).await.unwrap();
+    let artifact = |digest: &str| {
+        std::fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&digest[..32]))
+            .expect("cached artifact")
+    };
+    let (a, b) = (artifact(fake.digest()), artifact(other.digest()));
+    let tmp = cache.path().join("swap");
+    std::fs::rename(&a, &tmp).unwrap();
+    std::fs::rename(&b, &a).unwrap();
+    std::fs::rename(&tmp, &b).unwrap();
+
+    let restarted = Runtime::new(options).unwrap();
+    let fake_again = restarted.load(spec("fake")).await.unwrap();
+    let other_again = restarted.load(spec("misbehaving")).await.unwrap();
+    assert_eq!(fake_again.provenance(), Provenance::Compiled);
+    assert_eq!(other_again.provenance(), Provenance::Compiled);
+    assert_eq!(fake_again.info().name, fake.info().name);
+    assert_eq!(other_again.info().name, other.info().name);
+    assert_ne!(fake_again.info().name, other_again.info().name);
+}
+
 #[tokio::test]
 async fn scripted_driver_errors_arrive_as_typed_variants() {
     let driver = load(spec("fake")).await.unwrap();
