@@ -78,6 +78,9 @@ pub enum AuthStrategy {
 pub struct AuthConfig {
     pub strategy: AuthStrategy,
     pub tokens_file: Option<PathBuf>,
+    /// Overrides of the default policy (TOML: Cinder rule name to the roles that pass it; see
+    /// `api/policy.rs`).
+    pub policy_file: Option<PathBuf>,
 }
 
 /// Operations the service owns (`attach/ops.rs`).

@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use crate::api::auth::Auth;
+use crate::api::policy::Policy;
 use crate::api::{AppState, app};
 use crate::attach::ops::Owner;
 use crate::attach::reconcile::{Options as ReconcileOptions, Reconciled};
@@ -52,6 +53,10 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
                     config.listen
                 );
             }
+            tracing::warn!(
+                "[auth] strategy = \"noauth\": every local user is trusted; a caller names its own user, \
+                 project and roles (X-Auth-Token, X-Roles, X-Service-Roles)"
+            );
             Auth::NoAuth
         }
         AuthStrategy::Token => {
@@ -59,6 +64,11 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
                 config.auth.tokens_file.as_ref().context("[auth] strategy = \"token\" needs tokens_file")?;
             Auth::from_tokens_file(file).map_err(anyhow::Error::msg)?
         }
+    };
+
+    let policy = match &config.auth.policy_file {
+        Some(path) => Policy::from_file(path).map_err(anyhow::Error::msg)?,
+        None => Policy::default(),
     };
 
     let store = Store::open(
@@ -118,7 +128,12 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     let catalog = Catalog::new(types, default_type, backends).map_err(anyhow::Error::msg)?;
     let owner = Owner::new(&node, Duration::from_secs(config.operations.lease_seconds.max(1)));
     let service = Arc::new(Service::new(store, catalog, owner));
-    let state = AppState { service, auth: Arc::new(auth), public_endpoint: config.public_endpoint.clone() };
+    let state = AppState {
+        service,
+        auth: Arc::new(auth),
+        policy: Arc::new(policy),
+        public_endpoint: config.public_endpoint.clone(),
+    };
     Ok(Assembled { state, targets: iscsi.map(|i| i.service), config, _lock: lock })
 }
 

@@ -196,7 +196,7 @@ both_databases! {
         assert!(attachments(&c, &volume).await.is_empty());
         let member = c.with_roles("member");
         act(&member, &volume, "os-force_detach", Value::Null).await.fault(403, "forbidden");
-        let stranger = s.client("p2");
+        let stranger = s.client("p2").with_roles("member");
         act(&stranger, &volume, "os-reserve", Value::Null).await.fault(404, "itemNotFound");
         let missing = "00000000-0000-4000-8000-000000000000";
         act(&c, missing, "os-reserve", Value::Null).await.fault(404, "itemNotFound");

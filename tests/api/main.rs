@@ -8,5 +8,6 @@ mod driver_failures;
 mod identity;
 mod legacy;
 mod migration;
+mod policy;
 mod versions;
 mod volumes;

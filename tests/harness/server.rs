@@ -103,6 +103,7 @@ impl TestServer {
             project: project.to_string(),
             version: None,
             roles: None,
+            service_roles: None,
             project_in_url: true,
         }
     }
@@ -118,6 +119,8 @@ pub struct Client {
     pub project: String,
     pub version: Option<String>,
     pub roles: Option<String>,
+    /// `X-Service-Roles`: the roles of a service token sent along (noauth).
+    pub service_roles: Option<String>,
     /// Use `/v3/{project}/...` (true) or `/v3/...` (false).
     pub project_in_url: bool,
 }
@@ -162,6 +165,7 @@ impl Client {
             project: project.to_string(),
             version: None,
             roles: None,
+            service_roles: None,
             project_in_url: true,
         }
     }
@@ -174,6 +178,11 @@ impl Client {
     /// The same client with `X-Roles` (non-admin when `admin` is absent).
     pub fn with_roles(&self, roles: &str) -> Client {
         Client { roles: Some(roles.to_string()), ..self.clone() }
+    }
+
+    /// The same client sending a service token's roles (`X-Service-Roles: service`), as Nova does.
+    pub fn with_service_token(&self) -> Client {
+        Client { service_roles: Some("service".into()), ..self.clone() }
     }
 
     /// The same client on its own connection pool (as a separate client process would be).
@@ -269,19 +278,14 @@ impl Client {
         if let Some(r) = &self.roles {
             req = req.header("x-roles", r);
         }
+        if let Some(r) = &self.service_roles {
+            req = req.header("x-service-roles", r);
+        }
         req
     }
 
-    async fn finish(&self, mut req: reqwest::RequestBuilder) -> Resp {
-        if let Some(t) = &self.token {
-            req = req.header("x-auth-token", t);
-        }
-        if let Some(v) = &self.version {
-            req = req.header("openstack-api-version", format!("volume {v}"));
-        }
-        if let Some(r) = &self.roles {
-            req = req.header("x-roles", r);
-        }
+    async fn finish(&self, req: reqwest::RequestBuilder) -> Resp {
+        let req = self.headers(req);
         let resp = req.send().await.expect("the server answers");
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();

@@ -15,6 +15,7 @@ use serde_json::{Map, Value, json};
 use super::attachments::connector as parse_connector;
 use super::body::JsonBody;
 use super::error::ApiError;
+use super::policy::Rule;
 use super::{AppState, uuid_param};
 use crate::attach::Caller;
 use crate::attach::legacy::LegacyAttach;
@@ -135,6 +136,7 @@ async fn action(
     if !ACTIONS.contains(&name.as_str()) {
         return Err(ApiError::bad_request(format!("There is no such action: {name}")));
     }
+    state.authorize(&caller, action_rule(&name))?;
     let service = &state.service;
     match name.as_str() {
         "os-reserve" => {
@@ -174,9 +176,6 @@ async fn action(
                 .await?;
         }
         "os-force_detach" => {
-            if !caller.is_admin() {
-                return Err(ApiError::forbidden("volume_extension:volume_admin_actions:force_detach"));
-            }
             let arg: ForceDetach = argument(&name, value, Some(ForceDetach::default()))?;
             let c = optional_connector(arg.connector)?;
             let id = attachment_id(arg.attachment_id)?;
@@ -187,6 +186,22 @@ async fn action(
         _ => unreachable!("every name in ACTIONS has a branch"),
     }
     Ok(StatusCode::ACCEPTED.into_response())
+}
+
+/// The policy rule of a volume action (one of [`ACTIONS`]).
+fn action_rule(name: &str) -> Rule {
+    match name {
+        "os-reserve" => Rule::Reserve,
+        "os-unreserve" => Rule::Unreserve,
+        "os-begin_detaching" => Rule::BeginDetaching,
+        "os-roll_detaching" => Rule::RollDetaching,
+        "os-initialize_connection" => Rule::InitializeConnection,
+        "os-attach" => Rule::Attach,
+        "os-terminate_connection" => Rule::TerminateConnection,
+        "os-detach" => Rule::Detach,
+        "os-force_detach" => Rule::ForceDetach,
+        _ => unreachable!("every name in ACTIONS has a rule"),
+    }
 }
 
 /// Cinder's `os-attach` schema: a mountpoint of 1 to 255 characters, an instance UUID or a host

@@ -13,6 +13,7 @@ use serde_json::{Map, Value, json};
 use super::body::JsonBody;
 use super::error::ApiError;
 use super::microversion::{ATTACHMENT_CREATE_MODE, NEW_ATTACH, NEW_ATTACH_COMPLETION, Version};
+use super::policy::Rule;
 use super::query::{ListSpec, parse};
 use super::views::{attachment_detail, attachment_summary};
 use super::{AppState, uuid_param};
@@ -55,6 +56,7 @@ async fn create(
     JsonBody(body): JsonBody<CreateBody>,
 ) -> Result<Response, ApiError> {
     version.require(NEW_ATTACH)?;
+    state.authorize(&caller, Rule::AttachmentCreate)?;
     let a = body.attachment;
     if a.mode.is_some() && version < ATTACHMENT_CREATE_MODE {
         return Err(ApiError::bad_request(
@@ -101,6 +103,7 @@ async fn update(
     JsonBody(body): JsonBody<UpdateBody>,
 ) -> Result<Response, ApiError> {
     version.require(NEW_ATTACH)?;
+    state.authorize(&caller, Rule::AttachmentUpdate)?;
     if body.attachment.connector.is_empty() {
         return Err(ApiError::bad_request(
             "Invalid input for field/attribute connector. Value: {}. {} does not have enough properties",
@@ -119,6 +122,7 @@ async fn show(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     version.require(NEW_ATTACH)?;
+    state.authorize(&caller, Rule::AttachmentGet)?;
     let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
     let (row, shared) = state.service.show_attachment(&caller, &id).await?;
     let mut view = attachment_detail(&row);
@@ -152,10 +156,11 @@ async fn list(
     view: fn(&Attachment) -> Value,
 ) -> Result<Response, ApiError> {
     version.require(NEW_ATTACH)?;
+    state.authorize(caller, Rule::AttachmentGetAll)?;
     let q = parse(raw.as_deref(), &LIST, version)?;
     let project_filter = q.filters.get("project_id").cloned();
     let scope = match &project_filter {
-        _ if !(caller.is_admin() && q.all_tenants) => caller.scope(),
+        _ if !(caller.is_admin() && q.all_tenants) => caller.own_project(),
         Some(project) => Scope::Project(project),
         None => Scope::All,
     };
@@ -193,6 +198,7 @@ async fn remove(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     version.require(NEW_ATTACH)?;
+    state.authorize(&caller, Rule::AttachmentDelete)?;
     let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
     let remaining =
         state.service.owned(move |s| async move { s.delete_attachment(&caller, &id).await }).await?;
@@ -208,6 +214,7 @@ async fn action(
     JsonBody(body): JsonBody<Map<String, Value>>,
 ) -> Result<Response, ApiError> {
     version.require(NEW_ATTACH_COMPLETION)?;
+    state.authorize(&caller, Rule::AttachmentComplete)?;
     if body.len() != 1 || !body.contains_key("os-complete") {
         let keys: Vec<&String> = body.keys().collect();
         return Err(ApiError::bad_request(format!(

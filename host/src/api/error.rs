@@ -131,7 +131,9 @@ impl From<AttachError> for ApiError {
             e @ (AttachError::InvalidVolume(_)
             | AttachError::InvalidAttachment(_)
             | AttachError::InvalidInput(_)) => ApiError::bad_request(e.to_string()),
-            e @ AttachError::Conflict(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+            e @ (AttachError::Conflict(_) | AttachError::InstanceUsing(_)) => {
+                ApiError::new(StatusCode::CONFLICT, e.to_string())
+            }
             AttachError::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, m),
             e @ (AttachError::BackendUnavailable(_) | AttachError::Unavailable(_)) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())

@@ -10,6 +10,7 @@ pub mod error;
 #[cfg(feature = "failpoints")]
 mod failpoints;
 pub mod microversion;
+pub mod policy;
 pub mod query;
 pub mod types;
 pub mod versions;
@@ -35,8 +36,17 @@ use error::ApiError;
 pub struct AppState {
     pub service: Arc<Service>,
     pub auth: Arc<Auth>,
+    /// Which roles may call what (`policy.rs`).
+    pub policy: Arc<policy::Policy>,
     /// The URL clients use to reach this service, for links; the request's Host when unset.
     pub public_endpoint: Option<String>,
+}
+
+impl AppState {
+    /// Checks a policy rule for the caller: Cinder's 403 when it does not pass.
+    pub fn authorize(&self, caller: &crate::attach::Caller, rule: policy::Rule) -> Result<(), ApiError> {
+        self.policy.authorize(caller, rule)
+    }
 }
 
 /// The routes, without the project-stripping rewrite (see [`app`]).

@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::AppState;
 use super::error::ApiError;
+use super::policy::Rule;
 use super::views::volume_type;
 use crate::attach::Caller;
 
@@ -15,9 +16,13 @@ pub fn routes() -> Router<AppState> {
     Router::new().route("/types", get(index)).route("/types/{id}", get(show))
 }
 
-async fn index(State(state): State<AppState>, Extension(caller): Extension<Caller>) -> Response {
+async fn index(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::TypeGetAll)?;
     let types: Vec<_> = state.service.catalog().types.iter().map(|t| volume_type(t, &caller)).collect();
-    Json(json!({ "volume_types": types })).into_response()
+    Ok(Json(json!({ "volume_types": types })).into_response())
 }
 
 async fn show(
@@ -25,6 +30,7 @@ async fn show(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::TypeGet)?;
     let catalog = state.service.catalog();
     let t = match id.as_str() {
         "default" => catalog.volume_type(None),

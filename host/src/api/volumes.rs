@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use super::body::JsonBody;
 use super::error::ApiError;
 use super::microversion::{VOLUME_LIST_COUNT, Version};
+use super::policy::Rule;
 use super::query::{ListSpec, parse};
 use super::views::{Links, volume_detail, volume_summary};
 use super::{AppState, uuid_param};
@@ -41,6 +42,7 @@ async fn metadata_show(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::MetadataGet)?;
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let (volume, _) = state.service.show_volume(&caller, &id).await?;
     Ok(Json(json!({ "metadata": volume.metadata })).into_response())
@@ -53,6 +55,7 @@ async fn metadata_change(
     changes: BTreeMap<String, String>,
     replace: bool,
 ) -> Result<Response, ApiError> {
+    state.authorize(&caller, if replace { Rule::MetadataUpdate } else { Rule::MetadataCreate })?;
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let metadata = state
         .service
@@ -84,6 +87,7 @@ async fn metadata_item(
     Extension(caller): Extension<Caller>,
     Path((id, key)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::MetadataGet)?;
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let (volume, _) = state.service.show_volume(&caller, &id).await?;
     let value = volume
@@ -98,6 +102,7 @@ async fn metadata_delete(
     Extension(caller): Extension<Caller>,
     Path((id, key)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::MetadataDelete)?;
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     state
         .service
@@ -174,6 +179,7 @@ async fn create(
     headers: HeaderMap,
     JsonBody(body): JsonBody<CreateBody>,
 ) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::VolumeCreate)?;
     let v = body.volume;
     for (field, value) in [
         ("snapshot_id", &v.snapshot_id),
@@ -235,6 +241,7 @@ async fn show(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::VolumeGet)?;
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let (volume, attachments) = state.service.show_volume(&caller, &id).await?;
     let view = volume_detail(&volume, &attachments, &caller, version, &links(&state, &headers));
@@ -260,8 +267,9 @@ async fn list(
     raw: Option<String>,
     detailed: bool,
 ) -> Result<Response, ApiError> {
+    state.authorize(caller, Rule::VolumeGetAll)?;
     let q = parse(raw.as_deref(), &LIST, version)?;
-    let scope = if caller.is_admin() && q.all_tenants { Scope::All } else { caller.scope() };
+    let scope = if caller.is_admin() && q.all_tenants { Scope::All } else { caller.own_project() };
     let multiattach = match q.filters.get("multiattach").map(|s| s.to_ascii_lowercase()) {
         None => None,
         Some(s) if s == "true" => Some(true),
@@ -330,9 +338,7 @@ async fn remove(
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let force = form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes())
         .any(|(k, v)| k == "force" && matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"));
-    if force && !caller.is_admin() {
-        return Err(ApiError::forbidden("volume:force_delete"));
-    }
+    state.authorize(&caller, if force { Rule::VolumeForceDelete } else { Rule::VolumeDelete })?;
     state.service.owned(move |s| async move { s.delete_volume(&caller, &id, force).await }).await?;
     Ok(StatusCode::ACCEPTED.into_response())
 }

@@ -424,6 +424,13 @@ impl Service {
             })
             .await?;
         let this = live.iter().find(|l| l.attachment.id == id).ok_or_else(|| attachment_not_found(id))?;
+        // OSSA-2023-003: an instance's connected attachment is the compute service's to end;
+        // a user who ends it behind the compute service's back leaves a guest with a stale device.
+        if let (Some(instance), Some(_)) = (&this.attachment.instance_uuid, &this.connector)
+            && !(caller.is_service || caller.is_admin())
+        {
+            return Err(AttachError::InstanceUsing(instance.clone()));
+        }
         let t = transition(after_event(then));
         if !t.allows(volume.status, volume.multiattach) {
             return Err(AttachError::InvalidVolume(format!(

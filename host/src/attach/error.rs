@@ -22,6 +22,10 @@ pub enum AttachError {
     Conflict(String),
     #[error("{0}")]
     Forbidden(String),
+    /// An instance's connected attachment, to be ended only with a service token or by an admin
+    /// (OSSA-2023-003; Cinder's `ConflictNovaUsingAttachment`).
+    #[error("ConflictNovaUsingAttachment: Detach volume from instance {0} using the Compute API")]
+    InstanceUsing(String),
     /// No driver serves the volume's backend (a configuration change removed it).
     #[error("backend {0} is not available")]
     BackendUnavailable(String),

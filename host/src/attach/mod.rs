@@ -52,8 +52,14 @@ impl Caller {
         self.roles.iter().any(|r| r == "admin")
     }
 
-    /// Rows this caller may see: its project's (admins too; they list others' with `all_tenants`).
+    /// Rows this caller may reach by id: its project's; an admin's, every project's (as in
+    /// Cinder, where an admin context is not scoped to its project).
     pub fn scope(&self) -> Scope<'_> {
+        if self.is_admin() { Scope::All } else { Scope::Project(&self.project_id) }
+    }
+
+    /// The caller's own project: what lists show unless an admin asks for `all_tenants`.
+    pub fn own_project(&self) -> Scope<'_> {
         Scope::Project(&self.project_id)
     }
 

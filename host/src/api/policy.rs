@@ -1,0 +1,284 @@
+//! Who may call what: Cinder's secure defaults ("reader" reads, "member" changes what belongs to
+//! its project, "admin" does everything), under Cinder's rule names where Cinder has one.
+//!
+//! Roles imply one another as Keystone's bootstrap makes them imply: `admin` ⇒ `member` ⇒
+//! `reader`. A rule passes when one of the caller's (implied) roles is in the rule's list. Which
+//! project a resource belongs to is checked by the store (another project's resource is 404, so
+//! its existence is not revealed; admins reach every project's resources by id and list them with
+//! `all_tenants`).
+//!
+//! The OSSA-2023-003 rule (an attachment that an instance uses and that is connected may be
+//! deleted, terminated or detached only with a service token or by an admin; others get Cinder's
+//! 409 `ConflictNovaUsingAttachment`) depends on the attachment, so the attach service checks it
+//! (`attach/attachments.rs`, `remove_locked`).
+//!
+//! Operators override rules with a policy file (`[auth] policy_file`, TOML, rule name to roles):
+//!
+//! ```toml
+//! "volume:create" = ["admin"]          # only admins create volumes
+//! "volume:attachment_create" = ["admin", "member"]
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::error::ApiError;
+use crate::attach::Caller;
+
+/// Every rule the API checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Rule {
+    VolumeGet,
+    VolumeGetAll,
+    VolumeCreate,
+    VolumeDelete,
+    VolumeForceDelete,
+    MetadataGet,
+    MetadataCreate,
+    MetadataUpdate,
+    MetadataDelete,
+    TypeGet,
+    TypeGetAll,
+    AttachmentGet,
+    AttachmentGetAll,
+    AttachmentCreate,
+    AttachmentUpdate,
+    AttachmentComplete,
+    AttachmentDelete,
+    Reserve,
+    Unreserve,
+    InitializeConnection,
+    Attach,
+    BeginDetaching,
+    RollDetaching,
+    TerminateConnection,
+    Detach,
+    ForceDetach,
+}
+
+/// The least role a rule needs by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Least {
+    Reader,
+    Member,
+    Admin,
+}
+
+impl Rule {
+    pub const ALL: [Rule; 26] = [
+        Rule::VolumeGet,
+        Rule::VolumeGetAll,
+        Rule::VolumeCreate,
+        Rule::VolumeDelete,
+        Rule::VolumeForceDelete,
+        Rule::MetadataGet,
+        Rule::MetadataCreate,
+        Rule::MetadataUpdate,
+        Rule::MetadataDelete,
+        Rule::TypeGet,
+        Rule::TypeGetAll,
+        Rule::AttachmentGet,
+        Rule::AttachmentGetAll,
+        Rule::AttachmentCreate,
+        Rule::AttachmentUpdate,
+        Rule::AttachmentComplete,
+        Rule::AttachmentDelete,
+        Rule::Reserve,
+        Rule::Unreserve,
+        Rule::InitializeConnection,
+        Rule::Attach,
+        Rule::BeginDetaching,
+        Rule::RollDetaching,
+        Rule::TerminateConnection,
+        Rule::Detach,
+        Rule::ForceDetach,
+    ];
+
+    /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::VolumeGet => "volume:get",
+            Rule::VolumeGetAll => "volume:get_all",
+            Rule::VolumeCreate => "volume:create",
+            Rule::VolumeDelete => "volume:delete",
+            Rule::VolumeForceDelete => "volume:force_delete",
+            Rule::MetadataGet => "volume:get_volume_metadata",
+            Rule::MetadataCreate => "volume:create_volume_metadata",
+            Rule::MetadataUpdate => "volume:update_volume_metadata",
+            Rule::MetadataDelete => "volume:delete_volume_metadata",
+            Rule::TypeGet => "volume_extension:type_get",
+            Rule::TypeGetAll => "volume_extension:type_get_all",
+            // Cinder scopes attachment reads by project without a rule; these are Berth's.
+            Rule::AttachmentGet => "volume:attachment_get",
+            Rule::AttachmentGetAll => "volume:attachment_get_all",
+            Rule::AttachmentCreate => "volume:attachment_create",
+            Rule::AttachmentUpdate => "volume:attachment_update",
+            Rule::AttachmentComplete => "volume:attachment_complete",
+            Rule::AttachmentDelete => "volume:attachment_delete",
+            Rule::Reserve => "volume_extension:volume_actions:reserve",
+            Rule::Unreserve => "volume_extension:volume_actions:unreserve",
+            Rule::InitializeConnection => "volume_extension:volume_actions:initialize_connection",
+            Rule::Attach => "volume_extension:volume_actions:attach",
+            Rule::BeginDetaching => "volume_extension:volume_actions:begin_detaching",
+            Rule::RollDetaching => "volume_extension:volume_actions:roll_detaching",
+            Rule::TerminateConnection => "volume_extension:volume_actions:terminate_connection",
+            Rule::Detach => "volume_extension:volume_actions:detach",
+            Rule::ForceDetach => "volume_extension:volume_admin_actions:force_detach",
+        }
+    }
+
+    fn least(self) -> Least {
+        match self {
+            Rule::VolumeGet
+            | Rule::VolumeGetAll
+            | Rule::MetadataGet
+            | Rule::TypeGet
+            | Rule::TypeGetAll
+            | Rule::AttachmentGet
+            | Rule::AttachmentGetAll => Least::Reader,
+            Rule::VolumeForceDelete | Rule::ForceDetach => Least::Admin,
+            _ => Least::Member,
+        }
+    }
+
+    fn by_name(name: &str) -> Option<Rule> {
+        Rule::ALL.into_iter().find(|r| r.name() == name)
+    }
+}
+
+/// The roles each rule accepts.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    rules: BTreeMap<Rule, Vec<String>>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        let rules = Rule::ALL
+            .into_iter()
+            .map(|rule| {
+                let roles: &[&str] = match rule.least() {
+                    Least::Reader => &["admin", "member", "reader"],
+                    Least::Member => &["admin", "member"],
+                    Least::Admin => &["admin"],
+                };
+                (rule, roles.iter().map(|r| r.to_string()).collect())
+            })
+            .collect();
+        Policy { rules }
+    }
+}
+
+impl Policy {
+    /// The defaults with the overrides of a policy file. An unknown rule name is an error (a typo
+    /// would otherwise leave the default in force).
+    pub fn from_file(path: &Path) -> Result<Policy, String> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        Policy::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn from_toml(text: &str) -> Result<Policy, String> {
+        let overrides: BTreeMap<String, Vec<String>> = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut policy = Policy::default();
+        for (name, roles) in overrides {
+            let rule = Rule::by_name(&name).ok_or_else(|| {
+                let known: Vec<&str> = Rule::ALL.iter().map(|r| r.name()).collect();
+                format!("unknown policy rule {name:?}; the rules are: {}", known.join(", "))
+            })?;
+            policy.rules.insert(rule, roles);
+        }
+        Ok(policy)
+    }
+
+    /// Whether `caller` passes `rule`.
+    pub fn allows(&self, caller: &Caller, rule: Rule) -> bool {
+        let accepted = &self.rules[&rule];
+        implied_roles(&caller.roles).any(|role| accepted.iter().any(|a| a == role))
+    }
+
+    /// `Ok` when `caller` passes `rule`, else Cinder's 403 "Policy doesn't allow ... to be
+    /// performed."
+    pub fn authorize(&self, caller: &Caller, rule: Rule) -> Result<(), ApiError> {
+        if self.allows(caller, rule) {
+            Ok(())
+        } else {
+            tracing::info!(user = %caller.user_id, project = %caller.project_id, rule = rule.name(), "refused by policy");
+            Err(ApiError::forbidden(rule.name()))
+        }
+    }
+}
+
+/// A caller's roles with those they imply (admin ⇒ member ⇒ reader).
+fn implied_roles(roles: &[String]) -> impl Iterator<Item = &str> {
+    let has = |r: &str| roles.iter().any(|x| x == r);
+    let admin = has("admin");
+    let member = admin || has("member");
+    let reader = member || has("reader");
+    roles
+        .iter()
+        .map(String::as_str)
+        .chain(admin.then_some("admin"))
+        .chain(member.then_some("member"))
+        .chain(reader.then_some("reader"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller(roles: &[&str]) -> Caller {
+        Caller {
+            user_id: "u".into(),
+            project_id: "p".into(),
+            roles: roles.iter().map(|r| r.to_string()).collect(),
+            is_service: false,
+        }
+    }
+
+    #[test]
+    fn defaults_follow_cinders_secure_roles() {
+        let p = Policy::default();
+        for (roles, rule, allowed) in [
+            (&["reader"][..], Rule::VolumeGet, true),
+            (&["reader"], Rule::AttachmentGetAll, true),
+            (&["reader"], Rule::VolumeCreate, false),
+            (&["reader"], Rule::AttachmentCreate, false),
+            (&["reader"], Rule::TerminateConnection, false),
+            (&["member"], Rule::VolumeGet, true),
+            (&["member"], Rule::AttachmentCreate, true),
+            (&["member"], Rule::VolumeForceDelete, false),
+            (&["member"], Rule::ForceDetach, false),
+            (&["admin"], Rule::ForceDetach, true),
+            (&["admin"], Rule::VolumeGet, true),
+            (&[], Rule::VolumeGet, false),
+            (&["service"], Rule::AttachmentDelete, false),
+        ] {
+            assert_eq!(p.allows(&caller(roles), rule), allowed, "{roles:?} {}", rule.name());
+        }
+    }
+
+    #[test]
+    fn a_policy_file_overrides_by_cinders_rule_names() {
+        let p = Policy::from_toml(
+            "\"volume:create\" = [\"admin\"]\n\"volume:get\" = [\"auditor\", \"member\"]\n",
+        )
+        .unwrap();
+        assert!(!p.allows(&caller(&["member"]), Rule::VolumeCreate));
+        assert!(p.allows(&caller(&["admin"]), Rule::VolumeCreate));
+        assert!(p.allows(&caller(&["auditor"]), Rule::VolumeGet));
+        assert!(!p.allows(&caller(&["reader"]), Rule::VolumeGet));
+        assert!(p.allows(&caller(&["admin"]), Rule::VolumeGet), "admin implies member");
+        // Untouched rules keep their defaults.
+        assert!(p.allows(&caller(&["member"]), Rule::AttachmentCreate));
+        let error = Policy::from_toml("\"volume:craete\" = [\"admin\"]").unwrap_err();
+        assert!(error.contains("unknown policy rule \"volume:craete\""), "{error}");
+    }
+
+    #[test]
+    fn refusals_are_cinders_403() {
+        let e = Policy::default().authorize(&caller(&["reader"]), Rule::AttachmentDelete).unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::FORBIDDEN);
+        assert_eq!(e.message, "Policy doesn't allow volume:attachment_delete to be performed.");
+    }
+}

@@ -1,0 +1,458 @@
+//! The authorisation matrix: every route x {reader, member, admin, service} x {own project, other
+//! project}, generated from one table, with the expected status of each cell. Roles follow
+//! Cinder's secure defaults (reader reads, member changes its project's resources, admin does
+//! everything); another project's resources are 404 to non-admins; an instance's connected
+//! attachment is ended only with a service token or by an admin (OSSA-2023-003, 409 otherwise).
+
+use berth_tests::server::{Client, Db, TestServer, connector};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    Reader,
+    Member,
+    Admin,
+    /// A member sending a service token (`X-Service-Roles: service`), as Nova does.
+    Service,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Whose {
+    Own,
+    Other,
+}
+
+/// The least role a route needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Least {
+    Reader,
+    Member,
+    Admin,
+}
+
+/// What exists before the call, in project `p1`.
+#[derive(Debug, Clone, Copy)]
+enum Fixture {
+    Nothing,
+    /// An available volume with metadata `k = v`.
+    Volume,
+    /// A volume with an attachment without connector (`reserved`).
+    Reserved,
+    /// A volume with a connected attachment (no instance).
+    Connected,
+    /// A volume with a connected, completed attachment of an instance.
+    InstanceAttached,
+    /// Legacy: `os-reserve`.
+    LegacyReserved,
+    /// Legacy: `os-reserve` + `os-initialize_connection`.
+    LegacyConnected,
+    /// Legacy: reserve + initialize + `os-attach` with an instance.
+    LegacyAttached,
+    /// Legacy: attached, then `os-begin_detaching`.
+    LegacyDetaching,
+}
+
+/// How a route answers a caller in another project who passes its rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// A resource by id: 404 to non-admins of other projects.
+    ById,
+    /// A list: 200, and only the caller's own project's rows (none here).
+    List,
+    /// Not tied to the fixture's project (creating a volume, volume types).
+    Global,
+}
+
+struct Route {
+    name: &'static str,
+    method: Method,
+    /// `{v}` is the fixture's volume, `{a}` its attachment.
+    path: &'static str,
+    body: Option<Value>,
+    fixture: Fixture,
+    least: Least,
+    reach: Reach,
+    /// The instance's connected attachment would be ended (OSSA-2023-003).
+    ends_instance_access: bool,
+    ok: u16,
+}
+
+const INSTANCE: &str = "c0ffee00-0000-4000-8000-000000000001";
+
+fn routes() -> Vec<Route> {
+    use Fixture::*;
+    use Least::*;
+    use Reach::*;
+    let c = connector("iqn.1993-08.org.debian:01:policy", "policy-host");
+    let action = |name: &'static str, body: Value, fixture, least, ends, ok| Route {
+        name,
+        method: Method::POST,
+        path: "/volumes/{v}/action",
+        body: Some(body),
+        fixture,
+        least,
+        reach: ById,
+        ends_instance_access: ends,
+        ok,
+    };
+    let route = |name, method, path, body: Option<Value>, fixture, least, reach, ok| Route {
+        name,
+        method,
+        path,
+        body,
+        fixture,
+        least,
+        reach,
+        ends_instance_access: false,
+        ok,
+    };
+    vec![
+        route("list volumes", Method::GET, "/volumes", None, Volume, Reader, List, 200),
+        route("list volumes in detail", Method::GET, "/volumes/detail", None, Volume, Reader, List, 200),
+        route("show a volume", Method::GET, "/volumes/{v}", None, Volume, Reader, ById, 200),
+        route(
+            "create a volume",
+            Method::POST,
+            "/volumes",
+            Some(json!({"volume": {"size": 1}})),
+            Nothing,
+            Member,
+            Global,
+            202,
+        ),
+        route("delete a volume", Method::DELETE, "/volumes/{v}", None, Volume, Member, ById, 202),
+        route(
+            "force-delete a volume",
+            Method::DELETE,
+            "/volumes/{v}?force=true",
+            None,
+            Volume,
+            Admin,
+            ById,
+            202,
+        ),
+        route("show metadata", Method::GET, "/volumes/{v}/metadata", None, Volume, Reader, ById, 200),
+        route(
+            "show a metadata item",
+            Method::GET,
+            "/volumes/{v}/metadata/k",
+            None,
+            Volume,
+            Reader,
+            ById,
+            200,
+        ),
+        route(
+            "merge metadata",
+            Method::POST,
+            "/volumes/{v}/metadata",
+            Some(json!({"metadata": {"x": "y"}})),
+            Volume,
+            Member,
+            ById,
+            200,
+        ),
+        route(
+            "replace metadata",
+            Method::PUT,
+            "/volumes/{v}/metadata",
+            Some(json!({"metadata": {"x": "y"}})),
+            Volume,
+            Member,
+            ById,
+            200,
+        ),
+        route(
+            "delete a metadata item",
+            Method::DELETE,
+            "/volumes/{v}/metadata/k",
+            None,
+            Volume,
+            Member,
+            ById,
+            200,
+        ),
+        route("list volume types", Method::GET, "/types", None, Nothing, Reader, Global, 200),
+        route("show a volume type", Method::GET, "/types/default", None, Nothing, Reader, Global, 200),
+        route("list attachments", Method::GET, "/attachments", None, Reserved, Reader, List, 200),
+        route(
+            "list attachments in detail",
+            Method::GET,
+            "/attachments/detail",
+            None,
+            Reserved,
+            Reader,
+            List,
+            200,
+        ),
+        route("show an attachment", Method::GET, "/attachments/{a}", None, Reserved, Reader, ById, 200),
+        route(
+            "create an attachment",
+            Method::POST,
+            "/attachments",
+            Some(json!({"attachment": {"volume_uuid": "{v}"}})),
+            Volume,
+            Member,
+            ById,
+            200,
+        ),
+        route(
+            "update an attachment",
+            Method::PUT,
+            "/attachments/{a}",
+            Some(json!({"attachment": {"connector": c.clone()}})),
+            Reserved,
+            Member,
+            ById,
+            200,
+        ),
+        route(
+            "complete an attachment",
+            Method::POST,
+            "/attachments/{a}/action",
+            Some(json!({"os-complete": null})),
+            Connected,
+            Member,
+            ById,
+            204,
+        ),
+        route("delete an attachment", Method::DELETE, "/attachments/{a}", None, Connected, Member, ById, 200),
+        Route {
+            ends_instance_access: true,
+            ..route(
+                "delete an instance's attached attachment",
+                Method::DELETE,
+                "/attachments/{a}",
+                None,
+                InstanceAttached,
+                Member,
+                ById,
+                200,
+            )
+        },
+        action("os-reserve", json!({"os-reserve": null}), Volume, Member, false, 202),
+        action("os-unreserve", json!({"os-unreserve": null}), LegacyReserved, Member, false, 202),
+        action(
+            "os-initialize_connection",
+            json!({"os-initialize_connection": {"connector": c.clone()}}),
+            LegacyReserved,
+            Member,
+            false,
+            200,
+        ),
+        action(
+            "os-attach",
+            json!({"os-attach": {"instance_uuid": INSTANCE, "mountpoint": "/dev/vdb"}}),
+            LegacyConnected,
+            Member,
+            false,
+            202,
+        ),
+        action("os-begin_detaching", json!({"os-begin_detaching": null}), LegacyAttached, Member, false, 202),
+        action("os-roll_detaching", json!({"os-roll_detaching": null}), LegacyDetaching, Member, false, 202),
+        action(
+            "os-terminate_connection of a reservation",
+            json!({"os-terminate_connection": {"connector": c.clone()}}),
+            LegacyConnected,
+            Member,
+            false,
+            202,
+        ),
+        action(
+            "os-terminate_connection of an instance's attachment",
+            json!({"os-terminate_connection": {"connector": c.clone()}}),
+            LegacyAttached,
+            Member,
+            true,
+            202,
+        ),
+        action(
+            "os-detach of an instance's attachment",
+            json!({"os-detach": {"attachment_id": "{a}"}}),
+            LegacyAttached,
+            Member,
+            true,
+            202,
+        ),
+        action(
+            "os-force_detach",
+            json!({"os-force_detach": {"attachment_id": "{a}"}}),
+            LegacyAttached,
+            Admin,
+            false,
+            202,
+        ),
+    ]
+}
+
+/// The status a cell must answer.
+fn expected(route: &Route, who: Who, whose: Whose) -> u16 {
+    let passes = match route.least {
+        Least::Reader => true,
+        Least::Member => who != Who::Reader,
+        Least::Admin => who == Who::Admin,
+    };
+    if !passes {
+        return 403;
+    }
+    if whose == Whose::Other && route.reach == Reach::ById && who != Who::Admin {
+        return 404;
+    }
+    if route.ends_instance_access && !matches!(who, Who::Admin | Who::Service) {
+        return 409;
+    }
+    route.ok
+}
+
+/// Builds the fixture in project p1 as its admin; returns (volume, attachment).
+async fn build(owner: &Client, fixture: Fixture) -> (String, String) {
+    let c = connector("iqn.1993-08.org.debian:01:policy", "policy-host");
+    if let Fixture::Nothing = fixture {
+        return (String::new(), String::new());
+    }
+    let volume = owner.create_volume(json!({"size": 1, "metadata": {"k": "v"}})).await;
+    let action = |body: Value| {
+        let path = format!("/volumes/{volume}/action");
+        async move { owner.post(&path, body).await }
+    };
+    let attachment_of = || async {
+        let list = owner.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
+        list.body["attachments"][0]["id"].as_str().unwrap_or_default().to_string()
+    };
+    let attachment = match fixture {
+        Fixture::Nothing | Fixture::Volume => String::new(),
+        Fixture::Reserved => owner.attach(&volume, None).await.expect(200).body["attachment"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        Fixture::Connected => owner.attach(&volume, Some(c)).await.expect(200).body["attachment"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        Fixture::InstanceAttached => {
+            let body =
+                json!({"attachment": {"volume_uuid": volume, "instance_uuid": INSTANCE, "connector": c}});
+            let a = owner.post("/attachments", body).await.expect(200).body["attachment"]["id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            owner.post(&format!("/attachments/{a}/action"), json!({"os-complete": null})).await.expect(204);
+            a
+        }
+        Fixture::LegacyReserved
+        | Fixture::LegacyConnected
+        | Fixture::LegacyAttached
+        | Fixture::LegacyDetaching => {
+            action(json!({"os-reserve": null})).await.expect(202);
+            if !matches!(fixture, Fixture::LegacyReserved) {
+                action(json!({"os-initialize_connection": {"connector": c}})).await.expect(200);
+            }
+            if matches!(fixture, Fixture::LegacyAttached | Fixture::LegacyDetaching) {
+                action(json!({"os-attach": {"instance_uuid": INSTANCE, "mountpoint": "/dev/vdb"}}))
+                    .await
+                    .expect(202);
+            }
+            if matches!(fixture, Fixture::LegacyDetaching) {
+                action(json!({"os-begin_detaching": null})).await.expect(202);
+            }
+            attachment_of().await
+        }
+    };
+    (volume, attachment)
+}
+
+/// A caller in p1 (`Own`) or in a project of its own that holds nothing (`Other`).
+fn caller(s: &TestServer, who: Who, whose: Whose) -> Client {
+    static OTHERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let project = match whose {
+        Whose::Own => "p1".to_string(),
+        Whose::Other => format!("p{}", 1000 + OTHERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+    };
+    let c = s.client(&project).at("3.54");
+    match who {
+        Who::Reader => c.with_roles("reader"),
+        Who::Member => c.with_roles("member"),
+        Who::Admin => c.with_roles("admin"),
+        Who::Service => c.with_roles("member").with_service_token(),
+    }
+}
+
+fn fill(template: &str, volume: &str, attachment: &str) -> String {
+    template.replace("{v}", volume).replace("{a}", attachment)
+}
+
+#[tokio::test]
+async fn every_route_answers_each_role_in_each_project_as_the_policy_says() {
+    let s = TestServer::start(Db::Sqlite).await;
+    let owner = s.client("p1").at("3.54");
+    let mut failures = Vec::new();
+    let mut cells = 0;
+    for route in routes() {
+        for who in [Who::Reader, Who::Member, Who::Admin, Who::Service] {
+            for whose in [Whose::Own, Whose::Other] {
+                cells += 1;
+                let (volume, attachment) = build(&owner, route.fixture).await;
+                let c = caller(&s, who, whose);
+                let body = route
+                    .body
+                    .as_ref()
+                    .map(|b| serde_json::from_str(&fill(&b.to_string(), &volume, &attachment)).unwrap());
+                let r =
+                    c.send(route.method.clone(), &c.url(&fill(route.path, &volume, &attachment)), body).await;
+                let want = expected(&route, who, whose);
+                let mut wrong = r.status != want;
+                if route.reach == Reach::List && r.status == 200 && whose == Whose::Other {
+                    let rows = r.body.as_object().and_then(|o| o.values().next()).cloned();
+                    wrong |= rows != Some(json!([]));
+                }
+                if r.status >= 400 && r.body.as_object().is_none_or(|o| o.len() != 1) {
+                    wrong = true;
+                }
+                if wrong {
+                    failures.push(format!(
+                        "{} as {who:?} of the {whose:?} project: expected {want}, got {} {}",
+                        route.name, r.status, r.body
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {cells} cells differ:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[tokio::test]
+async fn a_refused_detach_of_an_instances_attachment_changes_nothing() {
+    let s = TestServer::start(Db::Sqlite).await;
+    let owner = s.client("p1").at("3.54");
+    let (volume, attachment) = build(&owner, Fixture::InstanceAttached).await;
+    let member = caller(&s, Who::Member, Whose::Own);
+    let message = member.delete(&format!("/attachments/{attachment}")).await.fault(409, "conflictingRequest");
+    assert_eq!(
+        message,
+        format!("ConflictNovaUsingAttachment: Detach volume from instance {INSTANCE} using the Compute API")
+    );
+    let shown = owner.get(&format!("/attachments/{attachment}")).await.expect(200);
+    assert_eq!(shown.body["attachment"]["status"], "attached");
+    assert!(shown.body["attachment"]["connection_info"].is_object());
+    assert_eq!(owner.volume_status(&volume).await, "in-use");
+    // Nova, with its service token, may.
+    caller(&s, Who::Service, Whose::Own).delete(&format!("/attachments/{attachment}")).await.expect(200);
+    assert_eq!(owner.volume_status(&volume).await, "available");
+}
+
+#[tokio::test]
+async fn a_policy_file_overrides_the_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.toml");
+    std::fs::write(&path, "\"volume:create\" = [\"admin\"]\n\"volume:get_all\" = [\"auditor\"]\n").unwrap();
+    let mut config = berth_tests::server::fake_config();
+    config.auth.policy_file = Some(path);
+    let s = TestServer::start_with(Db::Sqlite, config).await;
+    let member = s.client("p1").with_roles("member");
+    let message = member.post("/volumes", json!({"volume": {"size": 1}})).await.fault(403, "forbidden");
+    assert_eq!(message, "Policy doesn't allow volume:create to be performed.");
+    s.client("p1").with_roles("admin").post("/volumes", json!({"volume": {"size": 1}})).await.expect(202);
+    s.client("p1").with_roles("auditor").get("/volumes").await.expect(200);
+    member.get("/volumes").await.fault(403, "forbidden");
+}
