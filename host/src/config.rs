@@ -33,6 +33,8 @@ pub struct Config {
     /// directory, `node-id`).
     pub node: Option<String>,
     pub auth: AuthConfig,
+    pub http: HttpConfig,
+    pub attachments: AttachmentsConfig,
     pub operations: OperationsConfig,
     pub reconcile: ReconcileConfig,
     pub runtime: RuntimeConfig,
@@ -53,6 +55,8 @@ impl Default for Config {
             default_volume_type: None,
             node: None,
             auth: AuthConfig::default(),
+            http: HttpConfig::default(),
+            attachments: AttachmentsConfig::default(),
             operations: OperationsConfig::default(),
             reconcile: ReconcileConfig::default(),
             runtime: RuntimeConfig::default(),
@@ -60,6 +64,39 @@ impl Default for Config {
             backends: Vec::new(),
             volume_types: Vec::new(),
         }
+    }
+}
+
+/// How the API's HTTP server protects itself (`api/server.rs`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// How long a client may take to send a request's headers, counted from the moment the
+    /// connection is ready for a request: on a new connection from accept, on a kept-alive one
+    /// from the end of the previous response (so it is also the idle timeout). The connection is
+    /// closed when it expires.
+    pub header_read_timeout_seconds: f64,
+    /// Requests handled at once; beyond it, 503 with `Retry-After` (load shedding).
+    pub max_requests_in_flight: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig { header_read_timeout_seconds: 60.0, max_requests_in_flight: 512 }
+    }
+}
+
+/// Bounds on attachments.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AttachmentsConfig {
+    /// Live attachments one volume may have (a multiattach volume); one more is a 413 overLimit.
+    pub max_per_volume: u32,
+}
+
+impl Default for AttachmentsConfig {
+    fn default() -> Self {
+        AttachmentsConfig { max_per_volume: 1024 }
     }
 }
 

@@ -155,6 +155,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve { listen, data_dir, database_url, config } => {
             init_logging();
+            // Everything the service creates (database, volume images, keys, state) is its own.
+            // SAFETY: umask has no preconditions.
+            unsafe { libc::umask(0o077) };
             let mut cfg = match config {
                 Some(path) => match Config::load(&path) {
                     Ok(c) => c,

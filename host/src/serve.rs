@@ -14,10 +14,11 @@ use anyhow::{Context, bail};
 
 use crate::api::auth::Auth;
 use crate::api::policy::Policy;
+use crate::api::server::{InFlight, ServerLimits};
 use crate::api::{AppState, app};
 use crate::attach::ops::Owner;
 use crate::attach::reconcile::{Options as ReconcileOptions, Reconciled};
-use crate::attach::{Backend, Catalog, Service, VolumeType};
+use crate::attach::{Backend, Catalog, Limits, Service, VolumeType};
 use crate::capabilities::backing::BackingStores;
 use crate::capabilities::iscsi::tgt::{Tgtd, TgtdConfig};
 use crate::capabilities::iscsi::{ChapPolicy, IscsiCapability, Portal, TargetService};
@@ -127,11 +128,13 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     let default_type = config.default_volume_type.clone().unwrap_or_else(|| types[0].name.clone());
     let catalog = Catalog::new(types, default_type, backends).map_err(anyhow::Error::msg)?;
     let owner = Owner::new(&node, Duration::from_secs(config.operations.lease_seconds.max(1)));
-    let service = Arc::new(Service::new(store, catalog, owner));
+    let limits = Limits { max_attachments_per_volume: config.attachments.max_per_volume.max(1) };
+    let service = Arc::new(Service::new(store, catalog, owner).with_limits(limits));
     let state = AppState {
         service,
         auth: Arc::new(auth),
         policy: Arc::new(policy),
+        in_flight: InFlight::new(config.http.max_requests_in_flight),
         public_endpoint: config.public_endpoint.clone(),
     };
     Ok(Assembled { state, targets: iscsi.map(|i| i.service), config, _lock: lock })
@@ -293,9 +296,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let reconciler = tokio::spawn(reconcile_loop(assembled.clone(), interval));
     let leases = tokio::spawn(service.clone().renew_leases());
     let app = app(assembled.state.clone());
-    axum::serve(listener, axum::ServiceExt::<axum::extract::Request>::into_make_service(app))
-        .with_graceful_shutdown(shutdown())
-        .await?;
+    let limits = ServerLimits {
+        header_read_timeout: Duration::from_secs_f64(
+            assembled.config.http.header_read_timeout_seconds.clamp(0.01, 86_400.0),
+        ),
+        shutdown_wait: Duration::from_secs(assembled.config.operations.shutdown_wait_seconds),
+    };
+    crate::api::server::serve(listener, app, limits, shutdown()).await?;
     reconciler.abort();
     let wait = Duration::from_secs(assembled.config.operations.shutdown_wait_seconds);
     let left = service.owner().drain(wait).await;

@@ -7,6 +7,7 @@ mod concurrency;
 mod driver_failures;
 mod identity;
 mod legacy;
+mod limits;
 mod migration;
 mod policy;
 mod versions;

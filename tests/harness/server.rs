@@ -86,10 +86,15 @@ impl TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let app = berth::api::app(assembled.state);
+        // The server `berth serve` runs (header-read timeout, load shedding), until the test ends.
+        let limits = berth::api::server::ServerLimits {
+            header_read_timeout: std::time::Duration::from_secs_f64(
+                assembled.config.http.header_read_timeout_seconds,
+            ),
+            shutdown_wait: std::time::Duration::ZERO,
+        };
         let task = tokio::spawn(async move {
-            axum::serve(listener, axum::ServiceExt::<axum::extract::Request>::into_make_service(app))
-                .await
-                .unwrap();
+            berth::api::server::serve(listener, app, limits, std::future::pending()).await.unwrap();
         });
         TestServer { base, db, service, config: assembled.config, _dir: dir, task }
     }

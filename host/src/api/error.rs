@@ -135,6 +135,9 @@ impl From<AttachError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, e.to_string())
             }
             AttachError::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, m),
+            e @ AttachError::TooManyAttachments { .. } => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
+            }
             e @ (AttachError::BackendUnavailable(_) | AttachError::Unavailable(_)) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
             }

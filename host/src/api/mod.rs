@@ -12,6 +12,7 @@ mod failpoints;
 pub mod microversion;
 pub mod policy;
 pub mod query;
+pub mod server;
 pub mod types;
 pub mod versions;
 pub mod views;
@@ -38,6 +39,8 @@ pub struct AppState {
     pub auth: Arc<Auth>,
     /// Which roles may call what (`policy.rs`).
     pub policy: Arc<policy::Policy>,
+    /// The bound on requests in flight (`server.rs`).
+    pub in_flight: server::InFlight,
     /// The URL clients use to reach this service, for links; the request's Host when unset.
     pub public_endpoint: Option<String>,
 }
@@ -74,6 +77,7 @@ pub fn router(state: AppState) -> Router {
         })
         .layer(middleware::from_fn(microversion::negotiate))
         .layer(DefaultBodyLimit::max(body::MAX_BODY))
+        .layer(middleware::from_fn_with_state(state.in_flight.clone(), server::shed))
         .layer(middleware::from_fn(request_log))
         .with_state(state)
 }

@@ -115,6 +115,13 @@ impl Service {
         let reserved = self
             .store
             .write(async |tx| {
+                let live = rows::count_live(tx, &volume.id).await?;
+                if live >= i64::from(self.limits.max_attachments_per_volume) {
+                    return Err(AttachError::TooManyAttachments {
+                        volume: volume.id.clone(),
+                        max: self.limits.max_attachments_per_volume,
+                    });
+                }
                 let Some((row, locked, t)) =
                     reserve_in(tx, row.clone(), req.instance_uuid.as_deref()).await?
                 else {
@@ -634,7 +641,9 @@ pub(super) async fn apply_after(
             if rows::get(tx, id, Scope::All).await?.is_none_or(|a| !t.allows_attachment(a.status)) {
                 return Err(attachment_not_found(id));
             }
+            // Access is revoked: the connector and the connection info (with its credentials) go.
             rows::put_connector(tx, id, None).await?;
+            rows::clear_connection_info(tx, id).await?;
         }
         AfterDisconnect::Remove | AfterDisconnect::Detach => {
             if !rows::remove(tx, id, t).await? {

@@ -26,6 +26,9 @@ pub enum AttachError {
     /// (OSSA-2023-003; Cinder's `ConflictNovaUsingAttachment`).
     #[error("ConflictNovaUsingAttachment: Detach volume from instance {0} using the Compute API")]
     InstanceUsing(String),
+    /// The volume has as many live attachments as `[attachments] max_per_volume` allows.
+    #[error("Maximum number of attachments ({max}) reached for volume {volume}")]
+    TooManyAttachments { volume: String, max: u32 },
     /// No driver serves the volume's backend (a configuration change removed it).
     #[error("backend {0} is not available")]
     BackendUnavailable(String),

@@ -83,11 +83,38 @@ pub struct Service {
     owner: Owner,
     /// What the reconciler has noticed between passes (`reconcile.rs`).
     reconciler: reconcile::Memory,
+    limits: Limits,
+}
+
+/// Bounds the service enforces.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Live attachments per volume; one more is refused (`TooManyAttachments`).
+    pub max_attachments_per_volume: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_attachments_per_volume: 1024 }
+    }
 }
 
 impl Service {
     pub fn new(store: Store, catalog: Catalog, owner: Owner) -> Self {
-        Service { store, catalog, locks: VolumeLocks::default(), owner, reconciler: Default::default() }
+        Service {
+            store,
+            catalog,
+            locks: VolumeLocks::default(),
+            owner,
+            reconciler: Default::default(),
+            limits: Limits::default(),
+        }
+    }
+
+    /// The same service with other bounds.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
     }
 
     pub fn catalog(&self) -> &Catalog {

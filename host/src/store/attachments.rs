@@ -129,6 +129,16 @@ pub async fn live(tx: &mut Tx, volume_id: &str) -> Result<Vec<Live>, StoreError>
         .collect())
 }
 
+/// How many live attachments a volume has.
+pub async fn count_live(tx: &mut Tx, volume_id: &str) -> Result<i64, StoreError> {
+    tx.query(
+        "SELECT COUNT(*) FROM volume_attachment WHERE volume_id = $1 AND deleted = 0",
+        &params![volume_id],
+    )
+    .await?[0]
+        .int(0)
+}
+
 /// The statuses of a volume's live attachments, each with its `legacy` mark.
 pub async fn statuses(tx: &mut Tx, volume_id: &str) -> Result<Vec<(AttachStatus, bool)>, StoreError> {
     tx.query(
@@ -273,6 +283,16 @@ pub async fn remove(tx: &mut Tx, id: &str, t: &Transition) -> Result<bool, Store
         tx.execute("DELETE FROM attachment_specs WHERE attachment_id = $1", &params![id]).await?;
     }
     Ok(changed == 1)
+}
+
+/// Forgets an attachment's connection info (its access was revoked; it held credentials).
+pub async fn clear_connection_info(tx: &mut Tx, id: &str) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE volume_attachment SET connection_info = NULL, updated_at = $2 WHERE id = $1",
+        &params![id, now_micros()],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Promotes a live migration's attachment to the volume's one attachment (its source is gone).

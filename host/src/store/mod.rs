@@ -148,6 +148,9 @@ impl Store {
                 .create_if_missing(true)
                 .journal_mode(SqliteJournalMode::Wal);
             let path = PathBuf::from(connect.get_filename());
+            // The database holds every CHAP secret: it, its WAL and its shm are the service's
+            // alone (0600), whatever the umask.
+            create_private(&path)?;
             let pool = SqlitePoolOptions::new().max_connections(1).connect_with(connect).await?;
             sqlx::migrate!("../migrations").run(&pool).await.map_err(|e| StoreError::Db(e.into()))?;
             pool.close().await;
@@ -167,6 +170,7 @@ impl Store {
             let writer = open()?;
             let readers =
                 (0..options.max_connections.clamp(1, 8)).map(|_| open()).collect::<Result<_, _>>()?;
+            make_private(&path)?;
             Db::Sqlite { writer, readers, next: AtomicUsize::new(0) }
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             let pool = PgPoolOptions::new()
@@ -283,8 +287,60 @@ pub(crate) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
 
+/// Creates the SQLite file 0600 if it does not exist (SQLite gives its WAL and shm files the
+/// database file's mode).
+fn create_private(path: &std::path::Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if path.as_os_str().is_empty() || path.to_str() == Some(":memory:") {
+        return Ok(());
+    }
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(StoreError::Corrupt(format!("cannot create {}: {e}", path.display()))),
+    }
+}
+
+/// Sets the database, WAL and shm files to 0600 (files made by an older version, or by SQLite
+/// under another umask).
+fn make_private(path: &std::path::Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::PermissionsExt;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let file = PathBuf::from(name);
+        if file.exists() {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| StoreError::Corrupt(format!("cannot make {} private: {e}", file.display())))?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
+    #[tokio::test]
+    async fn the_database_its_wal_and_shm_are_private_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        // An older file, world-readable.
+        std::fs::write(&db, b"").unwrap();
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let store =
+            Store::open(&format!("sqlite://{}", db.display()), &StoreOptions::default()).await.unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let file = dir.path().join(format!("t.db{suffix}"));
+            let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", file.display());
+        }
+        store.close().await;
+        let fresh = dir.path().join("fresh.db");
+        let store =
+            Store::open(&format!("sqlite://{}", fresh.display()), &StoreOptions::default()).await.unwrap();
+        assert_eq!(std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777, 0o600);
+        store.close().await;
+    }
     use super::*;
 
     #[test]
