@@ -16,6 +16,7 @@ const DRIVERS: &[(&str, &str)] = &[
     ("misbehaving", "berth-driver-misbehaving"),
     ("sneaky", "berth-driver-sneaky"),
     ("flawed", "berth-driver-flawed"),
+    ("hostile", "berth-driver-hostile"),
 ];
 
 fn main() {

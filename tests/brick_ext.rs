@@ -101,7 +101,7 @@ async fn brick_ext_legacy_local_attach_unreserves_and_revokes_access_when_connec
     let out = brick(&rig, &tools, locks.path(), "3.0", &["local-attach", &volume]);
     assert!(!out.status.success(), "the stand-in refuses the kernel login");
     let calls = tools.calls();
-    let iqn = format!("iqn.2010-10.org.openstack:volume-{volume}");
+    let iqn = format!("iqn.2010-10.org.openstack:tgt:volume-{volume}");
     let portal = format!("127.0.0.1:{}", rig.tgtd.portal_port);
     assert!(calls.iter().any(|c| c.ends_with("--login") && c.contains(&iqn)), "{calls:#?}");
     let target = node(&tools, &portal, &iqn);

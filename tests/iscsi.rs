@@ -52,7 +52,7 @@ async fn a_real_initiator_reads_and_writes_an_attached_volume_and_nobody_else_ge
 
     let (attachment, info) = attach(&c, &volume, ALICE, "alice-host").await;
     assert_eq!(info["driver_volume_type"], "iscsi");
-    assert_eq!(info["target_iqn"], json!(format!("iqn.2010-10.org.openstack:volume-{volume}")));
+    assert_eq!(info["target_iqn"], json!(format!("iqn.2010-10.org.openstack:tgt:volume-{volume}")));
     assert_eq!(info["target_lun"], 1);
     assert_eq!(info["target_portal"], json!(format!("127.0.0.1:{}", rig.tgtd.portal_port)));
     assert_eq!(info["auth_method"], "CHAP");

@@ -116,7 +116,7 @@ async fn local_attach_connects_the_target_and_local_detach_disconnects_it() {
     let out = cli.attach(&volume, &["--mountpoint", "/mnt/data", "--hostname", "cli-host"]);
     let device = ok(&out).trim().to_string();
     let portal = format!("127.0.0.1:{}", rig.tgtd.portal_port);
-    let iqn = format!("iqn.2010-10.org.openstack:volume-{volume}");
+    let iqn = format!("iqn.2010-10.org.openstack:tgt:volume-{volume}");
     assert_eq!(
         device,
         cli.tools.devices.join(format!("ip-{portal}-iscsi-{iqn}-lun-1")).display().to_string()
@@ -173,7 +173,7 @@ async fn every_failed_step_is_undone_in_reverse_order() {
     let volume = c.create_volume(json!({"size": 1})).await;
     let cli = Cli::new(&rig);
     let portal = format!("127.0.0.1:{}", rig.tgtd.portal_port);
-    let node = format!("-m node -T iqn.2010-10.org.openstack:volume-{volume} -p {portal}");
+    let node = format!("-m node -T iqn.2010-10.org.openstack:tgt:volume-{volume} -p {portal}");
     let delete = format!("{node} --op delete");
     let logout = format!("{node} --logout");
 

@@ -203,9 +203,14 @@ async fn a_driver_importing_an_ungranted_capability_is_refused_at_load_naming_th
 
     // Granting one of the two is not enough either.
     let dir = tempfile::tempdir().unwrap();
+    let namespace = berth::capabilities::namespace::Namespace::new("tgt-iscsi", &Default::default()).unwrap();
     let stores = std::sync::Arc::new(
-        berth::capabilities::backing::BackingStores::new(dir.path().join("volumes"), Duration::from_secs(5))
-            .unwrap(),
+        berth::capabilities::backing::BackingStores::new(
+            dir.path().join("volumes"),
+            &namespace,
+            Duration::from_secs(5),
+        )
+        .unwrap(),
     );
     let mut half = with_grants(spec("tgt-iscsi"), &[Grant::BackingStore]);
     half.capabilities.backing = Some(stores.clone());
@@ -223,6 +228,7 @@ async fn a_driver_importing_an_ungranted_capability_is_refused_at_load_naming_th
         portals: vec![],
         chap: Default::default(),
         stores,
+        namespace,
     });
     let driver = load(full).await.expect("granted driver loads");
     assert_eq!(driver.info().name, "tgt-iscsi");

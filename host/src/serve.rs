@@ -22,6 +22,7 @@ use crate::attach::{Backend, Catalog, Limits, Service, VolumeType};
 use crate::capabilities::backing::BackingStores;
 use crate::capabilities::iscsi::tgt::{Tgtd, TgtdConfig};
 use crate::capabilities::iscsi::{ChapPolicy, IscsiCapability, Portal, TargetService};
+use crate::capabilities::namespace::{Namespace, check_disjoint};
 use crate::capabilities::{DriverCapabilities, Grant};
 use crate::config::{AuthStrategy, Config, ReconcileMode};
 use crate::runtime::{DriverSpec, Runtime, RuntimeOptions, WasmSource};
@@ -88,12 +89,21 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         max_concurrent_calls: config.runtime.max_concurrent_calls,
     })?;
 
-    let stores = Arc::new(BackingStores::new(data_dir.join("volumes"), Duration::from_secs(60))?);
+    // Each backend owns a directory of stores and a target prefix (`capabilities/namespace.rs`).
+    let volumes = data_dir.join("volumes");
+    let namespaces = config
+        .backends
+        .iter()
+        .map(|b| Namespace::new(&b.name, &b.settings))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    check_disjoint(&namespaces).map_err(anyhow::Error::msg)?;
     let wants_iscsi = config.backends.iter().any(|b| b.grants.contains(&Grant::IscsiTarget));
-    let iscsi = if wants_iscsi { Some(iscsi_capability(&config, stores.clone()).await?) } else { None };
+    let iscsi = if wants_iscsi { Some(iscsi_service(&config, &volumes).await?) } else { None };
 
     let mut backends = Vec::new();
-    for b in &config.backends {
+    for (b, namespace) in config.backends.iter().zip(&namespaces) {
+        let stores = Arc::new(BackingStores::new(&volumes, namespace, Duration::from_secs(60))?);
         let wasm = match (&b.driver, &b.wasm) {
             (Some(name), None) => crate::shipped::driver(name).with_context(|| {
                 format!(
@@ -106,8 +116,16 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             _ => bail!("backend {}: set exactly one of driver or wasm", b.name),
         };
         let capabilities = DriverCapabilities {
-            settings: Arc::new(b.settings.clone()),
-            iscsi: iscsi.clone().filter(|_| b.grants.contains(&Grant::IscsiTarget)),
+            settings: Arc::new(namespace.settings(&b.settings)),
+            iscsi: iscsi.clone().filter(|_| b.grants.contains(&Grant::IscsiTarget)).map(
+                |(service, portals, chap)| IscsiCapability {
+                    service,
+                    portals,
+                    chap,
+                    stores: stores.clone(),
+                    namespace: namespace.clone(),
+                },
+            ),
             backing: Some(stores.clone()).filter(|_| b.grants.contains(&Grant::BackingStore)),
         };
         let spec = DriverSpec {
@@ -137,10 +155,13 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         in_flight: InFlight::new(config.http.max_requests_in_flight),
         public_endpoint: config.public_endpoint.clone(),
     };
-    Ok(Assembled { state, targets: iscsi.map(|i| i.service), config, _lock: lock })
+    Ok(Assembled { state, targets: iscsi.map(|(service, _, _)| service), config, _lock: lock })
 }
 
-async fn iscsi_capability(config: &Config, stores: Arc<BackingStores>) -> anyhow::Result<IscsiCapability> {
+/// The target service every iSCSI backend shares, with its portals and CHAP policy.
+type IscsiService = (Arc<dyn TargetService>, Vec<Portal>, ChapPolicy);
+
+async fn iscsi_service(config: &Config, volumes: &std::path::Path) -> anyhow::Result<IscsiService> {
     let chap = ChapPolicy {
         username_length: config.tgt.chap_username_length,
         secret_length: config.tgt.chap_secret_length,
@@ -156,7 +177,7 @@ async fn iscsi_capability(config: &Config, stores: Arc<BackingStores>) -> anyhow
         tgtd: config.tgt.tgtd.clone(),
         control_port: config.tgt.control_port,
         socket_dir: PathBuf::from("/var/run/tgtd"),
-        backing_dir: stores.dir().to_path_buf(),
+        backing_dir: volumes.to_path_buf(),
         timeout: Duration::from_millis(config.tgt.command_timeout_ms),
         io_threads: config.tgt.io_threads,
         keep_exports: Duration::from_secs(config.tgt.keep_exports_seconds),
@@ -172,7 +193,7 @@ async fn iscsi_capability(config: &Config, stores: Arc<BackingStores>) -> anyhow
             "tgtd does not answer; attaches will fail until it does"
         );
     }
-    Ok(IscsiCapability { service: Arc::new(tgtd), portals, chap, stores })
+    Ok((Arc::new(tgtd), portals, chap))
 }
 
 fn set_private(dir: &std::path::Path) -> anyhow::Result<()> {

@@ -80,17 +80,23 @@ pub fn granted_spec(name: &str) -> DriverSpec {
     use berth::capabilities::backing::BackingStores;
     use berth::capabilities::iscsi::model::TargetModel;
     use berth::capabilities::iscsi::{IscsiCapability, Portal};
+    use berth::capabilities::namespace::Namespace;
     static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
     let dir = DIR.get_or_init(|| tempfile::tempdir().unwrap());
-    let stores =
-        Arc::new(BackingStores::new(dir.path().join("volumes"), std::time::Duration::from_secs(10)).unwrap());
+    let namespace = Namespace::new(name, &Default::default()).unwrap();
+    let stores = Arc::new(
+        BackingStores::new(dir.path().join("volumes"), &namespace, std::time::Duration::from_secs(10))
+            .unwrap(),
+    );
     let mut spec = with_grants(spec(name), &Grant::ALL);
+    spec.capabilities.settings = Arc::new(namespace.settings(&spec.capabilities.settings));
     spec.capabilities.backing = Some(stores.clone());
     spec.capabilities.iscsi = Some(IscsiCapability {
         service: Arc::new(TargetModel::new()),
         portals: vec![Portal { address: "127.0.0.1".into(), port: 3260 }],
         chap: Default::default(),
         stores,
+        namespace,
     });
     spec
 }

@@ -181,7 +181,7 @@ impl Rig {
     }
 
     pub fn backing_file(&self, volume: &str) -> PathBuf {
-        self.berth.dir.path().join(format!("data/volumes/volume-{volume}.img"))
+        self.berth.dir.path().join(format!("data/volumes/tgt/volume-{volume}.img"))
     }
 
     /// How many changes berth sent to tgtd so far (its log records each, at debug level).

@@ -1,6 +1,8 @@
 //! `berth:driver/backing-store`: sparse image files for volumes, kept by the host inside its data
-//! directory. A driver names a store; only this module turns a name into a path, and a valid name
-//! (see `berth_driver_sdk::names::check_store_name`) can never leave the directory.
+//! directory, one directory per backend (`volumes/<backend>/`). A driver names a store; only this
+//! module turns a name into a path, a valid name (see `berth_driver_sdk::names::check_store_name`)
+//! can never leave the backend's directory, and a name that another backend's directory holds is
+//! refused (`NotPermitted`) rather than silently made anew.
 
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -8,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use berth_driver_sdk::names::check_store_name;
+
+use super::namespace::Namespace;
 
 /// The largest store the host creates (64 TiB).
 pub const MAX_SIZE: u64 = 64 << 40;
@@ -31,33 +35,59 @@ pub enum StoreError {
     NoSpace(String),
     #[error("failed: {0}")]
     Failed(String),
+    /// The store belongs to another backend.
+    #[error("{0}")]
+    NotPermitted(String),
 }
 
-/// The backing stores under one directory.
+/// One backend's backing stores.
 #[derive(Debug)]
 pub struct BackingStores {
+    /// `volumes/`: every backend's directory is in it.
+    root: PathBuf,
+    /// `volumes/<backend>/`.
     dir: PathBuf,
+    namespace: Namespace,
     timeout: Duration,
 }
 
 impl BackingStores {
-    /// Stores live in `dir` (created if needed, mode 0700); each operation times out after
-    /// `timeout`.
-    pub fn new(dir: impl Into<PathBuf>, timeout: Duration) -> io::Result<Self> {
-        let dir = dir.into();
-        std::fs::create_dir_all(&dir)?;
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-        Ok(BackingStores { dir, timeout })
+    /// The stores of the backend of `namespace` live in `root/<backend>/` (both created if
+    /// needed, mode 0700); each operation times out after `timeout`.
+    pub fn new(root: impl Into<PathBuf>, namespace: &Namespace, timeout: Duration) -> io::Result<Self> {
+        let root = root.into();
+        let dir = root.join(namespace.backend());
+        for d in [&root, &dir] {
+            std::fs::create_dir_all(d)?;
+            std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        }
+        Ok(BackingStores { root, dir, namespace: namespace.clone(), timeout })
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
-    /// The host path of a store. Host-internal: drivers never see it.
+    /// The host path of one of this backend's stores. Host-internal: drivers never see it. A name
+    /// that this backend does not have but another backend does is refused.
     pub fn path(&self, name: &str) -> Result<PathBuf, StoreError> {
         check_store_name(name).map_err(|e| StoreError::InvalidArgument(e.to_string()))?;
-        Ok(self.dir.join(format!("{name}.img")))
+        let file = format!("{name}.img");
+        let path = self.dir.join(&file);
+        if !path.exists() && self.foreign(&file) {
+            return Err(StoreError::NotPermitted(self.namespace.refuse(format!("store {name}")).to_string()));
+        }
+        Ok(path)
+    }
+
+    /// Whether another backend's directory holds `file`.
+    fn foreign(&self, file: &str) -> bool {
+        let Ok(entries) = std::fs::read_dir(&self.root) else { return false };
+        entries.flatten().any(|e| {
+            e.path() != self.dir
+                && e.file_type().is_ok_and(|t| t.is_dir())
+                && std::fs::symlink_metadata(e.path().join(file)).is_ok()
+        })
     }
 
     pub async fn create(&self, name: &str, size: u64) -> Result<StoreInfo, StoreError> {
@@ -188,10 +218,37 @@ fn sync_dir(path: &Path) {
 mod tests {
     use super::*;
 
+    fn namespace(backend: &str) -> Namespace {
+        Namespace::new(backend, &Default::default()).unwrap()
+    }
+
     fn stores() -> (tempfile::TempDir, BackingStores) {
         let dir = tempfile::tempdir().unwrap();
-        let stores = BackingStores::new(dir.path().join("volumes"), Duration::from_secs(5)).unwrap();
+        let stores =
+            BackingStores::new(dir.path().join("volumes"), &namespace("b"), Duration::from_secs(5)).unwrap();
         (dir, stores)
+    }
+
+    #[tokio::test]
+    async fn another_backends_stores_are_out_of_reach() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("volumes");
+        let a = BackingStores::new(&root, &namespace("a"), Duration::from_secs(5)).unwrap();
+        let b = BackingStores::new(&root, &namespace("b"), Duration::from_secs(5)).unwrap();
+        a.create("volume-1", 4096).await.unwrap();
+        for refused in [
+            b.info("volume-1").await.map(drop),
+            b.delete("volume-1").await,
+            b.resize("volume-1", 8192).await.map(drop),
+            b.create("volume-1", 4096).await.map(drop),
+        ] {
+            assert!(matches!(refused, Err(StoreError::NotPermitted(_))), "{refused:?}");
+        }
+        assert_eq!(a.info("volume-1").await.unwrap().unwrap().size_bytes, 4096);
+        assert!(root.join("a/volume-1.img").exists());
+        // Its own names are its own.
+        b.create("volume-2", 4096).await.unwrap();
+        assert!(root.join("b/volume-2.img").exists());
     }
 
     #[tokio::test]

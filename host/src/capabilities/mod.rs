@@ -8,6 +8,7 @@
 pub mod backing;
 pub mod iscsi;
 pub mod log;
+pub mod namespace;
 pub mod secret;
 
 use std::collections::BTreeMap;

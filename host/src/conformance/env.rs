@@ -13,6 +13,7 @@ use serde_json::{Map, Value as Json, json};
 use super::target::{Daemon, Snapshot, Target, TargetMode};
 use crate::capabilities::backing::BackingStores;
 use crate::capabilities::iscsi::IscsiCapability;
+use crate::capabilities::namespace::Namespace;
 use crate::capabilities::{DriverCapabilities, Grant};
 use crate::runtime::contract::{
     AccessMode, Attachment, Connector, DriverError, DriverInfo, ModelUpdate, Protocol, Termination, Volume,
@@ -89,6 +90,9 @@ pub struct Env<'s> {
     pub last_calls: Vec<CapabilityCall>,
 }
 
+/// The backend name a driver under test runs as.
+const BACKEND: &str = "conformance";
+
 impl<'s> Env<'s> {
     pub async fn new(shared: &'s Shared) -> Result<Env<'s>, String> {
         let dir = tempfile::Builder::new()
@@ -96,8 +100,11 @@ impl<'s> Env<'s> {
             .tempdir_in(&shared.work)
             .map_err(|e| format!("cannot make a work directory: {e}"))?
             .keep();
+        // The driver runs confined as it would be in `berth serve`: its own store directory and
+        // target prefix, which it learns from the `target_prefix` setting.
+        let namespace = Namespace::new(BACKEND, &shared.settings)?;
         let stores = Arc::new(
-            BackingStores::new(dir.join("volumes"), Duration::from_secs(10))
+            BackingStores::new(dir.join("volumes"), &namespace, Duration::from_secs(10))
                 .map_err(|e| format!("cannot make the backing store directory: {e}"))?,
         );
         let target = match shared.mode {
@@ -108,7 +115,10 @@ impl<'s> Env<'s> {
                 Target::tgtd(daemon)
             }
         };
-        let mut caps = DriverCapabilities { settings: shared.settings.clone(), ..Default::default() };
+        let mut caps = DriverCapabilities {
+            settings: Arc::new(namespace.settings(&shared.settings)),
+            ..Default::default()
+        };
         if shared.grants.contains(&Grant::BackingStore) {
             caps.backing = Some(stores.clone());
         }
@@ -118,10 +128,11 @@ impl<'s> Env<'s> {
                 portals: vec![target.portal()],
                 chap: Default::default(),
                 stores: stores.clone(),
+                namespace,
             });
         }
         let spec = DriverSpec {
-            backend: "conformance".into(),
+            backend: BACKEND.into(),
             wasm: WasmSource::File(shared.wasm.clone()),
             grants: shared.grants.clone(),
             limits: shared.limits,

@@ -68,6 +68,7 @@ impl HostState {
             StoreError::Conflict(m) => backing_store::StoreError::Conflict(m),
             StoreError::NoSpace(m) => backing_store::StoreError::NoSpace(m),
             StoreError::Failed(m) => backing_store::StoreError::Failed(m),
+            StoreError::NotPermitted(m) => backing_store::StoreError::InvalidArgument(m),
         })
     }
 
@@ -83,6 +84,8 @@ impl HostState {
                 TargetError::NotFound(m) => iscsi_target::TargetError::NotFound(redacted(m)),
                 TargetError::Timeout(m) => iscsi_target::TargetError::Timeout(redacted(m)),
                 TargetError::Failed(m) => iscsi_target::TargetError::Failed(redacted(m)),
+                // 0.1.0's variants have no "not permitted": the closest is a refused argument.
+                TargetError::NotPermitted(m) => iscsi_target::TargetError::InvalidArgument(redacted(m)),
             }
         })
     }
@@ -167,9 +170,9 @@ impl iscsi_target::Host for HostState {
         iqn: String,
     ) -> wasmtime::Result<Result<Option<iscsi_target::Target>, iscsi_target::TargetError>> {
         self.scope.enter("iscsi-target", "show-target", &[&iqn])?;
-        let service = self.iscsi()?.service;
-        let r = match Iqn::parse(&iqn) {
-            Ok(iqn) => service.show(&iqn).await.map(|t| t.map(target)),
+        let cap = self.iscsi()?;
+        let r = match cap.own(&iqn) {
+            Ok(iqn) => cap.service.show(&iqn).await.map(|t| t.map(target)),
             Err(e) => Err(e),
         };
         Ok(self.target_result(r))
@@ -180,9 +183,9 @@ impl iscsi_target::Host for HostState {
         iqn: String,
     ) -> wasmtime::Result<Result<iscsi_target::Target, iscsi_target::TargetError>> {
         self.scope.enter("iscsi-target", "create-target", &[&iqn])?;
-        let service = self.iscsi()?.service;
-        let r = match Iqn::parse(&iqn) {
-            Ok(parsed) => service.create_target(&parsed).await.map(target),
+        let cap = self.iscsi()?;
+        let r = match cap.own(&iqn) {
+            Ok(parsed) => cap.service.create_target(&parsed).await.map(target),
             Err(e) => Err(e),
         };
         if r.is_ok() {
@@ -197,9 +200,9 @@ impl iscsi_target::Host for HostState {
         iqn: String,
     ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
         self.scope.enter("iscsi-target", "delete-target", &[&iqn])?;
-        let service = self.iscsi()?.service;
-        let r = match Iqn::parse(&iqn) {
-            Ok(parsed) => service.delete_target(&parsed).await,
+        let cap = self.iscsi()?;
+        let r = match cap.own(&iqn) {
+            Ok(parsed) => cap.service.delete_target(&parsed).await,
             Err(e) => Err(e),
         };
         if r.is_ok() {
@@ -218,9 +221,12 @@ impl iscsi_target::Host for HostState {
         self.scope.enter("iscsi-target", "add-lun", &[&iqn, &lun.to_string(), &store])?;
         let cap = self.iscsi()?;
         let r = async {
-            let iqn = Iqn::parse(&iqn)?;
+            let iqn = cap.own(&iqn)?;
             let lun = Lun::new(lun)?;
-            let path = cap.stores.path(&store).map_err(|e| TargetError::InvalidArgument(e.to_string()))?;
+            let path = cap.stores.path(&store).map_err(|e| match e {
+                StoreError::NotPermitted(m) => TargetError::NotPermitted(m),
+                e => TargetError::InvalidArgument(e.to_string()),
+            })?;
             if !path.exists() {
                 return Err(TargetError::NotFound(format!("no backing store named {store}")));
             }
@@ -237,8 +243,8 @@ impl iscsi_target::Host for HostState {
         lun: u32,
     ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
         self.scope.enter("iscsi-target", "remove-lun", &[&iqn, &lun.to_string()])?;
-        let service = self.iscsi()?.service;
-        let r = async { service.remove_lun(&Iqn::parse(&iqn)?, Lun::new(lun)?).await }.await;
+        let cap = self.iscsi()?;
+        let r = async { cap.service.remove_lun(&cap.own(&iqn)?, Lun::new(lun)?).await }.await;
         crate::failpoint::hit("capability.iscsi-target.remove-lun");
         Ok(self.target_result(r))
     }
@@ -249,8 +255,8 @@ impl iscsi_target::Host for HostState {
         initiator: String,
     ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
         self.scope.enter("iscsi-target", "allow-initiator", &[&iqn, &initiator])?;
-        let service = self.iscsi()?.service;
-        let r = async { service.allow_initiator(&Iqn::parse(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
+        let cap = self.iscsi()?;
+        let r = async { cap.service.allow_initiator(&cap.own(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
         crate::failpoint::hit("capability.iscsi-target.allow-initiator");
         Ok(self.target_result(r))
     }
@@ -261,8 +267,8 @@ impl iscsi_target::Host for HostState {
         initiator: String,
     ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
         self.scope.enter("iscsi-target", "deny-initiator", &[&iqn, &initiator])?;
-        let service = self.iscsi()?.service;
-        let r = async { service.deny_initiator(&Iqn::parse(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
+        let cap = self.iscsi()?;
+        let r = async { cap.service.deny_initiator(&cap.own(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
         crate::failpoint::hit("capability.iscsi-target.deny-initiator");
         Ok(self.target_result(r))
     }
@@ -274,10 +280,12 @@ impl iscsi_target::Host for HostState {
     ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
         self.scope.redactor.add(&credentials.secret);
         self.scope.enter("iscsi-target", "set-chap", &[&iqn, &credentials.username])?;
-        let service = self.iscsi()?.service;
+        let cap = self.iscsi()?;
         let r = async {
             let creds = ChapCredentials::parse(&credentials.username, &credentials.secret)?;
-            service.set_chap(&Iqn::parse(&iqn)?, &creds).await
+            let iqn = cap.own(&iqn)?;
+            cap.own_account(&creds.user).await?;
+            cap.service.set_chap(&iqn, &creds).await
         }
         .await;
         crate::failpoint::hit("capability.iscsi-target.set-chap");

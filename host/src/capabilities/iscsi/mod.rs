@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use berth_driver_sdk::names::{MAX_CHAP_FIELD, check_chap_secret, check_chap_username, check_iscsi_name};
 
 use super::backing::BackingStores;
+use super::namespace::Namespace;
 use super::secret::Secret;
 
 /// A validated iSCSI name (RFC 3720; see `berth_driver_sdk::names::check_iscsi_name`).
@@ -114,6 +115,9 @@ pub enum TargetError {
     Timeout(String),
     #[error("failed: {0}")]
     Failed(String),
+    /// The target (or store, or CHAP account) belongs to another backend.
+    #[error("{0}")]
+    NotPermitted(String),
 }
 
 /// Where initiators connect.
@@ -141,6 +145,16 @@ pub trait TargetService: Send + Sync {
     async fn set_chap(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError>;
     /// Every target, for the host's own drift report.
     async fn list(&self) -> Result<Vec<TargetState>, TargetError>;
+    /// The targets that have the CHAP account `user` bound.
+    async fn account_targets(&self, user: &ChapUser) -> Result<Vec<String>, TargetError> {
+        Ok(self
+            .list()
+            .await?
+            .into_iter()
+            .filter(|t| t.chap_users.iter().any(|u| u == user.as_str()))
+            .map(|t| t.iqn)
+            .collect())
+    }
     /// Housekeeping the host runs now and then (tgtd: deleting CHAP accounts kept unused);
     /// returns how many objects it removed.
     async fn sweep(&self) -> Result<usize, TargetError> {
@@ -209,13 +223,36 @@ pub fn random_alphanumeric(len: usize) -> String {
 }
 
 /// The iSCSI capability as granted to one driver: the service, the portals it advertises, the
-/// CHAP policy, and the backing stores that LUNs may expose.
+/// CHAP policy, the backend's backing stores that LUNs may expose, and the backend's namespace
+/// (which targets it may touch).
 #[derive(Clone)]
 pub struct IscsiCapability {
     pub service: Arc<dyn TargetService>,
     pub portals: Vec<Portal>,
     pub chap: ChapPolicy,
     pub stores: Arc<BackingStores>,
+    pub namespace: Namespace,
+}
+
+impl IscsiCapability {
+    /// A target name the calling backend owns (parsed), or `NotPermitted` (logged).
+    pub fn own(&self, iqn: &str) -> Result<Iqn, TargetError> {
+        let parsed = Iqn::parse(iqn)?;
+        self.namespace.target(iqn).map_err(|e| TargetError::NotPermitted(e.to_string()))?;
+        Ok(parsed)
+    }
+
+    /// `Ok` when the CHAP account `user` is bound to none of another backend's targets.
+    pub async fn own_account(&self, user: &ChapUser) -> Result<(), TargetError> {
+        for iqn in self.service.account_targets(user).await? {
+            if self.namespace.target(&iqn).is_err() {
+                let refusal =
+                    self.namespace.refuse(format!("CHAP account {} (bound to {iqn})", user.as_str()));
+                return Err(TargetError::NotPermitted(refusal.to_string()));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
-use super::super::{ChapCredentials, Iqn, Lun, Portal, TargetError, TargetService, TargetState};
+use super::super::{ChapCredentials, ChapUser, Iqn, Lun, Portal, TargetError, TargetService, TargetState};
 use super::protocol::{Answer, Control, Failure, Request, parse_accounts, parse_show};
 
 /// How to reach one tgtd.
@@ -907,6 +907,17 @@ impl TargetService for Tgtd {
     /// Every target, as tgtd lists them now; the model is reloaded from the same listing.
     async fn list(&self) -> Result<Vec<TargetState>, TargetError> {
         Ok(self.listing().await.map_err(|f| f.into_error("show targets"))?.0)
+    }
+
+    /// From the model: no listing per call.
+    async fn account_targets(&self, user: &ChapUser) -> Result<Vec<String>, TargetError> {
+        self.fresh().await.map_err(|f| f.into_error("show targets"))?;
+        Ok(guard(&self.model)
+            .targets
+            .values()
+            .filter(|k| k.state.chap_users.iter().any(|u| u == user.as_str()))
+            .map(|k| k.state.iqn.clone())
+            .collect())
     }
 }
 

@@ -1,0 +1,135 @@
+//! Drivers are confined to their backend: a hostile driver granted `iscsi-target` and
+//! `backing-store` attempts every cross-backend action against another backend's exported volume
+//! on a real tgtd, and each is refused while nothing of the victim's changes (tgtd's target, its
+//! ACL and CHAP account, the backing file).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth::capabilities::backing::BackingStores;
+use berth::capabilities::iscsi::tgt::{Tgtd, TgtdConfig};
+use berth::capabilities::iscsi::{IscsiCapability, Portal, TargetService};
+use berth::capabilities::namespace::Namespace;
+use berth::capabilities::{DriverCapabilities, Grant};
+use berth::runtime::model::VolumeFields;
+use berth::runtime::{Driver, DriverSpec, Limits, WasmSource};
+use berth_tests::drivers::{component, connector, runtime, volume};
+use berth_tests::tgt::TgtdProcess;
+
+const ALICE: &str = "iqn.1993-08.org.debian:01:alice";
+
+struct Rig {
+    tgtd: TgtdProcess,
+    dir: tempfile::TempDir,
+    service: Arc<dyn TargetService>,
+}
+
+impl Rig {
+    fn start() -> Rig {
+        let tgtd = TgtdProcess::start();
+        let dir = tempfile::tempdir().unwrap();
+        let config = TgtdConfig {
+            keep_exports: Duration::ZERO,
+            ..TgtdConfig::new(tgtd.control_port, dir.path().join("volumes"))
+        };
+        let service: Arc<dyn TargetService> = Arc::new(Tgtd::new(config));
+        Rig { tgtd, dir, service }
+    }
+
+    /// Loads `component` as backend `backend`, confined as `berth serve` confines it.
+    async fn load(&self, backend: &str, component_name: &str) -> Driver {
+        let namespace = Namespace::new(backend, &BTreeMap::new()).unwrap();
+        let stores = Arc::new(
+            BackingStores::new(self.dir.path().join("volumes"), &namespace, Duration::from_secs(10)).unwrap(),
+        );
+        let capabilities = DriverCapabilities {
+            settings: Arc::new(namespace.settings(&BTreeMap::new())),
+            iscsi: Some(IscsiCapability {
+                service: self.service.clone(),
+                portals: vec![Portal { address: "127.0.0.1".into(), port: self.tgtd.portal_port }],
+                chap: Default::default(),
+                stores: stores.clone(),
+                namespace,
+            }),
+            backing: Some(stores),
+        };
+        let spec = DriverSpec {
+            backend: backend.into(),
+            wasm: WasmSource::File(component(component_name)),
+            grants: Grant::ALL.into_iter().collect(),
+            limits: Limits::default(),
+            capabilities,
+        };
+        runtime().load(spec).await.expect("the driver loads")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_driver_cannot_reach_another_backends_stores_or_targets() {
+    let rig = Rig::start();
+    let victim = rig.load("victim", "tgt-iscsi").await;
+    let hostile = rig.load("hostile", "hostile").await;
+
+    // The victim backend exports a volume to alice, with CHAP.
+    let mut v = volume("aaaaaaaa-0000-4000-8000-000000000001", &[]);
+    let mut fields = VolumeFields::of(&v);
+    let mut calls = victim.calls();
+    fields.apply(&calls.create_volume(&v).await.unwrap()).unwrap();
+    fields.write_to(&mut v);
+    fields.apply(&calls.create_export(&v, Some(&connector(ALICE))).await.unwrap()).unwrap();
+    fields.write_to(&mut v);
+    let connection = calls.initialize_connection(&v, &connector(ALICE)).await.unwrap();
+    fields.apply(&connection.update).unwrap();
+    fields.write_to(&mut v);
+    let before = rig.tgtd.targets();
+    let accounts_before = rig.tgtd.accounts();
+    assert_eq!(before.len(), 1, "{before:?}");
+    let target = before[0].clone();
+    assert!(target.iqn.starts_with("iqn.2010-10.org.openstack:victim:"), "{}", target.iqn);
+    let chap_user = target.chap_users.first().cloned().expect("the victim's target has CHAP");
+    let store = v.name.clone();
+    let image = rig.dir.path().join(format!("volumes/victim/{store}.img"));
+    let image_before = std::fs::metadata(&image).expect("the victim's store exists").len();
+
+    // The hostile backend attacks.
+    let attack = volume(
+        "bbbbbbbb-0000-4000-8000-000000000002",
+        &[("victim.target", &target.iqn), ("victim.store", &store), ("victim.chap-user", &chap_user)],
+    );
+    let update = hostile.calls().create_volume(&attack).await.expect("the hostile call returns its report");
+    let report: BTreeMap<String, String> = update.set_data.into_iter().collect();
+    let expected = [
+        "show-target",
+        "create-target",
+        "add-lun",
+        "remove-lun",
+        "allow-initiator",
+        "deny-initiator",
+        "set-chap",
+        "delete-target",
+        "store-info",
+        "store-resize",
+        "store-delete",
+        "store-create",
+        "export-foreign-store",
+        "steal-chap-account",
+    ];
+    for name in expected {
+        let outcome = report
+            .get(&format!("attack.{name}"))
+            .unwrap_or_else(|| panic!("no report of {name}: {report:?}"));
+        assert!(
+            outcome.starts_with("refused: ") && outcome.contains("does not belong to backend hostile"),
+            "{name}: {outcome}"
+        );
+    }
+    assert_eq!(report["attack.own-target"], "ALLOWED", "its own namespace is its own");
+
+    // Nothing of the victim's changed.
+    let after = rig.tgtd.targets();
+    assert_eq!(after, before, "tgtd's targets changed");
+    assert_eq!(rig.tgtd.accounts(), accounts_before, "tgtd's CHAP accounts changed");
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), image_before, "the victim's store changed");
+    assert!(!rig.dir.path().join(format!("volumes/hostile/{store}.img")).exists(), "no copy was made");
+}
