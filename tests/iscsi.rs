@@ -107,12 +107,12 @@ async fn a_real_initiator_reads_and_writes_an_attached_volume_and_nobody_else_ge
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn detaching_one_initiator_of_a_multiattach_volume_keeps_the_other_working() {
+async fn detaching_one_initiator_of_a_multiattach_volume_ends_its_sessions_and_keeps_the_other_working() {
     let rig = Rig::start();
     let c = rig.client();
     let volume = c.create_volume(json!({"size": 1, "volume_type": "multiattach"})).await;
     let (a, info_a) = attach(&c, &volume, ALICE, "alice-host").await;
-    let (_b, info_b) = attach(&c, &volume, BOB, "bob-host").await;
+    let (b, info_b) = attach(&c, &volume, BOB, "bob-host").await;
     let (ta, tb) = (Target::from_connection_info(&info_a), Target::from_connection_info(&info_b));
     assert_eq!(ta.iqn, tb.iqn, "one target per volume");
 
@@ -121,11 +121,27 @@ async fn detaching_one_initiator_of_a_multiattach_volume_keeps_the_other_working
     login(&ta, ALICE).expect("alice logs in").write(100, &data).unwrap();
     assert_eq!(bob.read(100, data.len()).unwrap(), data, "both see the same volume");
 
+    // Alice's session is open when she is detached.
+    let alice = login(&ta, ALICE).expect("alice logs in");
+    assert_eq!(alice.read(100, data.len()).unwrap(), data);
     c.delete(&format!("/attachments/{a}")).await.expect(200);
+    assert!(alice.read(100, data.len()).is_err(), "alice's open session ends with her attachment");
+    drop(alice);
     assert!(Session::login(&ta, ALICE).is_err(), "alice's access is revoked");
+    assert!(
+        Session::login(&ta, BOB).is_err(),
+        "what alice was given no longer opens the target, even under bob's initiator name"
+    );
     assert_eq!(bob.read(100, data.len()).unwrap(), data, "bob's open session keeps working");
+    bob.write(200, &data).unwrap();
     drop(bob);
-    assert_eq!(login(&tb, BOB).expect("bob logs in again").read(100, data.len()).unwrap(), data);
+    // Bob gets the target's new credentials at his next initialize-connection (an update).
+    let body = json!({"attachment": {"connector": connector(BOB, "bob-host")}});
+    let updated = c.put(&format!("/attachments/{b}"), body).await.expect(200);
+    let info = updated.body["attachment"]["connection_info"].clone();
+    let tb2 = Target::from_connection_info(&info);
+    assert_ne!(tb2.chap, tb.chap, "the credentials changed");
+    assert_eq!(login(&tb2, BOB).expect("bob logs in again").read(200, data.len()).unwrap(), data);
     let target = rig.tgtd.targets().into_iter().find(|t| t.iqn == tb.iqn).expect("the target stays");
     assert_eq!(target.initiators, vec![BOB.to_string()]);
 }
@@ -193,7 +209,13 @@ async fn targets_that_belong_to_no_live_attachment_are_reported() {
         rig.tgtd.tgtadm(&["--op", "new", "--mode", "target", "--tid", "99", "-T", stray]).status.success()
     );
     rig.berth.restart();
-    let log = rig.berth.log_text();
+    // The reconciler runs in the background once the API answers: wait for its report.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut log = rig.berth.log_text();
+    while !log.lines().any(|l| l.contains("drift") && l.contains(stray)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        log = rig.berth.log_text();
+    }
     let drift: Vec<&str> = log.lines().filter(|l| l.contains("drift")).collect();
     assert!(drift.iter().any(|l| l.contains(stray)), "the stray target is reported:\n{log}");
     assert!(!drift.iter().any(|l| l.contains(&volume)), "the live one is not");

@@ -209,6 +209,8 @@ impl Driver for TgtIscsi {
                 _ => Vec::new(),
             },
         };
+        // Whether a host that had access (its mode is recorded) loses it.
+        let revoked_access = revoke.iter().any(|i| volume.data(&mode_key(i)).is_some());
         for initiator in &revoke {
             iscsi::deny_initiator(&iqn, initiator).map_err(|e| target_error("deny initiator", e))?;
             update = update.remove(mode_key(initiator));
@@ -219,6 +221,20 @@ impl Driver for TgtIscsi {
             }
         }
         let export_in_use = connector.is_some() && others.iter().any(|a| a.connector.is_some());
+        // The target's CHAP credentials are shared by every initiator of a multiattach volume: a
+        // detached host that knew them could log in again under another attached host's initiator
+        // name. So they change
+        // (the remaining hosts' sessions go on; they get the new credentials at their next
+        // initialize-connection).
+        if volume.multiattach
+            && export_in_use
+            && revoked_access
+            && config::get_or("rotate_chap_on_detach", "true") != "false"
+        {
+            let fresh = iscsi::generate_chap_credentials();
+            iscsi::set_chap(&iqn, &fresh).map_err(|e| target_error("set CHAP", e))?;
+            update = update.auth(format!("CHAP {} {}", fresh.username, fresh.secret));
+        }
         Ok(Termination { export_in_use, update })
     }
 

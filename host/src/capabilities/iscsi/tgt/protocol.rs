@@ -43,6 +43,9 @@ pub struct Request {
     /// The target id; -1 for none.
     pub tid: i32,
     pub lun: Option<u64>,
+    /// Session and connection ids (`--sid`, `--cid`), for connections.
+    pub sid: u64,
+    pub cid: u32,
     pub force: bool,
     /// `key=value` parameters, comma-separated, as `tgtadm` builds them.
     pub params: String,
@@ -50,7 +53,7 @@ pub struct Request {
 
 impl Request {
     fn of(mode: Mode, op: Op, tid: i32, params: String) -> Request {
-        Request { mode, op, tid, lun: None, force: false, params }
+        Request { mode, op, tid, lun: None, sid: 0, cid: 0, force: false, params }
     }
 
     /// `tgtadm --op show --mode sys`.
@@ -116,6 +119,11 @@ impl Request {
         Request::of(Mode::Connection, Op::Show, tid as i32, String::new())
     }
 
+    /// `tgtadm --op delete --mode conn --tid T --sid S --cid C`: closes one connection.
+    pub fn delete_connection(tid: u32, sid: u64, cid: u32) -> Request {
+        Request { sid, cid, ..Request::of(Mode::Connection, Op::Delete, tid as i32, String::new()) }
+    }
+
     pub fn show_accounts() -> Request {
         Request::of(Mode::Account, Op::Show, -1, String::new())
     }
@@ -129,14 +137,42 @@ impl Request {
         h[8..13].copy_from_slice(b"iscsi"); // lld[64], NUL-padded
         h[72..76].copy_from_slice(&((REQ_SIZE + body_len) as u32).to_ne_bytes()); // len
         h[76..80].copy_from_slice(&self.tid.to_ne_bytes());
-        // sid (80..88) = 0
+        h[80..88].copy_from_slice(&self.sid.to_ne_bytes());
         h[88..96].copy_from_slice(&self.lun.unwrap_or(u64::MAX).to_ne_bytes());
-        // cid, host_no, device_type (disk = 0), ac_dir (incoming = 0), pack = 0
+        h[96..100].copy_from_slice(&self.cid.to_ne_bytes());
+        // host_no, device_type (disk = 0), ac_dir (incoming = 0), pack = 0
         h[116..120].copy_from_slice(&u32::from(self.force).to_ne_bytes());
         h.extend_from_slice(self.params.as_bytes());
         h.push(0);
         h
     }
+}
+
+/// One iSCSI connection of a target, from `show --mode conn`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connection {
+    pub sid: u64,
+    pub cid: u32,
+    pub initiator: String,
+}
+
+/// Parses `show --mode conn --tid T`: `Session: S` / `Connection: C` / `Initiator: I` / address.
+pub fn parse_connections(text: &str) -> Vec<Connection> {
+    let mut out = Vec::new();
+    let (mut sid, mut cid) = (None, None);
+    for line in text.lines().map(str::trim) {
+        if let Some(s) = line.strip_prefix("Session: ") {
+            sid = s.trim().parse().ok();
+        } else if let Some(c) = line.strip_prefix("Connection: ") {
+            cid = c.trim().parse().ok();
+        } else if let Some(i) = line.strip_prefix("Initiator: ")
+            && let (Some(sid), Some(cid)) = (sid, cid)
+        {
+            let initiator = i.split_whitespace().next().unwrap_or_default().to_string();
+            out.push(Connection { sid, cid, initiator });
+        }
+    }
+    out
 }
 
 /// `sizeof(struct tgtadm_req)`.
@@ -355,6 +391,25 @@ pub fn parse_accounts(out: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn connections_are_read_from_tgtds_listing() {
+        let text = "Session: 3\n    Connection: 0\n        Initiator: iqn.1993-08.org.debian:01:alice\n        IP Address: 127.0.0.1\nSession: 4\n    Connection: 1\n        Initiator: iqn.1993-08.org.debian:01:bob\n        IP Address: 127.0.0.1\n";
+        let c = parse_connections(text);
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].sid, c[0].cid, c[0].initiator.as_str()), (3, 0, "iqn.1993-08.org.debian:01:alice"));
+        assert_eq!((c[1].sid, c[1].cid, c[1].initiator.as_str()), (4, 1, "iqn.1993-08.org.debian:01:bob"));
+    }
+
+    #[test]
+    fn a_connection_delete_carries_sid_and_cid_where_tgtd_reads_them() {
+        let bytes = Request::delete_connection(7, 0x0102, 3).encode();
+        assert_eq!(u32::from_ne_bytes(bytes[0..4].try_into().unwrap()), Mode::Connection as u32);
+        assert_eq!(u32::from_ne_bytes(bytes[4..8].try_into().unwrap()), Op::Delete as u32);
+        assert_eq!(i32::from_ne_bytes(bytes[76..80].try_into().unwrap()), 7);
+        assert_eq!(u64::from_ne_bytes(bytes[80..88].try_into().unwrap()), 0x0102);
+        assert_eq!(u32::from_ne_bytes(bytes[96..100].try_into().unwrap()), 3);
+    }
+
     use super::*;
 
     const SHOW: &str = "Target 1: iqn.2010-10.org.openstack:volume-abc

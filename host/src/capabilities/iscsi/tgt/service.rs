@@ -47,7 +47,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 use super::super::{ChapCredentials, ChapUser, Iqn, Lun, Portal, TargetError, TargetService, TargetState};
-use super::protocol::{Answer, Control, Failure, Request, parse_accounts, parse_show};
+use super::protocol::{Answer, Control, Failure, Request, parse_accounts, parse_connections, parse_show};
 
 /// How to reach one tgtd.
 #[derive(Debug, Clone)]
@@ -481,6 +481,36 @@ impl Tgtd {
         Some(state)
     }
 
+    /// Closes every connection of `initiator` on the target and checks that none is left (tgtd
+    /// closes a connection from its event loop, so the check is repeated for a while).
+    async fn close_sessions(&self, tid: u32, iqn: &Iqn, initiator: &Iqn) -> Result<(), Failure> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let answer = self.change_read(Request::show_connections(tid), iqn.as_str()).await?;
+            let mine: Vec<_> = parse_connections(&answer.text)
+                .into_iter()
+                .filter(|c| c.initiator == initiator.as_str())
+                .collect();
+            if mine.is_empty() {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(Failure::Other(format!(
+                    "{} session(s) of {initiator} on {iqn} are still open after being closed",
+                    mine.len()
+                )));
+            }
+            for c in &mine {
+                match self.change(Request::delete_connection(tid, c.sid, c.cid), iqn.as_str()).await {
+                    Ok(_) | Err(Failure::NotFound(_)) => {}
+                    Err(f) => return Err(f),
+                }
+            }
+            tracing::info!(target = %iqn, %initiator, connections = mine.len(), "closed a denied initiator's connections");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Whether the target has iSCSI sessions now (asked of tgtd, not of the model).
     async fn has_sessions(&self, tid: u32, iqn: &Iqn) -> Result<bool, Failure> {
         let answer = self.change_read(Request::show_connections(tid), iqn.as_str()).await?;
@@ -835,6 +865,12 @@ impl TargetService for Tgtd {
             }
             self.update(iqn, |t| t.initiators.retain(|i| i != initiator.as_str()));
             Ok(())
+        })?;
+        // tgtd checks the ACL only at login: the initiator's sessions end here, or it would keep
+        // reading and writing.
+        retrying!("close the initiator's sessions", async {
+            let Some(target) = self.known(iqn) else { return Ok(()) };
+            self.close_sessions(target.tid, iqn, initiator).await
         })
     }
 
