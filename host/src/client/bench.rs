@@ -229,7 +229,18 @@ async fn fill(api: &Endpoint, args: &AttachBench) -> Result<Vec<(String, String)
     in_parallel(args.fill, args.fill_clients, |i| async move {
         let v = volume(api, args.volume_type.as_deref()).await?;
         let c = connector(&format!("fill-{i}"));
-        let a = api.create_attachment(&v, c.as_object().expect("an object"), None).await?;
+        // A retryable refusal (503: the backend was slow; the reservation was rolled back) is
+        // retried, as a real client would, a few times.
+        let mut attempt = 0;
+        let a = loop {
+            attempt += 1;
+            match api.create_attachment(&v, c.as_object().expect("an object"), None).await {
+                Err(ClientError::Api(m)) if attempt < 5 && m.contains(": 503 ") => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                other => break other?,
+            }
+        };
         let id = a["id"].as_str().unwrap_or_default().to_string();
         api.complete(&id).await?;
         Ok((v, id))
