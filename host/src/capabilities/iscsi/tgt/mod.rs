@@ -4,5 +4,5 @@
 mod protocol;
 mod service;
 
-pub use protocol::{parse_accounts, parse_show};
+pub use protocol::{Request, parse_accounts, parse_connections, parse_show};
 pub use service::{Tgtd, TgtdConfig};
