@@ -34,7 +34,8 @@ fn any_json() -> impl Strategy<Value = Value> {
 
 /// A connector-shaped object: os-brick's keys with arbitrary values, plus arbitrary extra keys.
 fn any_connector() -> impl Strategy<Value = Map<String, Value>> {
-    const KEYS: &[&str] = &["initiator", "host", "ip", "platform", "os_type", "multipath", "mode", "wwpns", "nqn"];
+    const KEYS: &[&str] =
+        &["initiator", "host", "ip", "platform", "os_type", "multipath", "mode", "wwpns", "nqn"];
     (prop::collection::vec((prop::sample::select(KEYS), any_json()), 0..8), any_json()).prop_map(
         |(pairs, extra)| {
             let mut m: Map<String, Value> = pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();

@@ -116,6 +116,7 @@ impl From<CallError> for ApiError {
             | CallErrorKind::Memory { .. }
             | CallErrorKind::Fuel(_)
             | CallErrorKind::OutputTooLarge { .. }
+            | CallErrorKind::CopyTooLarge { .. }
             | CallErrorKind::InvalidOutput(_)
             | CallErrorKind::Injected(_)
             | CallErrorKind::Instantiate(_) => StatusCode::BAD_GATEWAY,

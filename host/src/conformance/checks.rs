@@ -1118,7 +1118,7 @@ async fn budget(env: &mut Env<'_>, budget: Budget) -> Result<(), String> {
             (budget, &e.kind),
             (Budget::Cpu, CallErrorKind::Fuel(_) | CallErrorKind::CpuTime(_) | CallErrorKind::Timeout(_))
                 | (Budget::Memory, CallErrorKind::Memory { .. })
-                | (Budget::Output, CallErrorKind::OutputTooLarge { .. })
+                | (Budget::Output, CallErrorKind::OutputTooLarge { .. } | CallErrorKind::CopyTooLarge { .. })
         );
         if over {
             problems.push(format!("{call}: {}", failed(&e)));

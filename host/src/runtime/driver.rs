@@ -160,6 +160,10 @@ impl Driver {
         };
         let mut store = Store::new(&inner.engine, HostState::new(scope, inner.limits.memory_bytes()));
         store.limiter(|s| &mut s.memory);
+        // What the guest may make the host allocate in one crossing (its result, or the arguments
+        // of one capability call), counted by wasmtime as it copies, before it allocates: a
+        // result that would be too large is refused while being copied, not after.
+        store.set_hostcall_fuel(inner.limits.copy_bytes());
         store.call_hook(|mut ctx, hook| {
             ctx.data_mut().clock.hook(hook);
             Ok(())
@@ -289,6 +293,10 @@ fn classify(
     }
     if let Some(InjectedFault(n)) = e.downcast_ref::<InjectedFault>() {
         return CallErrorKind::Injected(*n);
+    }
+    // wasmtime's `HostcallFuelExhausted` is private; its message is stable.
+    if format!("{e:#}").contains("fuel allocated for hostcalls has been exhausted") {
+        return CallErrorKind::CopyTooLarge { limit: limits.copy_bytes() };
     }
     if let (Some(Trap::OutOfFuel), Some(fuel)) = (e.downcast_ref::<Trap>(), fuel) {
         return CallErrorKind::Fuel(fuel);

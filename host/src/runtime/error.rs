@@ -41,6 +41,10 @@ pub enum CallErrorKind {
     /// The result was larger than the output limit.
     #[error("the driver returned {size} bytes, more than the limit of {limit}")]
     OutputTooLarge { size: usize, limit: usize },
+    /// The guest tried to pass more data to the host in one crossing than [`Limits::copy_bytes`]
+    /// allows; refused during the copy.
+    #[error("the driver tried to pass more than {limit} bytes to the host at once")]
+    CopyTooLarge { limit: usize },
     /// The result broke the contract (e.g. invalid JSON in a `json` value).
     #[error("the driver returned an invalid result: {0}")]
     InvalidOutput(String),

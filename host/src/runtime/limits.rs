@@ -49,6 +49,13 @@ impl Limits {
         (self.output_kib as usize) << 10
     }
 
+    /// What one crossing from guest to host may make the host allocate (wasmtime's hostcall
+    /// fuel, counted in host bytes): eight times the output limit, at least 1 MiB. A result within
+    /// the output limit always fits (its host form is at most a few times its wire size).
+    pub fn copy_bytes(&self) -> usize {
+        self.output_bytes().saturating_mul(8).max(1 << 20)
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.memory_mib == 0 || self.memory_mib > Self::MAX_MEMORY_MIB {
             return Err(format!("memory_mib {} must be 1..={}", self.memory_mib, Self::MAX_MEMORY_MIB));
