@@ -292,6 +292,39 @@ async fn swapped_cached_artifacts_are_recompiled_not_run() {
     assert_ne!(fake_again.info().name, other_again.info().name);
 }
 
+/// The instance pool is sized by what the runtime loads: a driver that needs more than a call
+/// slot holds is refused at load, with a message that says so; calls beyond the concurrency wait
+/// for a slot instead of failing.
+#[tokio::test]
+async fn the_pool_is_sized_by_the_drivers_and_calls_beyond_it_wait() {
+    let needs = berth::runtime::WasmSource::File(component("fake")).footprint().unwrap();
+    let small = berth::runtime::Footprint { core_instances: needs.core_instances - 1, ..needs };
+    let runtime =
+        Runtime::new(RuntimeOptions { slot: small, max_concurrent_calls: 2, ..Default::default() }).unwrap();
+    let error = runtime.load(spec("fake")).await.err().expect("a driver larger than a slot is refused");
+    assert!(matches!(error, LoadError::TooLarge { .. }), "{error}");
+    let text = error.to_string();
+    assert!(
+        text.contains(&format!("{} core instances", needs.core_instances)) && text.contains("slot"),
+        "{text}"
+    );
+
+    // Sized for it, two slots: twelve calls at once all succeed, in turns.
+    let runtime =
+        Runtime::new(RuntimeOptions { slot: needs, max_concurrent_calls: 2, ..Default::default() }).unwrap();
+    let driver = runtime.load(spec("fake")).await.unwrap();
+    let calls = (0..12).map(|i| {
+        let driver = driver.clone();
+        async move {
+            let v = volume(&format!("{i:08}-2222-3333-4444-555555555555"), &[]);
+            driver.calls().create_volume(&v).await
+        }
+    });
+    for result in futures_util::future::join_all(calls).await {
+        result.expect("a call waits for a slot instead of failing");
+    }
+}
+
 #[tokio::test]
 async fn scripted_driver_errors_arrive_as_typed_variants() {
     let driver = load(spec("fake")).await.unwrap();

@@ -25,7 +25,7 @@ use crate::capabilities::iscsi::{ChapPolicy, IscsiCapability, Portal, TargetServ
 use crate::capabilities::namespace::{Namespace, check_disjoint};
 use crate::capabilities::{DriverCapabilities, Grant};
 use crate::config::{AuthStrategy, Config, ReconcileMode};
-use crate::runtime::{DriverSpec, Runtime, RuntimeOptions, WasmSource};
+use crate::runtime::{DriverSpec, Footprint, Runtime, RuntimeOptions, WasmSource};
 use crate::store::{Store, StoreOptions};
 
 /// A running service's parts, for tests and benchmarks that embed it.
@@ -82,11 +82,32 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         format!("cannot open the database {}", crate::store::redact_url(&config.database_url()))
     })?;
 
+    let mut sources = Vec::new();
+    for b in &config.backends {
+        sources.push(match (&b.driver, &b.wasm) {
+            (Some(name), None) => crate::shipped::driver(name).with_context(|| {
+                format!(
+                    "backend {}: no shipped driver named {name} (shipped: {})",
+                    b.name,
+                    crate::shipped::names().collect::<Vec<_>>().join(", ")
+                )
+            })?,
+            (None, Some(path)) => WasmSource::File(path.clone()),
+            _ => bail!("backend {}: set exactly one of driver or wasm", b.name),
+        });
+    }
+    // The pool's call slots are sized by the largest driver configured.
+    let mut slot = Footprint::BASELINE;
+    for (b, source) in config.backends.iter().zip(&sources) {
+        let f = source.footprint().map_err(|e| anyhow::anyhow!("backend {}: {e}", b.name))?;
+        slot = slot.max(f);
+    }
     let runtime = Runtime::new(RuntimeOptions {
         cache_dir: Some(config.runtime.cache_dir.clone().unwrap_or_else(|| data_dir.join("cache"))),
         tick: Duration::from_millis(config.runtime.tick_ms.max(1)),
         fuel: false,
         max_concurrent_calls: config.runtime.max_concurrent_calls,
+        slot,
     })?;
 
     // Each backend owns a directory of stores and a target prefix (`capabilities/namespace.rs`).
@@ -102,19 +123,8 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     let iscsi = if wants_iscsi { Some(iscsi_service(&config, &volumes).await?) } else { None };
 
     let mut backends = Vec::new();
-    for (b, namespace) in config.backends.iter().zip(&namespaces) {
+    for ((b, namespace), wasm) in config.backends.iter().zip(&namespaces).zip(sources) {
         let stores = Arc::new(BackingStores::new(&volumes, namespace, Duration::from_secs(60))?);
-        let wasm = match (&b.driver, &b.wasm) {
-            (Some(name), None) => crate::shipped::driver(name).with_context(|| {
-                format!(
-                    "backend {}: no shipped driver named {name} (shipped: {})",
-                    b.name,
-                    crate::shipped::names().collect::<Vec<_>>().join(", ")
-                )
-            })?,
-            (None, Some(path)) => WasmSource::File(path.clone()),
-            _ => bail!("backend {}: set exactly one of driver or wasm", b.name),
-        };
         let capabilities = DriverCapabilities {
             settings: Arc::new(namespace.settings(&b.settings)),
             iscsi: iscsi.clone().filter(|_| b.grants.contains(&Grant::IscsiTarget)).map(

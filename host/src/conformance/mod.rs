@@ -21,7 +21,7 @@ use std::time::Instant;
 use serde::Deserialize;
 
 use crate::capabilities::Grant;
-use crate::runtime::{Limits, Runtime, RuntimeOptions};
+use crate::runtime::{Footprint, Limits, Runtime, RuntimeOptions, WasmSource};
 use checks::{CHECKS, Id, Need};
 use env::{Env, Measure, Shared};
 use report::{CheckReport, Report, Status};
@@ -86,10 +86,14 @@ pub fn check_names() -> Vec<&'static str> {
 /// Runs the suite; `on_check` sees each check's report as soon as it is done.
 pub async fn run(options: Options, mut on_check: impl FnMut(&CheckReport)) -> Result<Report, String> {
     let started = Instant::now();
+    // Slots sized by the driver under test (an unreadable or invalid file is reported by the
+    // load check).
+    let slot = WasmSource::File(options.wasm.clone()).footprint().unwrap_or(Footprint::BASELINE);
     let runtime = Runtime::new(RuntimeOptions {
         cache_dir: options.cache_dir.clone(),
         fuel: true,
         max_concurrent_calls: 4,
+        slot,
         ..Default::default()
     })
     .map_err(|e| e.to_string())?;

@@ -138,9 +138,26 @@ impl Driver {
         let inner = &*self.inner;
         let call = request.call();
         let started = Instant::now();
-        // Waiting for a slot is part of the call's wall time but not of its CPU time. Declared
-        // before the store, so the instance is gone before the slot is released.
-        let _slot = inner.slots.acquire().await.expect("the semaphore is never closed");
+        // Waiting for a slot is part of the call's wall time (its deadline bounds the wait) but not
+        // of its CPU time. Declared before the store, so the instance is gone before the slot is
+        // released.
+        let deadline = tokio::time::Instant::from_std(started) + inner.limits.timeout();
+        let _slot = match tokio::time::timeout_at(deadline, inner.slots.acquire()).await {
+            Ok(permit) => permit.expect("the semaphore is never closed"),
+            Err(_) => {
+                let error = CallError {
+                    driver: inner.backend.to_string(),
+                    version: inner.info.version.clone(),
+                    call,
+                    kind: CallErrorKind::Timeout(inner.limits.timeout()),
+                };
+                tracing::warn!(driver = %inner.backend, call = call.as_str(), "no call slot before the deadline: {error}");
+                return Outcome {
+                    result: Err(error),
+                    stats: CallStats { wall: started.elapsed(), ..Default::default() },
+                };
+            }
+        };
         let mut redactor = Redactor::default();
         if let Some(auth) = request.volume().and_then(|v| v.provider_auth.as_deref()) {
             redactor.add_provider_auth(auth);
@@ -195,7 +212,7 @@ impl Driver {
             let instance = inner.pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
             dispatch(instance.berth_driver_driver(), &mut store, request).await.map_err(|e| (false, e))
         };
-        let raw = tokio::time::timeout(inner.limits.timeout(), run).await;
+        let raw = tokio::time::timeout_at(deadline, run).await;
 
         let state = store.data();
         let stats = CallStats {

@@ -115,4 +115,10 @@ pub enum LoadError {
     Info { driver: String, error: Box<CallError> },
     #[error("runtime: {0}")]
     Engine(String),
+    #[error(
+        "driver {driver}: one instance needs {needs}, more than a call slot of this runtime holds \
+         ({slot}); `berth serve` sizes its slots from the configured drivers, a runtime built \
+         directly takes RuntimeOptions::slot (Footprint::of the component)"
+    )]
+    TooLarge { driver: String, needs: super::Footprint, slot: super::Footprint },
 }

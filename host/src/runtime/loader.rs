@@ -5,12 +5,12 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use super::Runtime;
 use super::bindings::StorageDriverPre;
 use super::cache::{Provenance, digest};
 use super::driver::{Driver, Parts};
 use super::error::LoadError;
 use super::limits::Limits;
+use super::{Footprint, LoadedComponent, Runtime};
 use crate::capabilities::{DriverCapabilities, Grant};
 
 /// The contract version this host implements; drivers built for any `0.1.x` are accepted.
@@ -26,6 +26,20 @@ pub enum WasmSource {
         name: &'static str,
         bytes: &'static [u8],
     },
+}
+
+impl WasmSource {
+    /// The pool resources one instance of this component needs (reads the file).
+    pub fn footprint(&self) -> Result<Footprint, String> {
+        match self {
+            WasmSource::File(path) => {
+                let bytes =
+                    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                Footprint::of(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+            }
+            WasmSource::Embedded { name, bytes } => Footprint::of(bytes).map_err(|e| format!("{name}: {e}")),
+        }
+    }
 }
 
 /// Everything needed to load one driver for one backend.
@@ -107,11 +121,7 @@ pub(crate) fn judge_import(name: &str) -> ImportVerdict {
 
 impl Runtime {
     /// Reads, hashes and compiles (or loads from the artifact cache) a driver's component.
-    async fn compile(
-        &self,
-        spec: &DriverSpec,
-        backend: &str,
-    ) -> Result<(String, wasmtime::component::Component, Provenance), LoadError> {
+    async fn compile(&self, spec: &DriverSpec, backend: &str) -> Result<LoadedComponent, LoadError> {
         let bytes: std::borrow::Cow<'static, [u8]> = match &spec.wasm {
             WasmSource::File(path) => tokio::fs::read(path)
                 .await
@@ -124,6 +134,15 @@ impl Runtime {
             WasmSource::Embedded { bytes, .. } => (*bytes).into(),
         };
         let digest = digest(&bytes);
+        let footprint = Footprint::of(&bytes)
+            .map_err(|message| LoadError::Compile { driver: backend.to_string(), message })?;
+        if !footprint.fits(self.slot) {
+            return Err(LoadError::TooLarge {
+                driver: backend.to_string(),
+                needs: footprint,
+                slot: self.slot,
+            });
+        }
         let engine = self.engine.clone();
         let cache = self.cache.clone();
         let key = digest.clone();
@@ -134,7 +153,7 @@ impl Runtime {
         .await
         .map_err(|e| LoadError::Engine(e.to_string()))?
         .map_err(|e| LoadError::Compile { driver: backend.to_string(), message: format!("{e:#}") })?;
-        Ok((digest, component, provenance))
+        Ok((digest, component, provenance, footprint))
     }
 
     /// Loads a driver. Refuses it, naming the import, if it imports anything not granted.
@@ -156,7 +175,7 @@ impl Runtime {
         // A component loaded before (same file, same size and time) is not read, hashed or
         // deserialised again: the conformance suite loads its driver once per check.
         let known = self.loaded.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
-        let (digest, component, provenance) = match known {
+        let (digest, component, provenance, _footprint) = match known {
             Some(hit) => hit,
             None => {
                 let hit = self.compile(&spec, &backend).await?;

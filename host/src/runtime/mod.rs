@@ -8,6 +8,7 @@ mod cache;
 mod call;
 mod driver;
 mod error;
+mod footprint;
 mod host;
 pub mod json;
 mod limits;
@@ -27,6 +28,7 @@ pub use cache::Provenance;
 pub use call::{Call, CallOptions, CallStats, CapabilityCall, Effect, Outcome, Request, Response};
 pub use driver::{Driver, DriverCalls};
 pub use error::{CallError, CallErrorKind, LoadError};
+pub use footprint::Footprint;
 pub use limits::Limits;
 pub use loader::{CONTRACT, DriverSpec, WasmSource};
 
@@ -68,6 +70,10 @@ pub struct RuntimeOptions {
     /// Driver calls that may run at once; more wait. With the pooling allocator each has a
     /// preallocated instance slot and fiber stacks, which makes a fresh instance per call cheap.
     pub max_concurrent_calls: u32,
+    /// What each call slot of the pool holds: the largest footprint of the drivers this runtime
+    /// will load (`berth serve` takes at least [`Footprint::BASELINE`]). A driver that needs more
+    /// is refused at load.
+    pub slot: Footprint,
 }
 
 impl Default for RuntimeOptions {
@@ -77,6 +83,7 @@ impl Default for RuntimeOptions {
             tick: Duration::from_millis(10),
             fuel: false,
             max_concurrent_calls: 64,
+            slot: Footprint::BASELINE,
         }
     }
 }
@@ -91,12 +98,14 @@ pub struct Runtime {
     tick: Duration,
     /// One permit per concurrent call.
     slots: Arc<tokio::sync::Semaphore>,
+    /// What each call slot of the instance pool holds.
+    slot: Footprint,
     /// Components already loaded, by source (see `loader.rs`).
     loaded: Arc<std::sync::Mutex<std::collections::HashMap<String, LoadedComponent>>>,
 }
 
 /// A component with its digest and where it came from.
-type LoadedComponent = (String, wasmtime::component::Component, Provenance);
+type LoadedComponent = (String, wasmtime::component::Component, Provenance, Footprint);
 
 impl Runtime {
     pub fn new(options: RuntimeOptions) -> Result<Self, LoadError> {
@@ -112,13 +121,19 @@ impl Runtime {
         // flushes every core's TLB.
         config.memory_init_cow(false);
         config.table_lazy_init(false);
+        // Every slot can hold an instance of the largest driver, so a call that has a slot never
+        // finds the pool exhausted: beyond `max_concurrent_calls`, calls wait for a slot.
+        let slot = options.slot;
         let mut pool = wasmtime::PoolingAllocationConfig::new();
         pool.total_component_instances(slots)
-            .total_core_instances(slots * 8)
-            .total_memories(slots * 2)
-            .total_tables(slots * 4)
+            .total_core_instances(slots * slot.core_instances)
+            .total_memories(slots * slot.memories)
+            .total_tables(slots * slot.tables)
             .total_stacks(slots * 2)
-            .max_memories_per_component(2)
+            .max_core_instances_per_component(slot.core_instances)
+            .max_memories_per_component(slot.memories)
+            .max_tables_per_component(slot.tables)
+            .max_tables_per_module(slot.tables)
             .max_memory_size(Limits::MAX_MEMORY_MIB as usize * (1 << 20))
             // Returning a slot's memory to the kernel (madvise) makes every core flush its TLB;
             // on a small VM those interrupts cost more than the call itself. Batch them.
@@ -158,6 +173,7 @@ impl Runtime {
             fuel: options.fuel,
             tick: options.tick,
             slots: Arc::new(tokio::sync::Semaphore::new(slots as usize)),
+            slot,
             loaded: Default::default(),
         })
     }

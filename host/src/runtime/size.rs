@@ -1,6 +1,6 @@
 //! How big a driver's result is, counted the way it occupies host memory once lifted: the host
-//! refuses results above the driver's output limit. (Lifting itself is bounded by the guest's
-//! memory limit, since a result lives in the guest's linear memory first.)
+//! refuses results above the driver's output limit. (Lifting itself is bounded while it happens by
+//! wasmtime's hostcall fuel, `Limits::copy_bytes`.)
 
 use super::bindings::berth::driver::types::{
     Connection, ConnectionInfo, DriverInfo, ModelUpdate, Protocol, Termination, Value,
