@@ -104,6 +104,11 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Look at a driver component before running it.
+    Driver {
+        #[command(subcommand)]
+        command: DriverCommand,
+    },
     /// Measure a Cinder-compatible endpoint (Berth or Cinder) with the same client.
     Bench {
         #[command(subcommand)]
@@ -120,6 +125,21 @@ enum BenchCommand {
         args: berth::client::bench::AttachBench,
         #[command(flatten)]
         credentials: Credentials,
+    },
+}
+
+#[derive(Subcommand)]
+enum DriverCommand {
+    /// The contract it targets, its exports, its imports and the grant each needs, its size,
+    /// digest and footprint in the instance pool, and whether the compiled cache holds it.
+    Inspect {
+        wasm: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// The compiled-driver cache to look in (default: the serve data directory's `cache/`).
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
     },
 }
 
@@ -234,6 +254,24 @@ fn main() -> ExitCode {
                     ExitCode::from(e.exit_code())
                 }
             }
+        }
+        Command::Driver { command: DriverCommand::Inspect { wasm, json, cache_dir } } => {
+            let bytes = match std::fs::read(&wasm) {
+                Ok(b) => b,
+                Err(e) => return fail(&format!("cannot read {}: {e}", wasm.display())),
+            };
+            let mut inspection = match berth::runtime::inspect::Inspection::of(&bytes) {
+                Ok(i) => i,
+                Err(e) => return fail(&format!("{}: {e}", wasm.display())),
+            };
+            let cache = cache_dir.unwrap_or_else(|| Config::default().data_dir().join("cache"));
+            inspection.look_in_cache(&cache);
+            if json {
+                println!("{}", inspection.json());
+            } else {
+                print!("{}", inspection.text());
+            }
+            ExitCode::SUCCESS
         }
         Command::Token { command: TokenCommand::New { user, project, roles } } => {
             match berth::api::auth::new_token(&user, &project, &roles) {

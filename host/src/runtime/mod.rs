@@ -10,6 +10,7 @@ mod driver;
 mod error;
 mod footprint;
 mod host;
+pub mod inspect;
 pub mod json;
 mod limits;
 mod loader;

@@ -1,0 +1,167 @@
+//! `berth driver inspect`: what a `.wasm` is before anyone runs it. The contract it targets, its
+//! exports, its imports and the grant each needs (or why it is refused), its size, digest and
+//! footprint in the instance pool, and whether the compiled cache holds it. Read from the bytes
+//! (no compilation), so it answers at once even for an 18 MB component.
+
+use std::path::Path;
+
+use serde_json::{Value as Json, json};
+use wasmtime::wasmparser::{Parser, Payload};
+
+use super::Footprint;
+use super::cache::digest;
+use super::loader::{CONTRACT, ImportVerdict, judge_import};
+
+/// One import and what the host makes of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Import {
+    pub name: String,
+    /// `allowed`, `needs grant <name>` or `refused: <reason>`.
+    pub verdict: String,
+}
+
+/// What a component is.
+#[derive(Debug, Clone)]
+pub struct Inspection {
+    pub size: usize,
+    pub sha256: String,
+    /// The driver contract its export targets (`berth:driver@0.1.0`), if any.
+    pub contract: Option<String>,
+    /// Whether this host implements that contract.
+    pub supported: bool,
+    pub exports: Vec<String>,
+    pub imports: Vec<Import>,
+    pub footprint: Footprint,
+    /// Whether a compiled artifact for this component is in the given cache directory.
+    pub cached: Option<bool>,
+}
+
+impl Inspection {
+    /// Inspects a component's bytes.
+    pub fn of(wasm: &[u8]) -> Result<Inspection, String> {
+        let (mut imports, mut exports) = (Vec::new(), Vec::new());
+        let mut depth = 0usize;
+        for payload in Parser::new(0).parse_all(wasm) {
+            match payload.map_err(|e| format!("not a valid WebAssembly component: {e}"))? {
+                Payload::Version { encoding: wasmtime::wasmparser::Encoding::Module, .. } if depth == 0 => {
+                    return Err("a core WebAssembly module, not a component: build for wasm32-wasip2 \
+                                (or run `wasm-tools component new`)"
+                        .into());
+                }
+                Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+                Payload::End(_) => depth = depth.saturating_sub(1),
+                Payload::ComponentImportSection(s) if depth == 0 => {
+                    for import in s {
+                        let name = import.map_err(|e| e.to_string())?.name.name.to_string();
+                        let verdict = match judge_import(&name) {
+                            ImportVerdict::Allowed => "allowed".to_string(),
+                            ImportVerdict::NeedsGrant(g) => format!("needs grant {}", g.name()),
+                            ImportVerdict::Forbidden(reason) => format!("refused: {reason}"),
+                        };
+                        imports.push(Import { name, verdict });
+                    }
+                }
+                Payload::ComponentExportSection(s) if depth == 0 => {
+                    for export in s {
+                        exports.push(export.map_err(|e| e.to_string())?.name.name.to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+        let contract = exports
+            .iter()
+            .find_map(|e| e.strip_prefix("berth:driver/driver@"))
+            .map(|version| format!("berth:driver@{version}"));
+        Ok(Inspection {
+            size: wasm.len(),
+            sha256: digest(wasm),
+            supported: contract.as_deref() == Some(CONTRACT),
+            contract,
+            exports,
+            imports,
+            footprint: Footprint::of(wasm)?,
+            cached: None,
+        })
+    }
+
+    /// Whether `cache_dir` holds a compiled artifact of this component (any engine version).
+    pub fn look_in_cache(&mut self, cache_dir: &Path) {
+        let prefix = &self.sha256[..32];
+        let found = std::fs::read_dir(cache_dir).is_ok_and(|entries| {
+            entries.flatten().any(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        });
+        self.cached = Some(found);
+    }
+
+    pub fn json(&self) -> Json {
+        json!({
+            "size_bytes": self.size,
+            "sha256": self.sha256,
+            "contract": self.contract,
+            "supported": self.supported,
+            "exports": self.exports,
+            "imports": self.imports.iter().map(|i| json!({"name": i.name, "verdict": i.verdict})).collect::<Vec<_>>(),
+            "core_instances": self.footprint.core_instances,
+            "memories": self.footprint.memories,
+            "tables": self.footprint.tables,
+            "cached": self.cached,
+        })
+    }
+
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let contract = match (&self.contract, self.supported) {
+            (Some(c), true) => format!("{c} (supported)"),
+            (Some(c), false) => format!("{c} (this host implements {CONTRACT})"),
+            (None, _) => "none: it does not export berth:driver/driver".into(),
+        };
+        out.push_str(&format!("contract:  {contract}\n"));
+        out.push_str(&format!("size:      {} bytes\nsha256:    {}\n", self.size, self.sha256));
+        out.push_str(&format!("footprint: {}\n", self.footprint));
+        if let Some(cached) = self.cached {
+            out.push_str(&format!("cached:    {}\n", if cached { "yes" } else { "no" }));
+        }
+        out.push_str("exports:\n");
+        for e in &self.exports {
+            out.push_str(&format!("  {e}\n"));
+        }
+        out.push_str("imports:\n");
+        for i in &self.imports {
+            out.push_str(&format!("  {:<44} {}\n", i.name, i.verdict));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shipped_driver_is_described() {
+        let wasm = std::fs::read(format!("{}/tgt-iscsi.wasm", crate::shipped::BUILD_DIR)).unwrap();
+        let i = Inspection::of(&wasm).unwrap();
+        assert_eq!(i.contract.as_deref(), Some(CONTRACT));
+        assert!(i.supported);
+        assert!(i.exports.iter().any(|e| e == "berth:driver/driver@0.1.0"), "{:?}", i.exports);
+        let grant = i.imports.iter().find(|x| x.name.starts_with("berth:driver/iscsi-target@")).unwrap();
+        assert_eq!(grant.verdict, "needs grant iscsi-target");
+        assert!(i.imports.iter().any(|x| x.verdict == "allowed"));
+        assert!(i.footprint.core_instances >= 1);
+    }
+
+    #[test]
+    fn a_driver_that_reaches_for_the_filesystem_is_flagged() {
+        let wasm = std::fs::read(format!("{}/sneaky.wasm", crate::shipped::BUILD_DIR)).unwrap();
+        let i = Inspection::of(&wasm).unwrap();
+        assert!(
+            i.imports
+                .iter()
+                .any(|x| x.name.starts_with("wasi:filesystem/") && x.verdict.starts_with("refused")),
+            "{:?}",
+            i.imports
+        );
+        assert!(Inspection::of(b"\0asm\x01\0\0\0").unwrap_err().contains("not a component"));
+    }
+}
