@@ -42,6 +42,9 @@ enum Command {
         /// Database URL: sqlite://PATH or postgres://... (default: SQLite in the data directory).
         #[arg(long, env = "BERTH_DATABASE_URL", hide_env_values = true)]
         database_url: Option<String>,
+        /// Log format.
+        #[arg(long, value_enum, env = "BERTH_LOG_FORMAT", default_value = "text")]
+        log_format: LogFormat,
         /// Configuration file (TOML).
         #[arg(long, env = "BERTH_CONFIG")]
         config: Option<PathBuf>,
@@ -158,11 +161,23 @@ enum TokenCommand {
     },
 }
 
-fn init_logging() {
+/// How `berth serve` writes its log.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Lines for people: `time level span{request_id=...}: message`.
+    Text,
+    /// One JSON object per line, with the request's span (request ids) in `span`.
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).init(),
+    }
 }
 
 fn main() -> ExitCode {
@@ -173,8 +188,8 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve { listen, data_dir, database_url, config } => {
-            init_logging();
+        Command::Serve { listen, data_dir, database_url, config, log_format } => {
+            init_logging(log_format);
             // Everything the service creates (database, volume images, keys, state) is its own.
             // SAFETY: umask has no preconditions.
             unsafe { libc::umask(0o077) };

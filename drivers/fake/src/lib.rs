@@ -22,7 +22,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
 use berth_driver_sdk::prelude::*;
-use berth_driver_sdk::{config, same_initiator};
+use berth_driver_sdk::{config, log, same_initiator};
 
 pub struct Fake;
 
@@ -145,6 +145,7 @@ impl Driver for Fake {
 
     fn create_volume(volume: &Volume) -> DriverResult<ModelUpdate> {
         script("create-volume", Some(volume))?;
+        log::debug(&format!("fake: created volume {}", volume.id));
         Ok(ModelUpdate::none().id(format!("fake-{}", volume.id)))
     }
 

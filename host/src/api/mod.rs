@@ -27,6 +27,7 @@ use axum::http::HeaderValue;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::get;
+use tracing::Instrument;
 
 use crate::attach::Service;
 use auth::Auth;
@@ -94,12 +95,26 @@ pub fn app(state: AppState) -> App {
 }
 
 /// Adds `x-openstack-request-id` and logs each request (method, path, status, time; never
-/// headers or bodies, which carry tokens and CHAP secrets).
+/// headers or bodies, which carry tokens and CHAP secrets). Everything logged while the request
+/// is handled, the operation it starts and its driver calls included, is in a span that carries
+/// the request id and the caller's global request id (an `X-OpenStack-Request-Id: req-<uuid>`
+/// header sent by the caller, as oslo.context accepts it; anything else is ignored).
 async fn request_log(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let id = format!("req-{}", uuid::Uuid::new_v4());
+    let global = request
+        .headers()
+        .get("x-openstack-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| is_request_id(v))
+        .map(str::to_string);
+    let span = match &global {
+        Some(g) => tracing::info_span!("request", request_id = %id, global_request_id = %g),
+        None => tracing::info_span!("request", request_id = %id),
+    };
     let (method, path) = (request.method().clone(), request.uri().path().to_string());
-    let mut response = next.run(request).await;
+    let mut response = next.run(request).instrument(span.clone()).await;
+    let _entered = span.enter();
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert("x-openstack-request-id", value);
     }
@@ -111,6 +126,11 @@ async fn request_log(request: Request, next: Next) -> Response {
         tracing::debug!(request_id = %id, %method, %path, status = status.as_u16(), micros, "request");
     }
     response
+}
+
+/// `req-` and a UUID, as oslo.context's global request ids are.
+fn is_request_id(value: &str) -> bool {
+    value.strip_prefix("req-").is_some_and(|u| u.len() == 36 && uuid::Uuid::parse_str(u).is_ok())
 }
 
 /// Parses a UUID path or body value (any form `uuid` accepts), as lower-case hyphenated text.

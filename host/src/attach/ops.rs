@@ -19,6 +19,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tracing::Instrument;
 
 use tokio::sync::Notify;
 
@@ -155,10 +156,14 @@ impl Service {
         self.owner.in_flight.fetch_add(1, Ordering::AcqRel);
         let counted = InFlight(self.clone());
         let work = flow(self.clone());
-        let task = tokio::spawn(async move {
-            let _counted = counted;
-            work.await
-        });
+        // The operation logs in the span of the request that started it (its request id).
+        let task = tokio::spawn(
+            async move {
+                let _counted = counted;
+                work.await
+            }
+            .instrument(tracing::Span::current()),
+        );
         match task.await {
             Ok(result) => result,
             Err(e) => Err(AttachError::Internal(format!("the operation stopped: {e}"))),
