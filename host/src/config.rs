@@ -34,6 +34,7 @@ pub struct Config {
     pub node: Option<String>,
     pub auth: AuthConfig,
     pub http: HttpConfig,
+    pub metrics: MetricsConfig,
     pub attachments: AttachmentsConfig,
     pub operations: OperationsConfig,
     pub reconcile: ReconcileConfig,
@@ -56,6 +57,7 @@ impl Default for Config {
             node: None,
             auth: AuthConfig::default(),
             http: HttpConfig::default(),
+            metrics: MetricsConfig::default(),
             attachments: AttachmentsConfig::default(),
             operations: OperationsConfig::default(),
             reconcile: ReconcileConfig::default(),
@@ -84,6 +86,14 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig { header_read_timeout_seconds: 60.0, max_requests_in_flight: 512 }
     }
+}
+
+/// The Prometheus endpoint (`metrics.rs`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Where `GET /metrics` answers (OpenMetrics text); unset: no endpoint.
+    pub listen: Option<SocketAddr>,
 }
 
 /// Bounds on attachments.

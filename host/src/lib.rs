@@ -11,6 +11,7 @@ pub mod client;
 pub mod config;
 pub mod conformance;
 pub mod failpoint;
+pub mod metrics;
 pub mod runtime;
 pub mod serve;
 pub mod shipped;

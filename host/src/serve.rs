@@ -273,8 +273,21 @@ async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
         if pass == 1 {
             assembled.state.service.first_pass_finished();
         }
+        crate::metrics::METRICS.reconcile_passes.inc();
         match outcome {
             Ok(r) => {
+                let m = &crate::metrics::METRICS;
+                m.operations_past_lease.set(r.recovered as i64);
+                for (change, n) in [
+                    ("recovered", r.recovered),
+                    ("repaired", r.repaired.len()),
+                    ("revoked", r.revoked.len()),
+                    ("removed", r.removed.len()),
+                ] {
+                    m.reconcile_changes
+                        .get_or_create(&crate::metrics::ChangeLabels { change: change.into() })
+                        .inc_by(n as u64);
+                }
                 let millis = started.elapsed().as_millis() as u64;
                 if pass == 1 || r.changed() || !r.failed.is_empty() {
                     tracing::info!(
@@ -327,6 +340,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let reconciler = tokio::spawn(reconcile_loop(assembled.clone(), interval));
     let leases = tokio::spawn(service.clone().renew_leases());
     let app = app(assembled.state.clone());
+    let metrics = match assembled.config.metrics.listen {
+        Some(addr) => Some(serve_metrics(addr).await?),
+        None => None,
+    };
     let limits = ServerLimits {
         header_read_timeout: Duration::from_secs_f64(
             assembled.config.http.header_read_timeout_seconds.clamp(0.01, 86_400.0),
@@ -335,6 +352,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     };
     crate::api::server::serve(listener, app, limits, shutdown()).await?;
     reconciler.abort();
+    if let Some(m) = metrics {
+        m.abort();
+    }
     let wait = Duration::from_secs(assembled.config.operations.shutdown_wait_seconds);
     let left = service.owner().drain(wait).await;
     if left > 0 {
@@ -347,6 +367,31 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     service.store().close().await;
     tracing::info!("berth stopped");
     Ok(())
+}
+
+/// `GET /metrics` on its own listener.
+async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for metrics"))?;
+    tracing::info!(listen = %listener.local_addr()?, "metrics at /metrics");
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(|| async {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )],
+                crate::metrics::METRICS.render(),
+            )
+        }),
+    );
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!("metrics endpoint stopped: {e}");
+        }
+    }))
 }
 
 async fn shutdown() {

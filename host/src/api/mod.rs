@@ -119,6 +119,7 @@ async fn request_log(request: Request, next: Next) -> Response {
         response.headers_mut().insert("x-openstack-request-id", value);
     }
     let status = response.status();
+    crate::metrics::http(method.as_str(), &path, status.as_u16(), started.elapsed());
     let micros = started.elapsed().as_micros();
     if status.is_server_error() {
         tracing::warn!(request_id = %id, %method, %path, status = status.as_u16(), micros, "request failed");

@@ -96,6 +96,7 @@ struct InFlight(Arc<Service>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        crate::metrics::METRICS.operations_in_flight.dec();
         if self.0.owner.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.owner.idle.notify_waiters();
         }
@@ -154,6 +155,7 @@ impl Service {
         T: Send + 'static,
     {
         self.owner.in_flight.fetch_add(1, Ordering::AcqRel);
+        crate::metrics::METRICS.operations_in_flight.inc();
         let counted = InFlight(self.clone());
         let work = flow(self.clone());
         // The operation logs in the span of the request that started it (its request id).

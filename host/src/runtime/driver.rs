@@ -174,6 +174,7 @@ impl Driver {
             capability_calls: Vec::new(),
             effects: Vec::new(),
             started: 0,
+            current: None,
         };
         let mut store = Store::new(&inner.engine, HostState::new(scope, inner.limits.memory_bytes()));
         store.limiter(|s| &mut s.memory);
@@ -250,6 +251,16 @@ impl Driver {
                 }
             }
         };
+        crate::metrics::driver_call(
+            &inner.backend,
+            call.as_str(),
+            match &kind {
+                Ok(_) => "ok",
+                Err(k) => k.label(),
+            },
+            stats.wall,
+            stats.fuel,
+        );
         let result = kind.map_err(|kind| {
             let error = CallError {
                 driver: inner.backend.to_string(),

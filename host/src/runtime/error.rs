@@ -56,6 +56,24 @@ pub enum CallErrorKind {
     Instantiate(String),
 }
 
+impl CallErrorKind {
+    /// A short name of the kind, for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            CallErrorKind::Driver(_) => "driver-error",
+            CallErrorKind::Trap(_) => "trap",
+            CallErrorKind::CpuTime(_) => "cpu-limit",
+            CallErrorKind::Timeout(_) => "timeout",
+            CallErrorKind::Memory { .. } => "memory-limit",
+            CallErrorKind::Fuel(_) => "fuel",
+            CallErrorKind::OutputTooLarge { .. } | CallErrorKind::CopyTooLarge { .. } => "output-limit",
+            CallErrorKind::InvalidOutput(_) => "invalid-output",
+            CallErrorKind::Injected(_) => "injected",
+            CallErrorKind::Instantiate(_) => "instantiate",
+        }
+    }
+}
+
 fn describe(e: &DriverError) -> String {
     match e {
         DriverError::InvalidConnector(c) => format!("invalid connector: {}", c.reason),

@@ -58,7 +58,7 @@ impl HostState {
     }
 
     fn store_result<T>(&mut self, r: Result<T, StoreError>) -> Result<T, backing_store::StoreError> {
-        self.scope.outcome(|| match &r {
+        self.scope.outcome(r.is_ok(), || match &r {
             Ok(_) => "ok".into(),
             Err(e) => e.to_string(),
         });
@@ -73,7 +73,7 @@ impl HostState {
     }
 
     fn target_result<T>(&mut self, r: Result<T, TargetError>) -> Result<T, iscsi_target::TargetError> {
-        self.scope.outcome(|| match &r {
+        self.scope.outcome(r.is_ok(), || match &r {
             Ok(_) => "ok".into(),
             Err(e) => e.to_string(),
         });

@@ -66,6 +66,8 @@ pub(crate) struct CallScope {
     pub(crate) effects: Vec<Effect>,
     /// Number of capability calls started so far.
     pub(crate) started: u32,
+    /// The capability call under way: interface, operation, when it started (for metrics).
+    pub(crate) current: Option<(&'static str, &'static str, std::time::Instant)>,
 }
 
 /// The trap raised when the conformance suite injects a fault at a capability call.
@@ -82,6 +84,7 @@ impl CallScope {
         args: &[&str],
     ) -> wasmtime::Result<()> {
         self.started += 1;
+        self.current = Some((interface, op, std::time::Instant::now()));
         if self.options.record {
             self.capability_calls.push(CapabilityCall {
                 interface,
@@ -97,7 +100,10 @@ impl CallScope {
     }
 
     /// Records how the last capability call ended.
-    pub(crate) fn outcome(&mut self, outcome: impl FnOnce() -> String) {
+    pub(crate) fn outcome(&mut self, ok: bool, outcome: impl FnOnce() -> String) {
+        if let Some((interface, operation, started)) = self.current.take() {
+            crate::metrics::capability(interface, operation, ok, started.elapsed());
+        }
         if self.options.record
             && let Some(last) = self.capability_calls.last_mut()
         {

@@ -202,10 +202,12 @@ impl Store {
     where
         E: From<StoreError>,
     {
+        let started = std::time::Instant::now();
         let mut tx = self.begin(true).await.map_err(E::from)?;
         let value = f(&mut tx).await?;
         tx.commit().await.map_err(E::from)?;
         self.commits.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::transaction("write", started.elapsed());
         Ok(value)
     }
 
@@ -216,9 +218,11 @@ impl Store {
     where
         E: From<StoreError>,
     {
+        let started = std::time::Instant::now();
         let mut tx = self.begin(false).await.map_err(E::from)?;
         let value = f(&mut tx).await?;
         tx.commit().await.map_err(E::from)?;
+        crate::metrics::transaction("read", started.elapsed());
         Ok(value)
     }
 

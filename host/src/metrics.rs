@@ -1,0 +1,279 @@
+//! Prometheus metrics (the `prometheus-client` crate, OpenMetrics text), served by `berth serve`
+//! on `[metrics] listen` when it is set. One process-wide set: every room records into it where
+//! the thing happens (HTTP in `api/`, driver calls in `runtime/`, capability calls in
+//! `runtime/host.rs`, transactions in `store/`, operations and reconcile passes in `attach/`).
+//! Labels are bounded: routes are templates (`/volumes/{id}`), never raw paths.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub method: String,
+    pub route: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub method: String,
+    pub route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DriverCallLabels {
+    pub backend: String,
+    pub call: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    pub backend: String,
+    pub call: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CapabilityLabels {
+    pub interface: String,
+    pub operation: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CapabilityOpLabels {
+    pub interface: String,
+    pub operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TxLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChangeLabels {
+    pub change: String,
+}
+
+fn seconds() -> Histogram {
+    // 100 µs to about 6.5 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 17))
+}
+
+fn fuel() -> Histogram {
+    Histogram::new(exponential_buckets(1000.0, 4.0, 14))
+}
+
+/// Every metric Berth keeps.
+pub struct Metrics {
+    registry: Registry,
+    pub http_requests: Family<HttpLabels, Counter>,
+    pub http_seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    pub driver_calls: Family<DriverCallLabels, Counter>,
+    pub driver_seconds: Family<CallLabels, Histogram, fn() -> Histogram>,
+    pub driver_fuel: Family<CallLabels, Histogram, fn() -> Histogram>,
+    pub capability_calls: Family<CapabilityLabels, Counter>,
+    pub capability_seconds: Family<CapabilityOpLabels, Histogram, fn() -> Histogram>,
+    pub tx_seconds: Family<TxLabels, Histogram, fn() -> Histogram>,
+    pub operations_in_flight: Gauge,
+    pub operations_past_lease: Gauge,
+    pub reconcile_passes: Counter,
+    pub reconcile_changes: Family<ChangeLabels, Counter>,
+}
+
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("berth");
+        let m = Metrics {
+            http_requests: Family::default(),
+            http_seconds: Family::new_with_constructor(seconds),
+            driver_calls: Family::default(),
+            driver_seconds: Family::new_with_constructor(seconds),
+            driver_fuel: Family::new_with_constructor(fuel),
+            capability_calls: Family::default(),
+            capability_seconds: Family::new_with_constructor(seconds),
+            tx_seconds: Family::new_with_constructor(seconds),
+            operations_in_flight: Gauge::default(),
+            operations_past_lease: Gauge::default(),
+            reconcile_passes: Counter::default(),
+            reconcile_changes: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "http_requests",
+            "API requests by route, method and status",
+            m.http_requests.clone(),
+        );
+        registry.register("http_request_seconds", "API request latency", m.http_seconds.clone());
+        registry.register(
+            "driver_calls",
+            "Driver calls by backend, call and outcome",
+            m.driver_calls.clone(),
+        );
+        registry.register("driver_call_seconds", "Driver call latency (wall time)", m.driver_seconds.clone());
+        registry.register("driver_call_fuel", "Fuel a metered driver call used", m.driver_fuel.clone());
+        registry.register(
+            "capability_calls",
+            "Capability calls (iscsi-target, backing-store) by operation and outcome",
+            m.capability_calls.clone(),
+        );
+        registry.register("capability_call_seconds", "Capability call latency", m.capability_seconds.clone());
+        registry.register("db_transaction_seconds", "Database transaction latency", m.tx_seconds.clone());
+        registry.register(
+            "operations_in_flight",
+            "Operations this process is running",
+            m.operations_in_flight.clone(),
+        );
+        registry.register(
+            "operations_past_lease",
+            "Unfinished operations whose lease has expired, at the last reconcile pass",
+            m.operations_past_lease.clone(),
+        );
+        registry.register("reconcile_passes", "Reconcile passes run", m.reconcile_passes.clone());
+        registry.register(
+            "reconcile_changes",
+            "Changes reconcile passes made, by kind",
+            m.reconcile_changes.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        out
+    }
+}
+
+/// Records an HTTP request.
+pub fn http(method: &str, path: &str, status: u16, took: Duration) {
+    let route = route(path);
+    METRICS
+        .http_requests
+        .get_or_create(&HttpLabels { method: method.into(), route: route.clone(), status })
+        .inc();
+    METRICS
+        .http_seconds
+        .get_or_create(&RouteLabels { method: method.into(), route })
+        .observe(took.as_secs_f64());
+}
+
+/// Records a driver call.
+pub fn driver_call(backend: &str, call: &str, outcome: &str, took: Duration, fuel: Option<u64>) {
+    let labels = CallLabels { backend: backend.into(), call: call.into() };
+    METRICS
+        .driver_calls
+        .get_or_create(&DriverCallLabels {
+            backend: backend.into(),
+            call: call.into(),
+            outcome: outcome.into(),
+        })
+        .inc();
+    METRICS.driver_seconds.get_or_create(&labels).observe(took.as_secs_f64());
+    if let Some(fuel) = fuel {
+        METRICS.driver_fuel.get_or_create(&labels).observe(fuel as f64);
+    }
+}
+
+/// Records a capability call.
+pub fn capability(interface: &str, operation: &str, ok: bool, took: Duration) {
+    let outcome = if ok { "ok" } else { "error" };
+    METRICS
+        .capability_calls
+        .get_or_create(&CapabilityLabels {
+            interface: interface.into(),
+            operation: operation.into(),
+            outcome: outcome.into(),
+        })
+        .inc();
+    METRICS
+        .capability_seconds
+        .get_or_create(&CapabilityOpLabels { interface: interface.into(), operation: operation.into() })
+        .observe(took.as_secs_f64());
+}
+
+/// Records a database transaction.
+pub fn transaction(kind: &'static str, took: Duration) {
+    METRICS.tx_seconds.get_or_create(&TxLabels { kind: kind.into() }).observe(took.as_secs_f64());
+}
+
+/// A request path as its route template: ids become `{id}`, metadata keys `{key}`; an unknown
+/// shape is `other`, so that clients cannot make labels without bound.
+pub fn route(path: &str) -> String {
+    let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    let mut out = Vec::with_capacity(segments.len());
+    for (i, s) in segments.iter().enumerate() {
+        let templated = if uuid::Uuid::parse_str(s).is_ok() {
+            "{id}"
+        } else if i > 0 && segments[i - 1] == "metadata" {
+            "{key}"
+        } else if i > 0 && segments[i - 1] == "types" {
+            "{id}"
+        } else {
+            s
+        };
+        out.push(templated);
+    }
+    let route = out.join("/");
+    const KNOWN: &[&str] = &[
+        "",
+        "/healthcheck",
+        "/v3",
+        "/v3/volumes",
+        "/v3/volumes/detail",
+        "/v3/volumes/{id}",
+        "/v3/volumes/{id}/action",
+        "/v3/volumes/{id}/metadata",
+        "/v3/volumes/{id}/metadata/{key}",
+        "/v3/attachments",
+        "/v3/attachments/detail",
+        "/v3/attachments/{id}",
+        "/v3/attachments/{id}/action",
+        "/v3/types",
+        "/v3/types/{id}",
+    ];
+    if KNOWN.contains(&route.as_str()) {
+        if route.is_empty() { "/".into() } else { route }
+    } else {
+        "other".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_templates_with_a_bounded_set_of_values() {
+        assert_eq!(route("/v3/volumes/0b8e1c2a-8d3f-4a8e-9a55-3f0d2c3b1a00"), "/v3/volumes/{id}");
+        assert_eq!(
+            route("/v3/volumes/0b8e1c2a-8d3f-4a8e-9a55-3f0d2c3b1a00/metadata/color"),
+            "/v3/volumes/{id}/metadata/{key}"
+        );
+        assert_eq!(route("/v3/attachments/detail"), "/v3/attachments/detail");
+        assert_eq!(route("/"), "/");
+        assert_eq!(route("/v3/whatever/you/like"), "other");
+    }
+
+    #[test]
+    fn the_text_is_openmetrics() {
+        http("GET", "/v3/volumes", 200, Duration::from_millis(3));
+        let text = METRICS.render();
+        assert!(
+            text.contains("berth_http_requests_total{method=\"GET\",route=\"/v3/volumes\",status=\"200\"}"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,108 @@
+//! The Prometheus endpoint of a running `berth serve`, scraped after real traffic and read with
+//! the official Python client's OpenMetrics parser (PyPI `prometheus-client`): request counts and
+//! latencies by route and status, driver calls by backend, call and outcome, database transaction
+//! latency, operations in flight, reconcile passes.
+
+use std::collections::BTreeMap;
+
+use berth_tests::pg::free_port;
+use berth_tests::process::BerthProcess;
+use berth_tests::python::python;
+use berth_tests::server::{Client, connector};
+use serde_json::{Value, json};
+
+const PARSE: &str = r#"
+import json, sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+out = {}
+for family in text_string_to_metric_families(sys.stdin.read()):
+    out[family.name] = {"type": family.type, "samples": [[s.name, s.labels, s.value] for s in family.samples]}
+print(json.dumps(out))
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_endpoint_is_valid_openmetrics_and_counts_what_happened() {
+    let port = free_port();
+    let config = format!(
+        "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[[backends]]\nname = \"fake\"\ndriver = \"fake\"\n\
+         [[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"fake\"\n"
+    );
+    let server = BerthProcess::start(&config);
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let a = c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:m", "m"))).await.expect(200);
+    let id = a.body["attachment"]["id"].as_str().unwrap().to_string();
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+    c.get("/volumes/00000000-0000-4000-8000-000000000000").await.expect(404);
+
+    let response = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.headers()["content-type"].to_str().unwrap().starts_with("application/openmetrics-text"));
+    let text = response.text().await.unwrap();
+    let mut parse = python(PARSE, &[]);
+    parse.stdin(std::process::Stdio::piped());
+    let parsed: BTreeMap<String, Value> = {
+        use std::io::Write;
+        let mut child = parse.stdout(std::process::Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "the official parser refused the text:\n{text}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let samples = |family: &str| -> Vec<Value> {
+        parsed.get(family).unwrap_or_else(|| panic!("no family {family}: {:?}", parsed.keys()))["samples"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let has = |family: &str, name: &str, labels: Value| {
+        samples(family).iter().any(|s| {
+            s[0] == name
+                && labels.as_object().unwrap().iter().all(|(k, v)| s[1][k] == *v)
+                && s[2].as_f64().unwrap() > 0.0
+        })
+    };
+    assert!(has(
+        "berth_http_requests",
+        "berth_http_requests_total",
+        json!({"route": "/v3/volumes", "method": "POST", "status": "202"})
+    ));
+    assert!(has(
+        "berth_http_requests",
+        "berth_http_requests_total",
+        json!({"route": "/v3/volumes/{id}", "method": "GET", "status": "404"})
+    ));
+    assert!(has(
+        "berth_http_request_seconds",
+        "berth_http_request_seconds_count",
+        json!({"route": "/v3/attachments/{id}", "method": "DELETE"})
+    ));
+    assert!(has(
+        "berth_driver_calls",
+        "berth_driver_calls_total",
+        json!({"backend": "fake", "call": "create-volume", "outcome": "ok"})
+    ));
+    assert!(has(
+        "berth_driver_calls",
+        "berth_driver_calls_total",
+        json!({"backend": "fake", "call": "initialize-connection", "outcome": "ok"})
+    ));
+    assert!(has("berth_driver_call_seconds", "berth_driver_call_seconds_count", json!({"backend": "fake"})));
+    assert!(has(
+        "berth_db_transaction_seconds",
+        "berth_db_transaction_seconds_count",
+        json!({"kind": "write"})
+    ));
+    assert!(has("berth_reconcile_passes", "berth_reconcile_passes_total", json!({})));
+    for family in [
+        "berth_operations_in_flight",
+        "berth_operations_past_lease",
+        "berth_capability_calls",
+        "berth_reconcile_changes",
+    ] {
+        assert!(parsed.contains_key(family), "no family {family}");
+    }
+    assert_eq!(parsed["berth_operations_in_flight"]["type"], "gauge");
+    // No raw ids in labels.
+    assert!(!text.contains(&volume) && !text.contains(&id));
+}
