@@ -1,0 +1,32 @@
+//! openstacksdk (PyPI) against a running `berth serve`: its block-storage proxy creates a volume,
+//! then creates an attachment with a connector, gets it, lists it, completes it and deletes it,
+//! unchanged (`tests/python/openstacksdk_attachments.py`).
+
+use berth_tests::process::BerthProcess;
+use berth_tests::python::{run, venv};
+
+const CONFIG: &str = r#"
+[[backends]]
+name = "fake"
+driver = "fake"
+[[volume_types]]
+name = "__DEFAULT__"
+backend = "fake"
+"#;
+
+#[test]
+fn openstacksdk_walks_the_attachment_lifecycle_unchanged() {
+    let server = BerthProcess::start(CONFIG);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/openstacksdk_attachments.py");
+    let mut c = std::process::Command::new(venv().join("bin/python"));
+    c.arg(script).arg(&server.base).env("PYTHONWARNINGS", "ignore");
+    let out = run(c);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("created ") && lines[0].contains(" attaching "), "{out}");
+    assert!(lines[0].contains("access_mode"), "the connection info came back: {out}");
+    assert!(lines[1].starts_with("got ") && lines[1].ends_with(" attaching True"), "{out}");
+    let id = lines[0].split_whitespace().nth(1).unwrap();
+    assert_eq!(lines[2], format!("listed ['{id}']"), "{out}");
+    assert_eq!(lines[3], "completed attached in-use", "{out}");
+    assert_eq!(lines[4], "deleted available []", "{out}");
+}
