@@ -275,9 +275,11 @@ async fn failures_have_clear_messages_and_exit_codes() {
     assert_eq!(left.len(), 1, "the other host's attachment stays");
     assert_ne!(left[0]["id"], json!(mine));
 
-    // No iscsiadm: 6, and nothing was reserved.
+    // No iscsiadm: 6, and nothing was reserved. PATH is an empty directory, so the case does not
+    // depend on where a package installs iscsiadm (Debian's open-iscsi puts it in /usr/bin).
+    let empty = tempfile::tempdir().unwrap();
     let mut command = cli.attach_command(&volume, &[]);
-    command.env("PATH", "/usr/bin:/bin");
+    command.env("PATH", empty.path());
     let message = failed(&command.output().unwrap(), 6);
     assert!(message.contains("open-iscsi"), "{message}");
     assert!(attachments(&rig, &volume).await.is_empty());
