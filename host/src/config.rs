@@ -12,7 +12,7 @@ use crate::capabilities::Grant;
 use crate::runtime::Limits;
 use crate::store::Synchronous;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Where the API listens (default `127.0.0.1:8776`).
@@ -70,7 +70,7 @@ impl Default for Config {
 }
 
 /// How the API's HTTP server protects itself (`api/server.rs`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// How long a client may take to send a request's headers, counted from the moment the
@@ -89,7 +89,7 @@ impl Default for HttpConfig {
 }
 
 /// The Prometheus endpoint (`metrics.rs`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Where `GET /metrics` answers (OpenMetrics text); unset: no endpoint.
@@ -97,7 +97,7 @@ pub struct MetricsConfig {
 }
 
 /// Bounds on attachments.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AttachmentsConfig {
     /// Live attachments one volume may have (a multiattach volume); one more is a 413 overLimit.
@@ -110,7 +110,7 @@ impl Default for AttachmentsConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AuthStrategy {
     /// cinderclient's noauth (`X-Auth-Token: user:project`); loopback listeners only.
@@ -120,10 +120,12 @@ pub enum AuthStrategy {
     Token,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
+    /// `noauth` (the caller names itself; loopback listeners only) or `token` (static tokens).
     pub strategy: AuthStrategy,
+    /// The tokens file of `strategy = "token"` (TOML, sha256 of each token; `berth token new`).
     pub tokens_file: Option<PathBuf>,
     /// Overrides of the default policy (TOML: Cinder rule name to the roles that pass it; see
     /// `api/policy.rs`).
@@ -131,7 +133,7 @@ pub struct AuthConfig {
 }
 
 /// Operations the service owns (`attach/ops.rs`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OperationsConfig {
     /// How long an operation stays its node's without renewal; another node may take it over
@@ -149,7 +151,7 @@ impl Default for OperationsConfig {
 }
 
 /// What the reconciler does (`attach/reconcile.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ReconcileMode {
     /// Re-create what is missing and remove what nobody needs.
@@ -159,7 +161,7 @@ pub enum ReconcileMode {
     Report,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReconcileConfig {
     /// Seconds between passes (the first runs at start-up, in the background); fractions allowed.
@@ -176,7 +178,7 @@ impl Default for ReconcileConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
     /// Compiled-driver cache; default: `cache/` in the data directory.
@@ -193,7 +195,7 @@ impl Default for RuntimeConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TgtConfig {
     /// The portal initiators connect to, `address:port`.
@@ -218,7 +220,9 @@ pub struct TgtConfig {
     /// that attaching the volume again reuses them: tgtd deletes targets and accounts in time
     /// quadratic in their number (see `capabilities/iscsi/tgt/service.rs`). 0: deleted at once.
     pub keep_exports_seconds: u64,
+    /// Length of generated CHAP user names (8 to 255).
     pub chap_username_length: usize,
+    /// Length of generated CHAP secrets (17 to 255; at least 96 bits).
     pub chap_secret_length: usize,
 }
 
@@ -240,9 +244,11 @@ impl Default for TgtConfig {
 }
 
 /// One backend: a driver and its settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
+    /// The backend's name: volume types name it, and it names the backend's namespace (store
+    /// directory, default target prefix; `[A-Za-z0-9_.-]`, at most 64).
     pub name: String,
     /// A shipped driver (`tgt-iscsi`, `fake`)...
     #[serde(default)]
@@ -260,13 +266,17 @@ pub struct BackendConfig {
     pub limits: Limits,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeTypeConfig {
+    /// The type's name, as clients give it (`volume_type`).
     pub name: String,
+    /// The backend that serves volumes of this type.
     pub backend: String,
+    /// Shown in the type's description.
     #[serde(default)]
     pub description: Option<String>,
+    /// Cinder extra specs; `multiattach = "<is> True"` makes volumes of this type multiattach.
     #[serde(default)]
     pub extra_specs: BTreeMap<String, String>,
 }
@@ -328,8 +338,104 @@ impl Config {
     }
 }
 
+/// The configuration reference (`docs/configuration.md`), generated from the `Config` type and
+/// its doc comments, so it cannot drift: a test compares the file with this text.
+pub fn reference() -> String {
+    let schema = serde_json::to_value(schemars::schema_for!(Config)).expect("a schema is JSON");
+    let defs = schema["$defs"].as_object().cloned().unwrap_or_default();
+    let mut out = String::from(
+        "# Configuration reference\n\n\
+         Generated from the configuration type (`host/src/config.rs`) by \
+         `BERTH_UPDATE_DOCS=1 cargo test -p berth --lib configuration_reference`; a test fails when \
+         this file and the type differ. `berth serve --config FILE` reads TOML; every key is \
+         optional, and unknown keys are refused.\n\n",
+    );
+    let mut tables = Vec::new();
+    out.push_str("## Top-level keys\n\n| key | type | default | meaning |\n|---|---|---|---|\n");
+    for (key, prop) in schema["properties"].as_object().into_iter().flatten() {
+        let target = prop.get("$ref").and_then(|r| r.as_str()).and_then(|r| r.rsplit('/').next());
+        let item = prop["items"].get("$ref").and_then(|r| r.as_str()).and_then(|r| r.rsplit('/').next());
+        match (target, item) {
+            (Some(def), _) if defs[def].get("properties").is_some() => {
+                tables.push((format!("[{key}]"), def.to_string()))
+            }
+            (_, Some(def)) => tables.push((format!("[[{key}]]"), def.to_string())),
+            _ => out.push_str(&row(key, prop, &defs)),
+        }
+    }
+    for (title, def) in tables {
+        let d = &defs[&def];
+        out.push_str(&format!("\n## `{title}`\n\n"));
+        if let Some(text) = d["description"].as_str() {
+            out.push_str(&format!("{}\n\n", text.replace('\n', " ")));
+        }
+        out.push_str("| key | type | default | meaning |\n|---|---|---|---|\n");
+        for (key, prop) in d["properties"].as_object().into_iter().flatten() {
+            out.push_str(&row(key, prop, &defs));
+        }
+    }
+    out
+}
+
+/// One table row: key, type (or allowed values), default, description.
+fn row(key: &str, prop: &serde_json::Value, defs: &serde_json::Map<String, serde_json::Value>) -> String {
+    let resolved = match prop.get("$ref").and_then(|r| r.as_str()).and_then(|r| r.rsplit('/').next()) {
+        Some(def) => defs.get(def).cloned().unwrap_or_default(),
+        None => prop.clone(),
+    };
+    let values: Vec<String> = resolved["enum"]
+        .as_array()
+        .cloned()
+        .or_else(|| {
+            resolved["oneOf"].as_array().map(|v| v.iter().filter_map(|o| o.get("const").cloned()).collect())
+        })
+        .unwrap_or_default()
+        .iter()
+        .map(|v| format!("`{}`", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
+        .collect();
+    let kind = if !values.is_empty() {
+        values.join(" \\| ")
+    } else {
+        match &resolved["type"] {
+            serde_json::Value::String(t) => t.clone(),
+            serde_json::Value::Array(ts) => {
+                ts.iter().filter_map(|t| t.as_str()).filter(|t| *t != "null").collect::<Vec<_>>().join(", ")
+            }
+            _ => "table".into(),
+        }
+    };
+    let default = match &prop["default"] {
+        serde_json::Value::Null => "none".to_string(),
+        v => format!("`{v}`"),
+    };
+    let meaning = prop["description"]
+        .as_str()
+        .or_else(|| resolved["description"].as_str())
+        .unwrap_or("")
+        .replace('\n', " ")
+        .replace('|', "\\|");
+    format!("| `{key}` | {kind} | {default} | {meaning} |\n")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn configuration_reference_is_generated_from_the_type() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md");
+        let text = super::reference();
+        if std::env::var_os("BERTH_UPDATE_DOCS").is_some() {
+            std::fs::write(path, &text).unwrap();
+        }
+        let file = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            file == text,
+            "docs/configuration.md differs from the configuration type; run \
+             BERTH_UPDATE_DOCS=1 cargo test -p berth --lib configuration_reference"
+        );
+        for key in ["[tgt]", "keep_exports_seconds", "[[backends]]", "max_per_volume", "policy_file"] {
+            assert!(text.contains(key), "{key}");
+        }
+    }
     use super::*;
 
     #[test]

@@ -17,7 +17,19 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 /// A capability the operator can grant to a driver in its backend configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Grant {
     /// `berth:driver/iscsi-target`: the host's iSCSI target service.

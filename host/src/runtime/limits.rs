@@ -10,7 +10,7 @@ use serde::Deserialize;
 use wasmtime::CallHook;
 
 /// Limits for every call of one driver. The operator can override each per backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Linear memory, summed over the component's memories, in MiB.

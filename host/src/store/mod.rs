@@ -40,7 +40,7 @@ pub enum DbKind {
 
 /// SQLite's durability setting. `Full` (the default) makes every commit durable across a power
 /// loss; `Normal` survives process crashes but may lose the last commits on power loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Synchronous {
     Full,
