@@ -242,6 +242,7 @@ pub fn route(path: &str) -> String {
         "/v3/attachments/{id}/action",
         "/v3/types",
         "/v3/types/{id}",
+        "/v3/os-services",
     ];
     if KNOWN.contains(&route.as_str()) {
         if route.is_empty() { "/".into() } else { route }

@@ -146,7 +146,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             capabilities,
         };
         let driver = runtime.load(spec).await?;
-        backends.push(Backend::new(&b.name, driver, b.grants.contains(&Grant::IscsiTarget)));
+        backends.push(Backend::new(&node, &b.name, driver, b.grants.contains(&Grant::IscsiTarget)));
     }
     let types: Vec<VolumeType> = config
         .volume_types
@@ -158,6 +158,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     let owner = Owner::new(&node, Duration::from_secs(config.operations.lease_seconds.max(1)));
     let limits = Limits { max_attachments_per_volume: config.attachments.max_per_volume.max(1) };
     let service = Arc::new(Service::new(store, catalog, owner).with_limits(limits));
+    service.register_node().await.context("cannot register this node")?;
     let state = AppState {
         service,
         auth: Arc::new(auth),
@@ -339,6 +340,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     service.awaiting_first_pass();
     let reconciler = tokio::spawn(reconcile_loop(assembled.clone(), interval));
     let leases = tokio::spawn(service.clone().renew_leases());
+    let heartbeat = tokio::spawn(service.clone().keep_alive());
     let app = app(assembled.state.clone());
     let metrics = match assembled.config.metrics.listen {
         Some(addr) => Some(serve_metrics(addr).await?),
@@ -364,6 +366,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         );
     }
     leases.abort();
+    heartbeat.abort();
     service.store().close().await;
     tracing::info!("berth stopped");
     Ok(())

@@ -10,5 +10,6 @@ mod legacy;
 mod limits;
 mod migration;
 mod policy;
+mod services;
 mod versions;
 mod volumes;

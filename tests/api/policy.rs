@@ -175,6 +175,7 @@ fn routes() -> Vec<Route> {
         ),
         route("list volume types", Method::GET, "/types", None, Nothing, Reader, Global, 200),
         route("show a volume type", Method::GET, "/types/default", None, Nothing, Reader, Global, 200),
+        route("list services", Method::GET, "/os-services", None, Nothing, Admin, Global, 200),
         route("list attachments", Method::GET, "/attachments", None, Reserved, Reader, List, 200),
         route(
             "list attachments in detail",

@@ -13,6 +13,7 @@ pub mod microversion;
 pub mod policy;
 pub mod query;
 pub mod server;
+pub mod services;
 pub mod types;
 pub mod versions;
 pub mod views;
@@ -60,6 +61,7 @@ pub fn router(state: AppState) -> Router {
         .merge(attachments::routes())
         .merge(volumes::routes())
         .merge(types::routes())
+        .merge(services::routes())
         .route_layer(middleware::from_fn_with_state(state.auth.clone(), auth::authenticate));
     let root = Router::new();
     #[cfg(feature = "failpoints")]

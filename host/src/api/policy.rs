@@ -54,6 +54,7 @@ pub enum Rule {
     TerminateConnection,
     Detach,
     ForceDetach,
+    ServiceIndex,
 }
 
 /// The least role a rule needs by default.
@@ -65,7 +66,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 26] = [
+    pub const ALL: [Rule; 27] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -92,6 +93,7 @@ impl Rule {
         Rule::TerminateConnection,
         Rule::Detach,
         Rule::ForceDetach,
+        Rule::ServiceIndex,
     ];
 
     /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
@@ -124,6 +126,7 @@ impl Rule {
             Rule::TerminateConnection => "volume_extension:volume_actions:terminate_connection",
             Rule::Detach => "volume_extension:volume_actions:detach",
             Rule::ForceDetach => "volume_extension:volume_admin_actions:force_detach",
+            Rule::ServiceIndex => "volume_extension:services:index",
         }
     }
 
@@ -136,7 +139,7 @@ impl Rule {
             | Rule::TypeGetAll
             | Rule::AttachmentGet
             | Rule::AttachmentGetAll => Least::Reader,
-            Rule::VolumeForceDelete | Rule::ForceDetach => Least::Admin,
+            Rule::VolumeForceDelete | Rule::ForceDetach | Rule::ServiceIndex => Least::Admin,
             _ => Least::Member,
         }
     }

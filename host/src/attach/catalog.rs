@@ -54,10 +54,12 @@ pub struct Backend {
 }
 
 impl Backend {
-    pub fn new(name: &str, driver: Driver, uses_targets: bool) -> Self {
+    /// The backend `name` as served by `node`: its `service_uuid` names both.
+    pub fn new(node: &str, name: &str, driver: Driver, uses_targets: bool) -> Self {
         Backend {
             name: name.to_string(),
-            service_uuid: uuid::Uuid::new_v5(&NAMESPACE, format!("backend:{name}").as_bytes()).to_string(),
+            service_uuid: uuid::Uuid::new_v5(&NAMESPACE, format!("backend:{node}@{name}").as_bytes())
+                .to_string(),
             driver,
             uses_targets,
         }

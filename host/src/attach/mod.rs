@@ -16,6 +16,7 @@ pub mod legacy;
 pub mod list;
 pub mod locks;
 pub mod model;
+pub mod nodes;
 pub mod ops;
 pub mod reconcile;
 pub mod recover;

@@ -13,6 +13,7 @@
 //! `SQLITE_BUSY`, and runs in WAL mode with `synchronous=FULL` by default.
 
 pub mod attachments;
+pub mod nodes;
 pub mod operations;
 pub mod sql;
 pub mod targets;
