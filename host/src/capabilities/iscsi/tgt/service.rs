@@ -599,18 +599,32 @@ impl Tgtd {
 
     /// Creates an account (replacing one of that name whose secret this process does not know:
     /// tgtd never shows secrets).
+    ///
+    /// The account is known to this process before tgtd has it: the sweep deletes unbound
+    /// accounts this process does not know, and one that ran between the creation and the bind
+    /// would delete the new account under the bind's feet.
     async fn create_account(&self, credentials: &ChapCredentials, iqn: &str) -> Result<(), Failure> {
         let (user, secret) = (credentials.user.as_str(), credentials.secret.expose());
-        match self.change(Request::new_account(user, secret), iqn).await {
-            Ok(_) => {}
-            Err(Failure::AlreadyExists(_)) => {
-                self.account_delete(user, iqn).await?;
-                self.change(Request::new_account(user, secret), iqn).await?;
+        let created = async {
+            match self.change(Request::new_account(user, secret), iqn).await {
+                Ok(_) => {
+                    crate::failpoint::hit("tgt.account-created");
+                    Ok(())
+                }
+                Err(Failure::AlreadyExists(_)) => {
+                    self.account_delete(user, iqn).await?;
+                    self.remember(credentials);
+                    self.change(Request::new_account(user, secret), iqn).await.map(drop)
+                }
+                Err(f) => Err(f),
             }
-            Err(f) => return Err(f),
-        }
+        };
         self.remember(credentials);
-        Ok(())
+        let result = created.await;
+        if result.is_err() {
+            guard(&self.accounts).remove(user);
+        }
+        result
     }
 
     /// An account no target of this service needs any more: kept unbound for reuse, or deleted.
