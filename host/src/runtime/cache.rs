@@ -190,27 +190,52 @@ fn check_private_file(file: &File) -> Result<(), Rejected> {
 
 /// The host key in `path`, created (32 random bytes, 0600) if missing. A key that is not a private
 /// regular file of this user is replaced: artifacts made with the old one are then recompiled.
+/// Runtimes that start at once (tests, or several processes) agree on one key: a new key is linked
+/// into place only if none is there yet.
 fn host_key(path: &Path) -> std::io::Result<[u8; 32]> {
-    if let Ok(mut file) = open_nofollow(path) {
+    let read = || -> Option<[u8; 32]> {
+        let mut file = open_nofollow(path).ok()?;
         let mut key = [0u8; 32];
-        if check_private_file(&file).is_ok()
+        (check_private_file(&file).is_ok()
             && file.read_exact(&mut key).is_ok()
-            && file.metadata()?.len() == 32
-        {
-            return Ok(key);
-        }
+            && file.metadata().ok()?.len() == 32)
+            .then_some(key)
+    };
+    if let Some(key) = read() {
+        return Ok(key);
+    }
+    if std::fs::symlink_metadata(path).is_ok() {
         tracing::warn!(path = %path.display(), "replacing an unusable artifact cache key; cached drivers will be compiled again");
+        let _ = std::fs::remove_file(path);
     }
     let mut key = [0u8; 32];
     getrandom::fill(&mut key).map_err(|e| std::io::Error::other(e.to_string()))?;
-    write_atomically(path, &[&key])?;
-    Ok(key)
+    let tmp = write_temporary(path, &[&key])?;
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(key),
+        // Another runtime made one first: use it.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            read().ok_or_else(|| std::io::Error::other("the artifact cache key is unusable"))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Writes `parts` to a 0600 temporary file next to `path` and renames it over `path`.
 fn write_atomically(path: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
+    let tmp = write_temporary(path, parts)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// Writes `parts`, synced, to a new 0600 file next to `path` with a name no other writer uses.
+fn write_temporary(path: &Path, parts: &[&[u8]]) -> std::io::Result<PathBuf> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -221,8 +246,7 @@ fn write_atomically(path: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
         file.write_all(part)?;
     }
     file.sync_all()?;
-    drop(file);
-    std::fs::rename(&tmp, path)
+    Ok(tmp)
 }
 
 #[cfg(test)]
@@ -237,6 +261,19 @@ mod tests {
 
     /// The smallest component there is.
     const EMPTY: &[u8] = b"\0asm\x0d\0\x01\0";
+
+    #[test]
+    fn runtimes_starting_at_once_agree_on_one_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys: Vec<[u8; 32]> = std::thread::scope(|s| {
+            let handles: Vec<_> =
+                (0..8).map(|_| s.spawn(|| ArtifactCache::new(dir.path()).unwrap().key)).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(keys.iter().all(|k| *k == keys[0]));
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(KEY_FILE)], "no temporary file is left");
+    }
 
     #[test]
     fn the_host_key_is_private_and_kept() {
