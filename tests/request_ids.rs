@@ -3,7 +3,6 @@
 //! included) carries both, one JSON object per line with `--log-format json`.
 
 use berth_tests::process::BerthProcess;
-use berth_tests::server::Client;
 use serde_json::{Value, json};
 
 const CONFIG: &str = r#"
@@ -33,15 +32,12 @@ async fn every_log_line_of_a_request_carries_its_ids_in_json() {
     assert!(local.starts_with("req-") && local != global, "{local}");
     let volume: Value = response.json().await.unwrap();
     let id = volume["volume"]["id"].as_str().unwrap().to_string();
-    // The volume is created by a driver call after the answer; wait for it.
-    let c = Client::for_base(&server.base, "p1");
-    for _ in 0..100 {
-        if c.volume_status(&id).await == "available" {
-            break;
-        }
+    // Wait for the driver's own log line of that create (the log is written as it happens).
+    let needle = format!("fake: created volume {id}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !server.log_text().contains(&needle) && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-
     let log = server.log_text();
     let lines: Vec<Value> = log
         .lines()

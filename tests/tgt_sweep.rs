@@ -20,14 +20,19 @@ async fn a_sweep_between_an_accounts_creation_and_its_bind_leaves_it_alone() {
     t.create_target(&iqn).await.unwrap();
     reset(false);
     // The export stops for a while right after tgtd made its account.
-    arm("tgt.account-created", 1, Action::Sleep, 700);
+    arm("tgt.account-created", 1, Action::Sleep, 2000);
     let credentials = ChapPolicy::default().generate();
     let export = {
         let (t, iqn, credentials) = (t.clone(), iqn.clone(), credentials.clone());
         tokio::spawn(async move { t.set_chap(&iqn, &credentials).await })
     };
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    assert!(tgtd.accounts().contains(&credentials.user.as_str().to_string()), "the account exists, unbound");
+    // Wait until tgtd has the account (the export is then held at the failpoint, before its bind).
+    let user = credentials.user.as_str().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !tgtd.accounts().contains(&user) {
+        assert!(std::time::Instant::now() < deadline, "the export never created its account");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     t.sweep().await.unwrap();
     export.await.unwrap().expect("the bind finds its account");
     reset(false);
