@@ -5,13 +5,16 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::contract::{Attachment, Connection, Connector, DriverInfo, ModelUpdate, Termination, Volume};
+use super::contract::{
+    Attachment, Connection, Connector, DriverInfo, Guarantee, ModelUpdate, Termination, Volume,
+};
 use super::error::CallError;
 
 /// The calls of the contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Call {
     Info,
+    Guarantees,
     ValidateConnector,
     CreateVolume,
     DeleteVolume,
@@ -27,6 +30,7 @@ impl Call {
     pub fn as_str(self) -> &'static str {
         match self {
             Call::Info => "info",
+            Call::Guarantees => "guarantees",
             Call::ValidateConnector => "validate-connector",
             Call::CreateVolume => "create-volume",
             Call::DeleteVolume => "delete-volume",
@@ -49,6 +53,8 @@ impl fmt::Display for Call {
 #[derive(Debug, Clone)]
 pub enum Request {
     Info,
+    /// Answered by drivers of contract 0.2.0 and later; the host answers "none" for older ones.
+    Guarantees,
     ValidateConnector(Connector),
     CreateVolume(Volume),
     DeleteVolume(Volume),
@@ -63,6 +69,7 @@ impl Request {
     pub fn call(&self) -> Call {
         match self {
             Request::Info => Call::Info,
+            Request::Guarantees => Call::Guarantees,
             Request::ValidateConnector(_) => Call::ValidateConnector,
             Request::CreateVolume(_) => Call::CreateVolume,
             Request::DeleteVolume(_) => Call::DeleteVolume,
@@ -76,7 +83,7 @@ impl Request {
 
     pub fn volume(&self) -> Option<&Volume> {
         match self {
-            Request::Info | Request::ValidateConnector(_) => None,
+            Request::Info | Request::Guarantees | Request::ValidateConnector(_) => None,
             Request::CreateVolume(v)
             | Request::DeleteVolume(v)
             | Request::CreateExport(v, _)
@@ -92,6 +99,7 @@ impl Request {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Response {
     Info(DriverInfo),
+    Guarantees(Vec<Guarantee>),
     Unit,
     ModelUpdate(ModelUpdate),
     Connection(Connection),

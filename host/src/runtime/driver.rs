@@ -11,15 +11,16 @@ use std::time::Instant;
 use wasmtime::component::Component;
 use wasmtime::{Engine, Store, Trap, UpdateDeadline};
 
-use super::bindings::StorageDriverPre;
-use super::bindings::berth::driver::types::{
-    Attachment, Connection, Connector, DriverError, DriverInfo, ModelUpdate, Termination, Volume,
-};
-use super::bindings::exports::berth::driver::driver::Guest;
+use super::bindings::{latest, v0_1};
 use super::cache::Provenance;
 use super::call::{Call, CallOptions, CallStats, Effect, Outcome, Request, Response};
+use super::contract::{
+    Attachment, Capabilities, Connection, Connector, DriverError, DriverInfo, Guarantee, ModelUpdate,
+    Termination, Volume,
+};
 use super::error::{CallError, CallErrorKind};
 use super::limits::{CpuTimeExceeded, Limits};
+use super::loader::ContractVersion;
 use super::model::{VolumeFields, validate};
 use super::size::WireSize;
 use super::state::{CallScope, HostState, InjectedFault};
@@ -33,6 +34,22 @@ pub struct Driver {
     inner: Arc<Inner>,
 }
 
+/// A driver compiled and linked, ready to instantiate, bound to the contract version it was
+/// built for. Each version's calls take and return the same host types (see `bindings.rs`).
+pub(crate) enum Pre {
+    Latest(latest::StorageDriverPre<HostState>),
+    V0_1(v0_1::StorageDriverPre<HostState>),
+}
+
+impl Pre {
+    fn contract(&self) -> ContractVersion {
+        match self {
+            Pre::Latest(_) => ContractVersion::LATEST,
+            Pre::V0_1(_) => ContractVersion::V0_1,
+        }
+    }
+}
+
 /// What the loader hands over to make a [`Driver`].
 pub(crate) struct Parts {
     pub(crate) backend: String,
@@ -40,7 +57,7 @@ pub(crate) struct Parts {
     pub(crate) provenance: Provenance,
     pub(crate) engine: Engine,
     pub(crate) component: Component,
-    pub(crate) pre: StorageDriverPre<HostState>,
+    pub(crate) pre: Pre,
     pub(crate) limits: Limits,
     pub(crate) caps: DriverCapabilities,
     pub(crate) fuel_enabled: bool,
@@ -50,11 +67,12 @@ pub(crate) struct Parts {
 struct Inner {
     backend: Arc<str>,
     info: DriverInfo,
+    guarantees: Vec<Guarantee>,
     digest: String,
     provenance: Provenance,
     engine: Engine,
     component: Component,
-    pre: StorageDriverPre<HostState>,
+    pre: Pre,
     limits: Limits,
     caps: DriverCapabilities,
     fuel_enabled: bool,
@@ -70,15 +88,13 @@ impl Driver {
             vendor: String::new(),
             description: String::new(),
             protocols: Vec::new(),
-            capabilities: super::bindings::berth::driver::types::Capabilities {
-                multiattach: false,
-                shared_targets: true,
-            },
+            capabilities: Capabilities { multiattach: false, shared_targets: true },
         };
         let mut driver = Driver {
             inner: Arc::new(Inner {
                 backend: parts.backend.as_str().into(),
                 info: placeholder,
+                guarantees: Vec::new(),
                 digest: parts.digest,
                 provenance: parts.provenance,
                 engine: parts.engine,
@@ -94,8 +110,22 @@ impl Driver {
             Response::Info(info) => info,
             other => unreachable!("info() answered {other:?}"),
         };
+        let guarantees = match driver.inner.pre {
+            Pre::V0_1(_) => Vec::new(),
+            Pre::Latest(_) => {
+                match driver.invoke(&Request::Guarantees, &CallOptions::default()).await.result? {
+                    Response::Guarantees(mut g) => {
+                        g.sort_by_key(|g| g.as_str());
+                        g.dedup();
+                        g
+                    }
+                    other => unreachable!("guarantees() answered {other:?}"),
+                }
+            }
+        };
         let inner = Arc::get_mut(&mut driver.inner).expect("not shared yet");
         inner.info = info;
+        inner.guarantees = guarantees;
         Ok(driver)
     }
 
@@ -107,6 +137,21 @@ impl Driver {
     /// What the driver said about itself at load time.
     pub fn info(&self) -> &DriverInfo {
         &self.inner.info
+    }
+
+    /// The promises the driver made at load time (none for drivers built against 0.1.0).
+    pub fn guarantees(&self) -> &[Guarantee] {
+        &self.inner.guarantees
+    }
+
+    /// Whether the driver promised `guarantee`.
+    pub fn promises(&self, guarantee: Guarantee) -> bool {
+        self.inner.guarantees.contains(&guarantee)
+    }
+
+    /// The contract version the driver was built for.
+    pub fn contract(&self) -> ContractVersion {
+        self.inner.pre.contract()
     }
 
     /// sha256 of the `.wasm`, hex.
@@ -210,8 +255,17 @@ impl Driver {
         }
 
         let run = async {
-            let instance = inner.pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
-            dispatch(instance.berth_driver_driver(), &mut store, request).await.map_err(|e| (false, e))
+            match &inner.pre {
+                Pre::Latest(pre) => {
+                    let instance = pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
+                    dispatch_latest(instance.berth_driver_driver(), &mut store, request).await
+                }
+                Pre::V0_1(pre) => {
+                    let instance = pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
+                    dispatch_v0_1(instance.berth_driver_driver(), &mut store, request).await
+                }
+            }
+            .map_err(|e| (false, e))
         };
         let raw = tokio::time::timeout_at(deadline, run).await;
 
@@ -277,32 +331,49 @@ impl Driver {
     }
 }
 
-async fn dispatch(
-    g: &Guest,
-    store: &mut Store<HostState>,
-    request: &Request,
-) -> wasmtime::Result<Result<Response, DriverError>> {
-    let s = &mut *store;
-    Ok(match request {
-        Request::Info => Ok(Response::Info(g.call_info(s).await?)),
-        Request::ValidateConnector(c) => g.call_validate_connector(s, c).await?.map(|()| Response::Unit),
-        Request::CreateVolume(v) => g.call_create_volume(s, v).await?.map(Response::ModelUpdate),
-        Request::DeleteVolume(v) => g.call_delete_volume(s, v).await?.map(|()| Response::Unit),
-        Request::CreateExport(v, c) => {
-            g.call_create_export(s, v, c.as_ref()).await?.map(Response::ModelUpdate)
+/// One dispatcher per contract version. The calls are the same but for what a version added;
+/// `$guarantees` answers `guarantees()` (new in 0.2.0).
+macro_rules! dispatcher {
+    ($name:ident, $guest:ty, |$g:ident, $s:ident| $guarantees:expr) => {
+        async fn $name(
+            $g: &$guest,
+            store: &mut Store<HostState>,
+            request: &Request,
+        ) -> wasmtime::Result<Result<Response, DriverError>> {
+            let $s = &mut *store;
+            Ok(match request {
+                Request::Info => Ok(Response::Info($g.call_info(&mut *$s).await?)),
+                Request::Guarantees => Ok(Response::Guarantees($guarantees)),
+                Request::ValidateConnector(c) => {
+                    $g.call_validate_connector($s, c).await?.map(|()| Response::Unit)
+                }
+                Request::CreateVolume(v) => $g.call_create_volume($s, v).await?.map(Response::ModelUpdate),
+                Request::DeleteVolume(v) => $g.call_delete_volume($s, v).await?.map(|()| Response::Unit),
+                Request::CreateExport(v, c) => {
+                    $g.call_create_export($s, v, c.as_ref()).await?.map(Response::ModelUpdate)
+                }
+                Request::RemoveExport(v) => $g.call_remove_export($s, v).await?.map(Response::ModelUpdate),
+                Request::InitializeConnection(v, c) => {
+                    $g.call_initialize_connection($s, v, c).await?.map(Response::Connection)
+                }
+                Request::TerminateConnection(v, c, others) => {
+                    $g.call_terminate_connection($s, v, c.as_ref(), others).await?.map(Response::Termination)
+                }
+                Request::SharedConnections(v, c, all) => {
+                    $g.call_shared_connections($s, v, c, all).await?.map(Response::Ids)
+                }
+            })
         }
-        Request::RemoveExport(v) => g.call_remove_export(s, v).await?.map(Response::ModelUpdate),
-        Request::InitializeConnection(v, c) => {
-            g.call_initialize_connection(s, v, c).await?.map(Response::Connection)
-        }
-        Request::TerminateConnection(v, c, others) => {
-            g.call_terminate_connection(s, v, c.as_ref(), others).await?.map(Response::Termination)
-        }
-        Request::SharedConnections(v, c, all) => {
-            g.call_shared_connections(s, v, c, all).await?.map(Response::Ids)
-        }
-    })
+    };
 }
+
+dispatcher!(dispatch_latest, latest::exports::berth::driver::driver::Guest, |g, s| g
+    .call_guarantees(s)
+    .await?);
+dispatcher!(dispatch_v0_1, v0_1::exports::berth::driver::driver::Guest, |g, s| {
+    let _ = (g, s);
+    Vec::new()
+});
 
 /// Sorts a trap into the runtime's error kinds.
 fn classify(

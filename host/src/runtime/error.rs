@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use super::bindings::berth::driver::types::DriverError;
 use super::call::Call;
+use super::contract::DriverError;
 
 /// Why one driver call failed.
 #[derive(Debug, Clone, thiserror::Error)]

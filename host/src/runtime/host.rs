@@ -1,15 +1,18 @@
-//! The host side of the contract's imports: glue from WIT calls to `capabilities/`.
+//! The host side of the contract's imports (the latest version): glue from WIT calls to
+//! `capabilities/`. Older versions' imports are adapted to these in `since_v0_1.rs`.
 //!
 //! Each function returns `wasmtime::Result<T>`: the outer error is a trap (an injected fault, or a
 //! capability used without a grant, which the loader makes impossible), the inner `result` is the
 //! typed error the guest sees. Arguments are validated by the capability newtypes before any
 //! service runs.
 
-use super::bindings::berth::driver::{backing_store, config, iscsi_target, log, types};
+use super::bindings::latest::berth::driver::{backing_store, config, iscsi_target, log, types};
 use super::call::Effect;
 use super::state::HostState;
 use crate::capabilities::backing::{BackingStores, StoreError, StoreInfo};
-use crate::capabilities::iscsi::{ChapCredentials, Iqn, IscsiCapability, Lun, TargetError, TargetState};
+use crate::capabilities::iscsi::{
+    ChapCredentials, Iqn, IscsiCapability, Lun, Session, TargetError, TargetState,
+};
 use crate::capabilities::log as caplog;
 
 impl types::Host for HostState {}
@@ -53,7 +56,7 @@ impl HostState {
         self.scope.caps.backing.clone().ok_or_else(|| not_granted("backing-store"))
     }
 
-    fn iscsi(&self) -> wasmtime::Result<IscsiCapability> {
+    pub(super) fn iscsi(&self) -> wasmtime::Result<IscsiCapability> {
         self.scope.caps.iscsi.clone().ok_or_else(|| not_granted("iscsi-target"))
     }
 
@@ -68,11 +71,14 @@ impl HostState {
             StoreError::Conflict(m) => backing_store::StoreError::Conflict(m),
             StoreError::NoSpace(m) => backing_store::StoreError::NoSpace(m),
             StoreError::Failed(m) => backing_store::StoreError::Failed(m),
-            StoreError::NotPermitted(m) => backing_store::StoreError::InvalidArgument(m),
+            StoreError::NotPermitted(m) => backing_store::StoreError::NotPermitted(m),
         })
     }
 
-    fn target_result<T>(&mut self, r: Result<T, TargetError>) -> Result<T, iscsi_target::TargetError> {
+    pub(super) fn target_result<T>(
+        &mut self,
+        r: Result<T, TargetError>,
+    ) -> Result<T, iscsi_target::TargetError> {
         self.scope.outcome(r.is_ok(), || match &r {
             Ok(_) => "ok".into(),
             Err(e) => e.to_string(),
@@ -84,8 +90,7 @@ impl HostState {
                 TargetError::NotFound(m) => iscsi_target::TargetError::NotFound(redacted(m)),
                 TargetError::Timeout(m) => iscsi_target::TargetError::Timeout(redacted(m)),
                 TargetError::Failed(m) => iscsi_target::TargetError::Failed(redacted(m)),
-                // 0.1.0's variants have no "not permitted": the closest is a refused argument.
-                TargetError::NotPermitted(m) => iscsi_target::TargetError::InvalidArgument(redacted(m)),
+                TargetError::NotPermitted(m) => iscsi_target::TargetError::NotPermitted(redacted(m)),
             }
         })
     }
@@ -270,6 +275,33 @@ impl iscsi_target::Host for HostState {
         let cap = self.iscsi()?;
         let r = async { cap.service.deny_initiator(&cap.own(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
         crate::failpoint::hit("capability.iscsi-target.deny-initiator");
+        Ok(self.target_result(r))
+    }
+
+    async fn list_sessions(
+        &mut self,
+        iqn: String,
+    ) -> wasmtime::Result<Result<Vec<iscsi_target::Session>, iscsi_target::TargetError>> {
+        self.scope.enter("iscsi-target", "list-sessions", &[&iqn])?;
+        let cap = self.iscsi()?;
+        let r = async { cap.service.sessions(&cap.own(&iqn)?).await }.await.map(|sessions| {
+            sessions
+                .into_iter()
+                .map(|Session { initiator, addresses }| iscsi_target::Session { initiator, addresses })
+                .collect()
+        });
+        Ok(self.target_result(r))
+    }
+
+    async fn close_sessions(
+        &mut self,
+        iqn: String,
+        initiator: String,
+    ) -> wasmtime::Result<Result<u32, iscsi_target::TargetError>> {
+        self.scope.enter("iscsi-target", "close-sessions", &[&iqn, &initiator])?;
+        let cap = self.iscsi()?;
+        let r = async { cap.service.close_sessions(&cap.own(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
+        crate::failpoint::hit("capability.iscsi-target.close-sessions");
         Ok(self.target_result(r))
     }
 

@@ -10,7 +10,7 @@ use wasmtime::wasmparser::{Parser, Payload};
 
 use super::Footprint;
 use super::cache::digest;
-use super::loader::{CONTRACT, ImportVerdict, judge_import};
+use super::loader::{CONTRACT, CONTRACTS, ContractVersion, ImportVerdict, judge_import};
 
 /// One import and what the host makes of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl Inspection {
         Ok(Inspection {
             size: wasm.len(),
             sha256: digest(wasm),
-            supported: contract.as_deref() == Some(CONTRACT),
+            supported: contract.as_deref().is_some_and(|c| CONTRACTS.iter().any(|v| v.name() == c)),
             contract,
             exports,
             imports,
@@ -112,8 +112,9 @@ impl Inspection {
     pub fn text(&self) -> String {
         let mut out = String::new();
         let contract = match (&self.contract, self.supported) {
-            (Some(c), true) => format!("{c} (supported)"),
-            (Some(c), false) => format!("{c} (this host implements {CONTRACT})"),
+            (Some(c), true) if c == CONTRACT => format!("{c} (supported, the latest)"),
+            (Some(c), true) => format!("{c} (supported through its adapter; the latest is {CONTRACT})"),
+            (Some(c), false) => format!("{c} (this host implements {})", ContractVersion::supported()),
             (None, _) => "none: it does not export berth:driver/driver".into(),
         };
         out.push_str(&format!("contract:  {contract}\n"));
@@ -144,7 +145,8 @@ mod tests {
         let i = Inspection::of(&wasm).unwrap();
         assert_eq!(i.contract.as_deref(), Some(CONTRACT));
         assert!(i.supported);
-        assert!(i.exports.iter().any(|e| e == "berth:driver/driver@0.1.0"), "{:?}", i.exports);
+        assert!(i.exports.iter().any(|e| e == "berth:driver/driver@0.2.0"), "{:?}", i.exports);
+        assert!(i.text().contains("(supported, the latest)"), "{}", i.text());
         let grant = i.imports.iter().find(|x| x.name.starts_with("berth:driver/iscsi-target@")).unwrap();
         assert_eq!(grant.verdict, "needs grant iscsi-target");
         assert!(i.imports.iter().any(|x| x.verdict == "allowed"));

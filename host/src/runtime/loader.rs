@@ -5,17 +5,74 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use super::bindings::StorageDriverPre;
+use super::bindings::{latest, v0_1};
 use super::cache::{Provenance, digest};
-use super::driver::{Driver, Parts};
+use super::driver::{Driver, Parts, Pre};
 use super::error::LoadError;
 use super::limits::Limits;
 use super::{Footprint, LoadedComponent, Runtime};
 use crate::capabilities::{DriverCapabilities, Grant};
 
-/// The contract version this host implements; drivers built for any `0.1.x` are accepted.
-pub const CONTRACT: &str = "berth:driver@0.1.0";
-const EXPORT: &str = "berth:driver/driver@0.1.0";
+/// The contract versions this host implements, newest first. A driver built for any `0.2.x` or
+/// `0.1.x` is accepted and bound to its own version's adapter.
+pub const CONTRACTS: &[ContractVersion] = &[ContractVersion::V0_2, ContractVersion::V0_1];
+
+/// The newest contract version, the one new drivers should be built for.
+pub const CONTRACT: &str = ContractVersion::LATEST.name();
+
+/// A version of the driver contract (`wit/driver@<version>/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ContractVersion {
+    V0_1,
+    V0_2,
+}
+
+impl ContractVersion {
+    pub const LATEST: ContractVersion = ContractVersion::V0_2;
+
+    /// `berth:driver@0.2.0`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ContractVersion::V0_1 => "berth:driver@0.1.0",
+            ContractVersion::V0_2 => "berth:driver@0.2.0",
+        }
+    }
+
+    /// `0.2.0`.
+    pub fn version(self) -> &'static str {
+        self.name().trim_start_matches("berth:driver@")
+    }
+
+    /// The versions an interface version belongs to: `0.2.x` is 0.2, `0.1.x` is 0.1.
+    pub fn of(version: &str) -> Option<ContractVersion> {
+        if version.starts_with("0.2.") {
+            Some(ContractVersion::V0_2)
+        } else if version.starts_with("0.1.") {
+            Some(ContractVersion::V0_1)
+        } else {
+            None
+        }
+    }
+
+    /// The export a driver built for this version has.
+    fn export(self) -> &'static str {
+        match self {
+            ContractVersion::V0_1 => "berth:driver/driver@0.1.0",
+            ContractVersion::V0_2 => "berth:driver/driver@0.2.0",
+        }
+    }
+
+    /// Every version this host implements, for messages.
+    pub fn supported() -> String {
+        CONTRACTS.iter().map(|c| c.name()).collect::<Vec<_>>().join(" and ")
+    }
+}
+
+impl std::fmt::Display for ContractVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// Where a driver's component comes from.
 #[derive(Debug, Clone)]
@@ -88,16 +145,17 @@ pub(crate) enum ImportVerdict {
 pub(crate) fn judge_import(name: &str) -> ImportVerdict {
     let (interface, version) = name.split_once('@').unwrap_or((name, ""));
     if interface.starts_with("berth:driver/") {
-        if !version.starts_with("0.1.") {
+        let Some(contract) = ContractVersion::of(version) else {
             return ImportVerdict::Forbidden(format!(
-                "this host implements {CONTRACT}; the driver was built for version {version}"
+                "this host implements {}; the driver was built for version {version}",
+                ContractVersion::supported()
             ));
-        }
+        };
         return match interface {
             "berth:driver/types" | "berth:driver/log" | "berth:driver/config" => ImportVerdict::Allowed,
             "berth:driver/iscsi-target" => ImportVerdict::NeedsGrant(Grant::IscsiTarget),
             "berth:driver/backing-store" => ImportVerdict::NeedsGrant(Grant::BackingStore),
-            _ => ImportVerdict::Forbidden(format!("{interface} is not part of {CONTRACT}")),
+            _ => ImportVerdict::Forbidden(format!("{interface} is not part of {contract}")),
         };
     }
     if WASI_BASELINE.contains(&interface) {
@@ -203,21 +261,53 @@ impl Runtime {
                 }
             }
         }
-        if component.get_export_index(None, EXPORT).is_none() {
-            let exports: Vec<String> =
-                component.component_type().exports(&engine).map(|(n, _)| n.to_string()).collect();
-            return Err(LoadError::Contract {
-                driver: backend,
-                message: format!(
-                    "it does not export {EXPORT} (it exports {exports:?}); this host implements {CONTRACT}"
-                ),
-            });
+        let contract = CONTRACTS
+            .iter()
+            .copied()
+            .find(|c| component.get_export_index(None, c.export()).is_some())
+            .ok_or_else(|| {
+                let exports: Vec<String> =
+                    component.component_type().exports(&engine).map(|(n, _)| n.to_string()).collect();
+                LoadError::Contract {
+                    driver: backend.clone(),
+                    message: format!(
+                        "it exports none of {} (it exports {exports:?}); this host implements {}",
+                        CONTRACTS.iter().map(|c| c.export()).collect::<Vec<_>>().join(", "),
+                        ContractVersion::supported()
+                    ),
+                }
+            })?;
+        // One driver, one contract version: its imports must be of the version it exports.
+        for (name, _) in component.component_type().imports(&engine) {
+            if let Some(("berth:driver", rest)) = name.split_once('/')
+                && let Some((_, version)) = rest.split_once('@')
+                && ContractVersion::of(version) != Some(contract)
+            {
+                return Err(LoadError::Contract {
+                    driver: backend,
+                    message: format!(
+                        "it exports {} but imports {name}: a driver is built for one contract version",
+                        contract.export()
+                    ),
+                });
+            }
         }
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .and_then(StorageDriverPre::new)
-            .map_err(|e| LoadError::Contract { driver: backend.clone(), message: format!("{e:#}") })?;
+        let instantiate =
+            |e: wasmtime::Error| LoadError::Contract { driver: backend.clone(), message: format!("{e:#}") };
+        let pre = match contract {
+            ContractVersion::V0_2 => Pre::Latest(
+                self.linker
+                    .instantiate_pre(&component)
+                    .and_then(latest::StorageDriverPre::new)
+                    .map_err(instantiate)?,
+            ),
+            ContractVersion::V0_1 => Pre::V0_1(
+                self.linker
+                    .instantiate_pre(&component)
+                    .and_then(v0_1::StorageDriverPre::new)
+                    .map_err(instantiate)?,
+            ),
+        };
         let capabilities = DriverCapabilities {
             iscsi: spec.capabilities.iscsi.filter(|_| spec.grants.contains(&Grant::IscsiTarget)),
             backing: spec.capabilities.backing.filter(|_| spec.grants.contains(&Grant::BackingStore)),
@@ -272,6 +362,11 @@ mod tests {
     fn the_import_policy_admits_the_baseline_and_grants_only() {
         assert_eq!(judge_import("wasi:cli/stdout@0.2.6"), ImportVerdict::Allowed);
         assert_eq!(judge_import("berth:driver/log@0.1.0"), ImportVerdict::Allowed);
+        assert_eq!(judge_import("berth:driver/log@0.2.0"), ImportVerdict::Allowed);
+        assert_eq!(
+            judge_import("berth:driver/iscsi-target@0.2.0"),
+            ImportVerdict::NeedsGrant(Grant::IscsiTarget)
+        );
         assert_eq!(
             judge_import("berth:driver/iscsi-target@0.1.3"),
             ImportVerdict::NeedsGrant(Grant::IscsiTarget)
@@ -285,7 +380,7 @@ mod tests {
             "wasi:filesystem/preopens@0.2.6",
             "wasi:sockets/tcp@0.2.6",
             "wasi:http/outgoing-handler@0.2.6",
-            "berth:driver/log@0.2.0",
+            "berth:driver/log@0.3.0",
             "berth:driver/secret-stuff@0.1.0",
             "acme:evil/backdoor@1.0.0",
         ] {

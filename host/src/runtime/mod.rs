@@ -15,6 +15,7 @@ pub mod json;
 mod limits;
 mod loader;
 pub mod model;
+mod since_v0_1;
 mod size;
 mod state;
 
@@ -38,10 +39,21 @@ use state::HostState;
 
 /// The contract's types, as the rest of the host uses them.
 pub mod contract {
-    pub use super::bindings::berth::driver::types::{
+    pub use super::bindings::latest::berth::driver::types::{
         AccessMode, Attachment, Capabilities, Connection, ConnectionInfo, Connector, DriverError, DriverInfo,
         InvalidConnector, ModelUpdate, Protocol, Termination, Value, Volume, VolumeField,
     };
+    pub use super::bindings::latest::exports::berth::driver::driver::Guarantee;
+    pub use super::loader::ContractVersion;
+
+    impl Guarantee {
+        /// The WIT name of the promise.
+        pub fn as_str(self) -> &'static str {
+            match self {
+                Guarantee::TerminateEndsSessions => "terminate-ends-sessions",
+            }
+        }
+    }
 
     impl AccessMode {
         /// `rw` or `ro`, as Cinder and os-brick spell it.
@@ -157,7 +169,11 @@ impl Runtime {
         // that imports more than the baseline (see `loader::judge_import`).
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
-        bindings::StorageDriver::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+        // Every contract version the host speaks, side by side: a driver is bound to the one it
+        // was built for (see `loader.rs`).
+        bindings::latest::StorageDriver::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        bindings::v0_1::StorageDriver::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
 
         let cache = match options.cache_dir {

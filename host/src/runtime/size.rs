@@ -2,10 +2,8 @@
 //! refuses results above the driver's output limit. (Lifting itself is bounded while it happens by
 //! wasmtime's hostcall fuel, `Limits::copy_bytes`.)
 
-use super::bindings::berth::driver::types::{
-    Connection, ConnectionInfo, DriverInfo, ModelUpdate, Protocol, Termination, Value,
-};
 use super::call::Response;
+use super::contract::{Connection, ConnectionInfo, DriverInfo, ModelUpdate, Protocol, Termination, Value};
 
 pub(crate) trait WireSize {
     fn wire_size(&self) -> usize;
@@ -97,6 +95,7 @@ impl WireSize for Response {
     fn wire_size(&self) -> usize {
         match self {
             Response::Info(i) => i.wire_size(),
+            Response::Guarantees(g) => ITEM + g.len(),
             Response::Unit => 0,
             Response::ModelUpdate(m) => m.wire_size(),
             Response::Connection(Connection { info, update }) => info.wire_size() + update.wire_size(),

@@ -138,7 +138,14 @@ pub trait TargetService: Send + Sync {
     async fn add_lun(&self, iqn: &Iqn, lun: Lun, path: &str) -> Result<(), TargetError>;
     async fn remove_lun(&self, iqn: &Iqn, lun: Lun) -> Result<(), TargetError>;
     async fn allow_initiator(&self, iqn: &Iqn, initiator: &Iqn) -> Result<(), TargetError>;
+    /// Removes the initiator from the ACL. Sessions it has established stay (see
+    /// [`TargetService::close_sessions`]).
     async fn deny_initiator(&self, iqn: &Iqn, initiator: &Iqn) -> Result<(), TargetError>;
+    /// The sessions logged in to the target now (none when the target does not exist).
+    async fn sessions(&self, iqn: &Iqn) -> Result<Vec<Session>, TargetError>;
+    /// Ends every session of `initiator` on the target and returns once none is left; answers how
+    /// many were ended. The ACL is not changed.
+    async fn close_sessions(&self, iqn: &Iqn, initiator: &Iqn) -> Result<u32, TargetError>;
     /// Makes these the target's only incoming CHAP credentials: the account is created (or its
     /// secret replaced) and bound; other accounts bound to the target are unbound, and deleted
     /// when no other target uses them.
@@ -160,6 +167,14 @@ pub trait TargetService: Send + Sync {
     async fn sweep(&self) -> Result<usize, TargetError> {
         Ok(0)
     }
+}
+
+/// One initiator's session on a target.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Session {
+    pub initiator: String,
+    /// One address per connection of the session.
+    pub addresses: Vec<String>,
 }
 
 /// How the host generates CHAP credentials.

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{ChapCredentials, Iqn, Lun, TargetError, TargetService, TargetState};
+use super::{ChapCredentials, Iqn, Lun, Session, TargetError, TargetService, TargetState};
 use crate::capabilities::secret::Secret;
 
 /// One recorded call. Arguments never include secrets.
@@ -65,6 +65,9 @@ struct State {
     secrets: BTreeMap<String, Secret>,
     next_tid: u32,
     calls: Vec<ModelCall>,
+    /// Sessions logged in through [`TargetModel::hold_session`]: target to initiators, one entry
+    /// per session. Like tgtd, the model checks the ACL only at login.
+    sessions: BTreeMap<String, Vec<String>>,
 }
 
 /// The model target service.
@@ -92,6 +95,21 @@ impl TargetModel {
         let mut s = self.lock();
         s.snapshot = ModelSnapshot::default();
         s.secrets.clear();
+        s.sessions.clear();
+    }
+
+    /// Logs `initiator` in and keeps the session open, as a host using the volume does, if
+    /// [`TargetModel::login`] would admit it.
+    pub fn hold_session(
+        &self,
+        target: &str,
+        lun: u32,
+        initiator: &str,
+        chap: Option<(&str, &str)>,
+    ) -> Result<(), LoginRefusal> {
+        self.login(target, lun, initiator, chap)?;
+        self.lock().sessions.entry(target.to_string()).or_default().push(initiator.to_string());
+        Ok(())
     }
 
     /// Whether `initiator` could log in to LUN `lun` of `target` with these CHAP credentials.
@@ -134,22 +152,22 @@ impl TargetModel {
         f: impl FnOnce(&mut State) -> Result<T, TargetError>,
     ) -> Result<T, TargetError> {
         let mut s = self.lock();
-        let before = (s.snapshot.clone(), s.secrets.len());
+        let before = (s.snapshot.clone(), s.secrets.len(), s.sessions.clone());
         let result = f(&mut s);
-        let changed = (s.snapshot.clone(), s.secrets.len()) != before;
+        let changed = (s.snapshot.clone(), s.secrets.len(), s.sessions.clone()) != before;
         s.calls.push(ModelCall { op, args, changed });
         result
     }
 }
 
-fn state_of(iqn: &str, t: &ModelTarget) -> TargetState {
+fn state_of(iqn: &str, t: &ModelTarget, sessions: &BTreeMap<String, Vec<String>>) -> TargetState {
     TargetState {
         iqn: iqn.to_string(),
         tid: t.tid,
         luns: t.luns.iter().map(|(l, p)| (*l, p.clone())).collect(),
         initiators: t.initiators.iter().cloned().collect(),
         chap_users: t.chap_users.iter().cloned().collect(),
-        sessions: 0,
+        sessions: sessions.get(iqn).map_or(0, |s| s.len() as u32),
     }
 }
 
@@ -161,7 +179,7 @@ fn missing(iqn: &Iqn) -> TargetError {
 impl TargetService for TargetModel {
     async fn show(&self, iqn: &Iqn) -> Result<Option<TargetState>, TargetError> {
         self.op("show-target", vec![iqn.to_string()], |s| {
-            Ok(s.snapshot.targets.get(iqn.as_str()).map(|t| state_of(iqn.as_str(), t)))
+            Ok(s.snapshot.targets.get(iqn.as_str()).map(|t| state_of(iqn.as_str(), t, &s.sessions)))
         })
     }
 
@@ -172,12 +190,13 @@ impl TargetService for TargetModel {
                 let tid = s.next_tid;
                 s.snapshot.targets.insert(iqn.to_string(), ModelTarget { tid, ..Default::default() });
             }
-            Ok(state_of(iqn.as_str(), &s.snapshot.targets[iqn.as_str()]))
+            Ok(state_of(iqn.as_str(), &s.snapshot.targets[iqn.as_str()], &s.sessions))
         })
     }
 
     async fn delete_target(&self, iqn: &Iqn) -> Result<(), TargetError> {
         self.op("delete-target", vec![iqn.to_string()], |s| {
+            s.sessions.remove(iqn.as_str());
             if let Some(t) = s.snapshot.targets.remove(iqn.as_str()) {
                 for user in t.chap_users {
                     let bound_elsewhere = s.snapshot.targets.values().any(|o| o.chap_users.contains(&user));
@@ -233,6 +252,30 @@ impl TargetService for TargetModel {
         })
     }
 
+    async fn sessions(&self, iqn: &Iqn) -> Result<Vec<Session>, TargetError> {
+        self.op("list-sessions", vec![iqn.to_string()], |s| {
+            Ok(s.sessions
+                .get(iqn.as_str())
+                .into_iter()
+                .flatten()
+                .map(|i| Session { initiator: i.clone(), addresses: vec!["127.0.0.1".into()] })
+                .collect())
+        })
+    }
+
+    async fn close_sessions(&self, iqn: &Iqn, initiator: &Iqn) -> Result<u32, TargetError> {
+        self.op("close-sessions", vec![iqn.to_string(), initiator.to_string()], |s| {
+            let Some(open) = s.sessions.get_mut(iqn.as_str()) else { return Ok(0) };
+            let before = open.len();
+            open.retain(|i| i != initiator.as_str());
+            let ended = (before - open.len()) as u32;
+            if open.is_empty() {
+                s.sessions.remove(iqn.as_str());
+            }
+            Ok(ended)
+        })
+    }
+
     async fn set_chap(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError> {
         let user = credentials.user.as_str().to_string();
         self.op("set-chap", vec![iqn.to_string(), user.clone()], |s| {
@@ -258,7 +301,7 @@ impl TargetService for TargetModel {
 
     async fn list(&self) -> Result<Vec<TargetState>, TargetError> {
         self.op("list-targets", Vec::new(), |s| {
-            Ok(s.snapshot.targets.iter().map(|(iqn, t)| state_of(iqn, t)).collect())
+            Ok(s.snapshot.targets.iter().map(|(iqn, t)| state_of(iqn, t, &s.sessions)).collect())
         })
     }
 }

@@ -154,6 +154,8 @@ pub struct Connection {
     pub sid: u64,
     pub cid: u32,
     pub initiator: String,
+    /// The initiator's address, when tgtd names it.
+    pub address: Option<String>,
 }
 
 /// Parses `show --mode conn --tid T`: `Session: S` / `Connection: C` / `Initiator: I` / address.
@@ -169,7 +171,12 @@ pub fn parse_connections(text: &str) -> Vec<Connection> {
             && let (Some(sid), Some(cid)) = (sid, cid)
         {
             let initiator = i.split_whitespace().next().unwrap_or_default().to_string();
-            out.push(Connection { sid, cid, initiator });
+            out.push(Connection { sid, cid, initiator, address: None });
+        } else if let Some(a) = line.strip_prefix("IP Address: ")
+            && let Some(last) = out.last_mut()
+            && last.address.is_none()
+        {
+            last.address = Some(a.trim().to_string());
         }
     }
     out
@@ -398,6 +405,7 @@ mod tests {
         assert_eq!(c.len(), 2);
         assert_eq!((c[0].sid, c[0].cid, c[0].initiator.as_str()), (3, 0, "iqn.1993-08.org.debian:01:alice"));
         assert_eq!((c[1].sid, c[1].cid, c[1].initiator.as_str()), (4, 1, "iqn.1993-08.org.debian:01:bob"));
+        assert_eq!(c[0].address.as_deref(), Some("127.0.0.1"));
     }
 
     #[test]

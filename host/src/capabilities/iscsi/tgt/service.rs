@@ -35,7 +35,7 @@
 //! this process does not know. The kept targets are listed in `state_file`, so that a restarted
 //! Berth still knows them.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,7 +46,9 @@ use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
-use super::super::{ChapCredentials, ChapUser, Iqn, Lun, Portal, TargetError, TargetService, TargetState};
+use super::super::{
+    ChapCredentials, ChapUser, Iqn, Lun, Portal, Session, TargetError, TargetService, TargetState,
+};
 use super::protocol::{Answer, Control, Failure, Request, parse_accounts, parse_connections, parse_show};
 
 /// How to reach one tgtd.
@@ -482,9 +484,11 @@ impl Tgtd {
     }
 
     /// Closes every connection of `initiator` on the target and checks that none is left (tgtd
-    /// closes a connection from its event loop, so the check is repeated for a while).
-    async fn close_sessions(&self, tid: u32, iqn: &Iqn, initiator: &Iqn) -> Result<(), Failure> {
+    /// closes a connection from its event loop, so the check is repeated for a while). Answers
+    /// how many sessions it found open.
+    async fn end_sessions(&self, tid: u32, iqn: &Iqn, initiator: &Iqn) -> Result<u32, Failure> {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut ended = BTreeSet::new();
         loop {
             let answer = self.change_read(Request::show_connections(tid), iqn.as_str()).await?;
             let mine: Vec<_> = parse_connections(&answer.text)
@@ -492,8 +496,9 @@ impl Tgtd {
                 .filter(|c| c.initiator == initiator.as_str())
                 .collect();
             if mine.is_empty() {
-                return Ok(());
+                return Ok(ended.len() as u32);
             }
+            ended.extend(mine.iter().map(|c| c.sid));
             if std::time::Instant::now() > deadline {
                 return Err(Failure::Other(format!(
                     "{} session(s) of {initiator} on {iqn} are still open after being closed",
@@ -879,12 +884,31 @@ impl TargetService for Tgtd {
             }
             self.update(iqn, |t| t.initiators.retain(|i| i != initiator.as_str()));
             Ok(())
-        })?;
-        // tgtd checks the ACL only at login: the initiator's sessions end here, or it would keep
-        // reading and writing.
+        })
+    }
+
+    async fn sessions(&self, iqn: &Iqn) -> Result<Vec<Session>, TargetError> {
+        retrying!("list sessions", async {
+            self.fresh().await?;
+            let Some(target) = self.known(iqn) else { return Ok(Vec::new()) };
+            let answer = self.change_read(Request::show_connections(target.tid), iqn.as_str()).await?;
+            let mut sessions: BTreeMap<u64, Session> = BTreeMap::new();
+            for c in parse_connections(&answer.text) {
+                let s = sessions
+                    .entry(c.sid)
+                    .or_insert_with(|| Session { initiator: c.initiator.clone(), addresses: Vec::new() });
+                s.addresses.extend(c.address);
+            }
+            Ok(sessions.into_values().collect())
+        })
+    }
+
+    async fn close_sessions(&self, iqn: &Iqn, initiator: &Iqn) -> Result<u32, TargetError> {
+        let _one = self.lock(iqn).await;
         retrying!("close the initiator's sessions", async {
-            let Some(target) = self.known(iqn) else { return Ok(()) };
-            self.close_sessions(target.tid, iqn, initiator).await
+            self.fresh().await?;
+            let Some(target) = self.known(iqn) else { return Ok(0) };
+            self.end_sessions(target.tid, iqn, initiator).await
         })
     }
 
