@@ -107,6 +107,8 @@ async fn a_hostile_driver_cannot_reach_another_backends_stores_or_targets() {
         "allow-initiator",
         "deny-initiator",
         "set-chap",
+        "list-sessions",
+        "close-sessions",
         "delete-target",
         "store-info",
         "store-resize",
@@ -120,8 +122,10 @@ async fn a_hostile_driver_cannot_reach_another_backends_stores_or_targets() {
             .get(&format!("attack.{name}"))
             .unwrap_or_else(|| panic!("no report of {name}: {report:?}"));
         assert!(
-            outcome.starts_with("refused: ") && outcome.contains("does not belong to backend hostile"),
-            "{name}: {outcome}"
+            outcome.starts_with("refused: ")
+                && outcome.contains("NotPermitted(")
+                && outcome.contains("does not belong to backend hostile"),
+            "{name}: a typed refusal: {outcome}"
         );
     }
     assert_eq!(report["attack.own-target"], "ALLOWED", "its own namespace is its own");

@@ -18,19 +18,16 @@ use berth_tests::tgt::Rig;
 use serde_json::json;
 
 async fn suite(wasm: PathBuf, settings: &[(&str, &str)]) -> Report {
+    suite_on(TargetMode::Model, wasm, settings).await
+}
+
+async fn suite_on(target: TargetMode, wasm: PathBuf, settings: &[(&str, &str)]) -> Report {
     let config = VendorConfig {
         settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         ..Default::default()
     };
-    let options = Options {
-        wasm,
-        config,
-        target: TargetMode::Model,
-        focus: None,
-        skip: None,
-        repeat: 1,
-        cache_dir: Some(shared_cache()),
-    };
+    let options =
+        Options { wasm, config, target, focus: None, skip: None, repeat: 1, cache_dir: Some(shared_cache()) };
     berth::conformance::run(options, |_| {}).await.expect("the suite runs")
 }
 
@@ -57,6 +54,8 @@ async fn every_shipped_driver_passes() {
     let tgt = suite(component("tgt-iscsi"), &[]).await;
     assert!(tgt.ok(), "{:#?}", tgt.failures());
     assert_eq!(tgt.skipped(), 0, "tgt-iscsi advertises everything the suite checks");
+    assert_eq!(tgt.contract, Some("berth:driver@0.2.0"));
+    assert_eq!(tgt.guarantees, ["terminate-ends-sessions"]);
     assert_eq!(tgt.checks.len(), CHECKS.len());
 
     let fake = suite(component("fake"), &[]).await;
@@ -65,6 +64,25 @@ async fn every_shipped_driver_passes() {
         if let Status::Skipped(why) = &c.status {
             assert!(why.contains("does not use the host's iSCSI target service"), "{}: {why}", c.name);
         }
+    }
+}
+
+/// `tgt-iscsi` as built against contract 0.1.0 (kept as a binary in `drivers/fixtures/binary`)
+/// loads through the host's 0.1.0 adapter and passes, on the model and on a real tgtd. Only the
+/// check of a promise 0.1.0 cannot make is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_built_against_contract_0_1_0_keeps_passing() {
+    let wasm =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../drivers/fixtures/binary/tgt-iscsi-0.1.0.wasm");
+    for target in [TargetMode::Model, TargetMode::Tgtd] {
+        let report = suite_on(target, wasm.clone(), &[]).await;
+        assert!(report.ok(), "{target:?}: {:#?}", report.failures());
+        assert_eq!(report.contract, Some("berth:driver@0.1.0"));
+        assert!(report.guarantees.is_empty());
+        let skipped: Vec<_> =
+            report.checks.iter().filter(|c| matches!(c.status, Status::Skipped(_))).collect();
+        assert_eq!(skipped.len(), 1, "{target:?}: {skipped:#?}");
+        assert_eq!(skipped[0].name, name(Id::TerminateEndsSessions));
     }
 }
 
@@ -163,8 +181,9 @@ fn flaws() -> Vec<(&'static str, Vec<Id>)> {
         ("replace-acl", vec![SecondInitiator]),
         // A retried terminate fails too: it does not converge.
         ("strict-terminate", vec![TerminateUnknown, TerminateIdempotent, Convergence]),
-        ("no-revoke", vec![TerminateRevokes, TerminateAll, TerminateOneKeepsOther]),
+        ("no-revoke", vec![TerminateRevokes, TerminateAll, TerminateOneKeepsOther, TerminateEndsSessions]),
         ("revoke-shared", vec![TerminateSameInitiator]),
+        ("keep-sessions", vec![TerminateEndsSessions]),
         ("wrong-in-use", vec![ExportInUse]),
         ("shared-none", vec![SharedQuery]),
         ("timeout-as-backend", vec![TimeoutsRetryable]),
@@ -230,32 +249,50 @@ async fn a_javascript_driver_built_from_the_wit_alone_passes_and_serves_real_att
     let wasm = js_driver();
     let report = suite(wasm.clone(), &[]).await;
     assert!(report.ok(), "{:#?}", report.failures());
-    assert_eq!(report.skipped(), 0);
     assert!(report.driver.starts_with("js-iscsi"));
+    // It is built against contract 0.1.0 and loads through the host's adapter; 0.1.0 has no way to
+    // promise that a terminate ends sessions, so that one check does not apply (the host ends
+    // them itself in 0.1.0's deny-initiator, which the attachment below shows).
+    assert_eq!(report.contract, Some("berth:driver@0.1.0"));
+    let skipped: Vec<_> = report.checks.iter().filter(|c| matches!(c.status, Status::Skipped(_))).collect();
+    assert_eq!(skipped.len(), 1, "{skipped:#?}");
+    assert_eq!(skipped[0].name, name(Id::TerminateEndsSessions));
+    assert!(matches!(&skipped[0].status, Status::Skipped(why) if why.contains("0.1.0")), "{skipped:#?}");
 
-    // berth serve loads it like any driver, and a real initiator logs in to what it exports.
+    // berth serve loads it like any driver, side by side with tgt-iscsi (built against 0.2.0), and
+    // a real initiator logs in to what each exports. A detach ends the host's open session
+    // whichever contract its driver speaks: tgt-iscsi ends it itself (close-sessions), for
+    // js-iscsi the host's 0.1.0 adapter ends it inside deny-initiator.
     let rig = Rig::start_with(&format!(
         "[[backends]]\nname = \"js\"\nwasm = \"{}\"\ngrants = [\"iscsi-target\", \"backing-store\"]\n\
-         [[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"js\"\n",
+         [[backends]]\nname = \"tgt\"\ndriver = \"tgt-iscsi\"\ngrants = [\"iscsi-target\", \"backing-store\"]\n\
+         [[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"js\"\n\
+         [[volume_types]]\nname = \"rust\"\nbackend = \"tgt\"\n",
         wasm.display()
     ));
     let c = rig.client();
-    let volume = c.create_volume(json!({"size": 1})).await;
-    let initiator = "iqn.1993-08.org.debian:01:js-host";
-    let r = c.attach(&volume, Some(connector(initiator, "js-host"))).await.expect(200);
-    let info = r.body["attachment"]["connection_info"].clone();
-    assert_eq!(info["driver_volume_type"], "iscsi");
-    let session = Session::login(&Target::from_connection_info(&info), initiator).expect("log in");
-    assert_eq!(session.capacity().unwrap().0 * 512, 1 << 30);
-    let data = vec![0x5a; 4096];
-    session.write(0, &data).unwrap();
-    assert_eq!(session.read(0, data.len()).unwrap(), data);
-    drop(session);
-    let id = r.body["attachment"]["id"].as_str().unwrap();
-    c.delete(&format!("/attachments/{id}")).await.expect(200);
-    assert!(!rig.exported(&volume));
-    c.delete(&format!("/volumes/{volume}")).await.expect(202);
-    assert!(!rig.backing_file(&volume).exists());
+    for (volume_type, backend, host) in [("__DEFAULT__", "js", "js-host"), ("rust", "tgt", "rust-host")] {
+        let volume = c.create_volume(json!({"size": 1, "volume_type": volume_type})).await;
+        assert!(rig.backing_file_of(backend, &volume).exists(), "{volume_type}");
+        let initiator = format!("iqn.1993-08.org.debian:01:{host}");
+        let r = c.attach(&volume, Some(connector(&initiator, host))).await.expect(200);
+        let info = r.body["attachment"]["connection_info"].clone();
+        assert_eq!(info["driver_volume_type"], "iscsi");
+        let session = Session::login(&Target::from_connection_info(&info), &initiator).expect("log in");
+        assert_eq!(session.capacity().unwrap().0 * 512, 1 << 30);
+        let data = vec![0x5a; 4096];
+        session.write(0, &data).unwrap();
+        assert_eq!(session.read(0, data.len()).unwrap(), data);
+        let id = r.body["attachment"]["id"].as_str().unwrap();
+        c.delete(&format!("/attachments/{id}")).await.expect(200);
+        assert!(
+            session.read(0, data.len()).is_err(),
+            "{volume_type}: the detached host's open session ended with its attachment"
+        );
+        assert!(!rig.exported(&volume));
+        c.delete(&format!("/volumes/{volume}")).await.expect(202);
+        assert!(!rig.backing_file_of(backend, &volume).exists(), "{volume_type}");
+    }
 }
 
 #[test]

@@ -192,8 +192,8 @@ async fn a_driver_importing_an_ungranted_capability_is_refused_at_load_naming_th
         LoadError::NotGranted { driver, import, grant } => {
             assert_eq!(driver, "tgt-iscsi");
             assert!(
-                import.starts_with("berth:driver/backing-store@0.1")
-                    || import.starts_with("berth:driver/iscsi-target@0.1")
+                import.starts_with("berth:driver/backing-store@0.2")
+                    || import.starts_with("berth:driver/iscsi-target@0.2")
             );
             assert!(grant == "backing-store" || grant == "iscsi-target");
         }

@@ -181,7 +181,12 @@ impl Rig {
     }
 
     pub fn backing_file(&self, volume: &str) -> PathBuf {
-        self.berth.dir.path().join(format!("data/volumes/tgt/volume-{volume}.img"))
+        self.backing_file_of("tgt", volume)
+    }
+
+    /// The backing file of a volume of another backend (each backend has its own directory).
+    pub fn backing_file_of(&self, backend: &str, volume: &str) -> PathBuf {
+        self.berth.dir.path().join(format!("data/volumes/{backend}/volume-{volume}.img"))
     }
 
     /// How many changes berth sent to tgtd so far (its log records each, at debug level).

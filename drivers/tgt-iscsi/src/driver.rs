@@ -24,6 +24,7 @@ pub(crate) fn lun() -> u32 {
 pub(crate) fn target_error(what: &str, e: TargetError) -> DriverError {
     match e {
         TargetError::InvalidArgument(m) => DriverError::Backend(format!("{what}: invalid argument: {m}")),
+        TargetError::NotPermitted(m) => DriverError::Backend(format!("{what}: not permitted: {m}")),
         TargetError::NotFound(m) => DriverError::NotFound(format!("{what}: {m}")),
         TargetError::Timeout(m) => DriverError::Retryable(format!("{what}: {m}")),
         TargetError::Failed(m) => DriverError::Backend(format!("{what}: {m}")),
@@ -35,6 +36,7 @@ pub(crate) fn store_error(what: &str, e: StoreError) -> DriverError {
         StoreError::NotFound(m) => DriverError::NotFound(format!("{what}: {m}")),
         StoreError::Conflict(m) => DriverError::Incompatible(format!("{what}: {m}")),
         StoreError::NoSpace(m) => DriverError::Retryable(format!("{what}: {m}")),
+        StoreError::NotPermitted(m) => DriverError::Backend(format!("{what}: not permitted: {m}")),
         StoreError::InvalidArgument(m) | StoreError::Failed(m) => {
             DriverError::Backend(format!("{what}: {m}"))
         }
@@ -95,6 +97,10 @@ impl Driver for TgtIscsi {
             protocols: vec![Protocol::Iscsi],
             capabilities: Capabilities { multiattach: true, shared_targets: false },
         }
+    }
+
+    fn guarantees() -> Vec<Guarantee> {
+        vec![Guarantee::TerminateEndsSessions]
     }
 
     fn validate_connector(connector: &Connector) -> DriverResult<()> {
@@ -188,54 +194,7 @@ impl Driver for TgtIscsi {
         connector: Option<&Connector>,
         others: &[Attachment],
     ) -> DriverResult<Termination> {
-        let iqn = target_iqn(volume)?;
-        let mut update = ModelUpdate::none();
-        let revoke: Vec<String> = match connector {
-            // Force detach: everyone goes.
-            None => match iscsi::show_target(&iqn).map_err(|e| target_error("show target", e))? {
-                Some(target) => target.initiators,
-                None => Vec::new(),
-            },
-            Some(connector) => match connector.initiator.as_deref() {
-                // Another live attachment from the same initiator still needs the ACL entry.
-                Some(_)
-                    if others
-                        .iter()
-                        .any(|a| a.connector.as_ref().is_some_and(|c| same_initiator(c, connector))) =>
-                {
-                    Vec::new()
-                }
-                Some(initiator) if check_iscsi_name(initiator).is_ok() => vec![initiator.to_string()],
-                _ => Vec::new(),
-            },
-        };
-        // Whether a host that had access (its mode is recorded) loses it.
-        let revoked_access = revoke.iter().any(|i| volume.data(&mode_key(i)).is_some());
-        for initiator in &revoke {
-            iscsi::deny_initiator(&iqn, initiator).map_err(|e| target_error("deny initiator", e))?;
-            update = update.remove(mode_key(initiator));
-        }
-        if connector.is_none() {
-            for (key, _) in volume.driver_data.iter().filter(|(k, _)| k.starts_with("mode.")) {
-                update = update.remove(key.clone());
-            }
-        }
-        let export_in_use = connector.is_some() && others.iter().any(|a| a.connector.is_some());
-        // The target's CHAP credentials are shared by every initiator of a multiattach volume: a
-        // detached host that knew them could log in again under another attached host's initiator
-        // name. So they change
-        // (the remaining hosts' sessions go on; they get the new credentials at their next
-        // initialize-connection).
-        if volume.multiattach
-            && export_in_use
-            && revoked_access
-            && config::get_or("rotate_chap_on_detach", "true") != "false"
-        {
-            let fresh = iscsi::generate_chap_credentials();
-            iscsi::set_chap(&iqn, &fresh).map_err(|e| target_error("set CHAP", e))?;
-            update = update.auth(format!("CHAP {} {}", fresh.username, fresh.secret));
-        }
-        Ok(Termination { export_in_use, update })
+        terminate(volume, connector, others, Sessions::End)
     }
 
     fn shared_connections(
@@ -249,4 +208,84 @@ impl Driver for TgtIscsi {
             .map(|a| a.id.clone())
             .collect())
     }
+}
+
+/// What `terminate-connection` does with the sessions of the initiators whose access it revokes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sessions {
+    /// Ends them (the `terminate-ends-sessions` promise).
+    End,
+    /// Leaves them (only the `flawed` fixture does, to prove the conformance check can fail).
+    #[allow(dead_code, reason = "constructed by drivers/fixtures/flawed, which builds this file")]
+    Keep,
+}
+
+/// `terminate-connection`: revokes access, ends the revoked initiators' sessions, and rotates a
+/// multiattach target's credentials when a host leaves.
+pub(crate) fn terminate(
+    volume: &Volume,
+    connector: Option<&Connector>,
+    others: &[Attachment],
+    sessions: Sessions,
+) -> DriverResult<Termination> {
+    let iqn = target_iqn(volume)?;
+    let mut update = ModelUpdate::none();
+    let revoke: Vec<String> = match connector {
+        // Force detach: everyone goes, whether in the ACL or still logged in.
+        None => match iscsi::show_target(&iqn).map_err(|e| target_error("show target", e))? {
+            Some(target) => {
+                let mut all = target.initiators;
+                let open = iscsi::list_sessions(&iqn).map_err(|e| target_error("list sessions", e))?;
+                all.extend(open.into_iter().map(|s| s.initiator).filter(|i| check_iscsi_name(i).is_ok()));
+                all.sort();
+                all.dedup();
+                all
+            }
+            None => Vec::new(),
+        },
+        Some(connector) => match connector.initiator.as_deref() {
+            // Another live attachment from the same initiator still needs the ACL entry.
+            Some(_)
+                if others
+                    .iter()
+                    .any(|a| a.connector.as_ref().is_some_and(|c| same_initiator(c, connector))) =>
+            {
+                Vec::new()
+            }
+            Some(initiator) if check_iscsi_name(initiator).is_ok() => vec![initiator.to_string()],
+            _ => Vec::new(),
+        },
+    };
+    // Whether a host that had access (its mode is recorded) loses it.
+    let revoked_access = revoke.iter().any(|i| volume.data(&mode_key(i)).is_some());
+    for initiator in &revoke {
+        iscsi::deny_initiator(&iqn, initiator).map_err(|e| target_error("deny initiator", e))?;
+        // The target checks its ACL only at login: a session already open would go on reading
+        // and writing.
+        if sessions == Sessions::End {
+            iscsi::close_sessions(&iqn, initiator).map_err(|e| target_error("close sessions", e))?;
+        }
+        update = update.remove(mode_key(initiator));
+    }
+    if connector.is_none() {
+        for (key, _) in volume.driver_data.iter().filter(|(k, _)| k.starts_with("mode.")) {
+            update = update.remove(key.clone());
+        }
+    }
+    let export_in_use = connector.is_some() && others.iter().any(|a| a.connector.is_some());
+    // The target's CHAP credentials are shared by every initiator of a multiattach volume: a
+    // detached host that knew them could log in again under another attached host's initiator
+    // name. So they change
+    // (the remaining hosts' sessions go on; they get the new credentials at their next
+    // initialize-connection).
+    if volume.multiattach
+        && export_in_use
+        && revoked_access
+        && config::get_or("rotate_chap_on_detach", "true") != "false"
+    {
+        let fresh = iscsi::generate_chap_credentials();
+        iscsi::set_chap(&iqn, &fresh).map_err(|e| target_error("set CHAP", e))?;
+        update = update.auth(format!("CHAP {} {}", fresh.username, fresh.secret));
+    }
+    Ok(Termination { export_in_use, update })
 }

@@ -11,7 +11,7 @@ use serde_json::{Value as Json, json};
 
 use super::env::{Env, Shared, attachment, connector, connector_json, driver_error, failed};
 use crate::capabilities::iscsi::TargetError;
-use crate::runtime::contract::{AccessMode, Attachment, Connector, DriverError, Protocol, Volume};
+use crate::runtime::contract::{AccessMode, Attachment, Connector, DriverError, Guarantee, Protocol, Volume};
 use crate::runtime::{CallError, CallErrorKind, Request, Response};
 use berth_driver_sdk::names::check_iscsi_name;
 
@@ -24,6 +24,8 @@ pub enum Need {
     TargetService,
     /// The driver advertises multiattach.
     Multiattach,
+    /// The driver makes this promise (`guarantees()`).
+    Promise(Guarantee),
 }
 
 /// One check.
@@ -58,6 +60,7 @@ pub enum Id {
     TerminateAll,
     TerminateOneKeepsOther,
     TerminateSameInitiator,
+    TerminateEndsSessions,
     ExportInUse,
     SharedQuery,
     TimeoutsRetryable,
@@ -174,6 +177,11 @@ pub const CHECKS: &[Check] = &[
         id: Id::TerminateSameInitiator,
     },
     Check {
+        name: "terminate-connection should end the initiator's sessions",
+        needs: &[Iscsi, TargetService, Promise(Guarantee::TerminateEndsSessions)],
+        id: Id::TerminateEndsSessions,
+    },
+    Check {
         name: "terminate-connection should say whether the export is still in use",
         needs: &[Iscsi],
         id: Id::ExportInUse,
@@ -284,6 +292,7 @@ pub async fn run(id: Id, env: &mut Env<'_>) -> Result<(), String> {
         Id::TerminateAll => terminate_all(env).await,
         Id::TerminateOneKeepsOther => terminate_one_keeps_other(env).await,
         Id::TerminateSameInitiator => terminate_same_initiator(env).await,
+        Id::TerminateEndsSessions => terminate_ends_sessions(env).await,
         Id::ExportInUse => export_in_use(env).await,
         Id::SharedQuery => shared_query(env).await,
         Id::TimeoutsRetryable => injected_errors(env, Injection::Timeout).await,
@@ -890,6 +899,37 @@ async fn terminate_same_initiator(env: &mut Env<'_>) -> Result<(), String> {
     env.login(&conn, A)
         .await
         .map_err(|e| format!("access was revoked although another attachment needs it: {e}"))
+}
+
+/// A host that stays logged in while it is detached keeps reading and writing unless its session
+/// is ended: the target checks its ACL only at login. With multiattach, the other host's session
+/// must survive (even when the driver rotates the target's credentials), and a terminate without
+/// a connector ends every session.
+async fn terminate_ends_sessions(env: &mut Env<'_>) -> Result<(), String> {
+    let multi = env.shared.multiattach();
+    let mut v = exported(env, multi).await?;
+    let ca = env.connect(&mut v, &a()).await?;
+    let _held_a = env.hold_session(&ca, A).await?;
+    let cb = if multi { Some(env.connect(&mut v, &b()).await?) } else { None };
+    let _held_b = match &cb {
+        Some(cb) => Some(env.hold_session(cb, B).await?),
+        None => None,
+    };
+    let others: Vec<Attachment> = cb.iter().map(|_| attachment(&b())).collect();
+    env.terminate(&mut v, Some(&a()), &others).await?;
+    let left = env.sessions_of(&ca, A).await?;
+    ensure!(
+        left == 0,
+        "{left} session(s) of the terminated initiator are still open after terminate-connection returned"
+    );
+    if let Some(cb) = &cb {
+        let kept = env.sessions_of(cb, B).await?;
+        ensure!(kept == 1, "terminating one initiator ended the other's session");
+        env.terminate(&mut v, None, &[]).await?;
+        let left = env.sessions_of(cb, B).await?;
+        ensure!(left == 0, "{left} session(s) are still open after terminate-connection without a connector");
+    }
+    Ok(())
 }
 
 async fn export_in_use(env: &mut Env<'_>) -> Result<(), String> {

@@ -10,13 +10,14 @@ use std::time::Duration;
 
 use serde_json::{Map, Value as Json, json};
 
-use super::target::{Daemon, Snapshot, Target, TargetMode};
+use super::target::{Daemon, HeldSession, Snapshot, Target, TargetMode};
 use crate::capabilities::backing::BackingStores;
 use crate::capabilities::iscsi::IscsiCapability;
 use crate::capabilities::namespace::Namespace;
 use crate::capabilities::{DriverCapabilities, Grant};
 use crate::runtime::contract::{
-    AccessMode, Attachment, Connector, DriverError, DriverInfo, ModelUpdate, Protocol, Termination, Volume,
+    AccessMode, Attachment, Connector, ContractVersion, DriverError, DriverInfo, Guarantee, ModelUpdate,
+    Protocol, Termination, Volume,
 };
 use crate::runtime::json::{connection_data_to_json, connector_from_json};
 use crate::runtime::model::VolumeFields;
@@ -62,6 +63,10 @@ pub struct Shared {
     pub work: PathBuf,
     /// From the driver's `info()` at load.
     pub info: DriverInfo,
+    /// The driver's promises (`guarantees()`, none before contract 0.2.0).
+    pub guarantees: Vec<Guarantee>,
+    /// The contract version the driver was built for.
+    pub contract: Option<ContractVersion>,
     pub imports: Vec<String>,
 }
 
@@ -76,6 +81,10 @@ impl Shared {
 
     pub fn multiattach(&self) -> bool {
         self.info.capabilities.multiattach
+    }
+
+    pub fn promises(&self, guarantee: Guarantee) -> bool {
+        self.guarantees.contains(&guarantee)
     }
 }
 
@@ -317,6 +326,23 @@ impl<'s> Env<'s> {
         self.target
             .login(iqn, lun as u32, initiator, chap.as_ref().map(|(u, s)| (u.as_str(), s.as_str())))
             .await
+    }
+
+    /// Logs `initiator` in with what `conn` says and keeps the session open (see
+    /// [`Target::hold_session`]).
+    pub async fn hold_session(&self, conn: &Connected, initiator: &str) -> Result<HeldSession, String> {
+        let iqn = conn.data.get("target_iqn").and_then(Json::as_str).ok_or("no target_iqn")?;
+        let lun = conn.data.get("target_lun").and_then(Json::as_i64).ok_or("no integer target_lun")?;
+        let chap = conn.chap();
+        self.target
+            .hold_session(iqn, lun as u32, initiator, chap.as_ref().map(|(u, s)| (u.as_str(), s.as_str())))
+            .await
+    }
+
+    /// How many sessions `initiator` has on the target of `conn` now.
+    pub async fn sessions_of(&self, conn: &Connected, initiator: &str) -> Result<usize, String> {
+        let iqn = conn.data.get("target_iqn").and_then(Json::as_str).ok_or("no target_iqn")?;
+        self.target.sessions_of(iqn, initiator).await
     }
 
     /// Whether `initiator` can log in with the given CHAP credentials instead.

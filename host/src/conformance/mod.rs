@@ -21,6 +21,7 @@ use std::time::Instant;
 use serde::Deserialize;
 
 use crate::capabilities::Grant;
+use crate::runtime::contract::ContractVersion;
 use crate::runtime::{Footprint, Limits, Runtime, RuntimeOptions, WasmSource};
 use checks::{CHECKS, Id, Need};
 use env::{Env, Measure, Shared};
@@ -118,6 +119,8 @@ pub async fn run(options: Options, mut on_check: impl FnMut(&CheckReport)) -> Re
         daemon: daemon.clone(),
         work: work.path().to_path_buf(),
         info: placeholder_info(),
+        guarantees: Vec::new(),
+        contract: None,
         imports: Vec::new(),
     };
     let target_name = match options.target {
@@ -127,10 +130,13 @@ pub async fn run(options: Options, mut on_check: impl FnMut(&CheckReport)) -> Re
 
     // Loading is the first check; nothing else can run without it.
     let load_started = Instant::now();
-    let loaded = Env::new(&shared).await.map(|env| (env.driver.info().clone(), env.driver.imports()));
+    let loaded = Env::new(&shared).await.map(|env| {
+        let d = &env.driver;
+        (d.info().clone(), d.imports(), d.guarantees().to_vec(), d.contract())
+    });
     let mut reports = Vec::new();
     let driver_name = match &loaded {
-        Ok((info, _)) => format!("{} {}", info.name, info.version),
+        Ok((info, ..)) => format!("{} {}", info.name, info.version),
         Err(_) => options.wasm.display().to_string(),
     };
     for check in &selected {
@@ -152,9 +158,11 @@ pub async fn run(options: Options, mut on_check: impl FnMut(&CheckReport)) -> Re
         reports.push(r);
     }
     match loaded {
-        Ok((info, imports)) => {
+        Ok((info, imports, guarantees, contract)) => {
             shared.info = info;
             shared.imports = imports;
+            shared.guarantees = guarantees;
+            shared.contract = Some(contract);
             for check in selected.iter().filter(|c| c.id != Id::Load) {
                 let r = run_check(&shared, check, options.repeat.max(1)).await;
                 on_check(&r);
@@ -180,6 +188,8 @@ pub async fn run(options: Options, mut on_check: impl FnMut(&CheckReport)) -> Re
     }
     Ok(Report {
         driver: driver_name,
+        contract: shared.contract.map(ContractVersion::name),
+        guarantees: shared.guarantees.iter().map(|g| g.as_str()).collect(),
         wasm: options.wasm.display().to_string(),
         target: target_name,
         checks: reports,
@@ -199,6 +209,12 @@ fn skip_reason(shared: &Shared, needs: &[Need]) -> Option<String> {
         Need::Multiattach if !shared.multiattach() => {
             Some("the driver does not advertise multiattach".into())
         }
+        Need::Promise(g) if !shared.promises(*g) => Some(match shared.contract {
+            Some(ContractVersion::V0_1) => {
+                format!("the driver is built for berth:driver@0.1.0, which cannot promise {}", g.as_str())
+            }
+            _ => format!("the driver does not promise {}", g.as_str()),
+        }),
         _ => None,
     })
 }

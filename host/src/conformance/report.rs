@@ -56,6 +56,10 @@ impl CheckReport {
 pub struct Report {
     /// `name version` of the driver, or the file when it did not load.
     pub driver: String,
+    /// The contract version the driver was built for, when it loaded.
+    pub contract: Option<&'static str>,
+    /// What the driver promised (`guarantees()`); each promise has its check.
+    pub guarantees: Vec<&'static str>,
     pub wasm: String,
     pub target: &'static str,
     pub checks: Vec<CheckReport>,
@@ -161,6 +165,8 @@ impl Report {
     pub fn json(&self) -> Json {
         json!({
             "driver": self.driver,
+            "contract": self.contract,
+            "guarantees": self.guarantees,
             "wasm": self.wasm,
             "target": self.target,
             "duration_seconds": self.duration.as_secs_f64(),

@@ -6,6 +6,9 @@
 //! - `tgtd`: a real tgtd the suite starts on loopback (free ports, its own control socket) and
 //!   stops at the end; wiped between checks. Logins are tried with libiscsi's `iscsi-inq`.
 //!
+//! Sessions that stay logged in (to check that a terminate ends them) are held by the model, or
+//! by libiscsi's `iscsi-perf` reading the LUN until it is stopped.
+//!
 //! In both, errors are injected in front of the service (`Faulty`): the failing operation never
 //! reaches it.
 
@@ -20,7 +23,7 @@ use async_trait::async_trait;
 use crate::capabilities::iscsi::model::{LoginRefusal, TargetModel};
 use crate::capabilities::iscsi::tgt::{Tgtd, TgtdConfig};
 use crate::capabilities::iscsi::{
-    ChapCredentials, Iqn, Lun, Portal, TargetError, TargetService, TargetState,
+    ChapCredentials, Iqn, Lun, Portal, Session, TargetError, TargetService, TargetState,
 };
 
 /// Which target service to run the suite against.
@@ -240,6 +243,14 @@ impl TargetService for Faulty {
         self.check("deny-initiator")?;
         self.inner.deny_initiator(iqn, initiator).await
     }
+    async fn sessions(&self, iqn: &Iqn) -> Result<Vec<Session>, TargetError> {
+        self.check("list-sessions")?;
+        self.inner.sessions(iqn).await
+    }
+    async fn close_sessions(&self, iqn: &Iqn, initiator: &Iqn) -> Result<u32, TargetError> {
+        self.check("close-sessions")?;
+        self.inner.close_sessions(iqn, initiator).await
+    }
     async fn set_chap(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError> {
         self.check("set-chap")?;
         self.inner.set_chap(iqn, credentials).await
@@ -381,4 +392,59 @@ impl Target {
             }
         }
     }
+
+    /// Logs `initiator` in and keeps the session open until the answer is dropped, as a host
+    /// using the volume does; returns once the target service lists the session.
+    pub async fn hold_session(
+        &self,
+        target: &str,
+        lun: u32,
+        initiator: &str,
+        chap: Option<(&str, &str)>,
+    ) -> Result<HeldSession, String> {
+        let child = match &self.backend {
+            Backend::Model(m) => {
+                m.hold_session(target, lun, initiator, chap).map_err(|r| format!("cannot log in: {r:?}"))?;
+                None
+            }
+            Backend::Tgtd(d) => {
+                let auth = chap.map(|(u, s)| format!("{u}%{s}@")).unwrap_or_default();
+                let url = format!("iscsi://{auth}127.0.0.1:{}/{target}/{lun}", d.portal.port);
+                let child = tokio::process::Command::new("iscsi-perf")
+                    .args(["-i", initiator, &url])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .map_err(|e| format!("cannot run iscsi-perf (Debian package libiscsi-bin): {e}"))?;
+                Some(child)
+            }
+        };
+        let held = HeldSession { _child: child };
+        for _ in 0..200 {
+            if self.sessions_of(target, initiator).await? > 0 {
+                return Ok(held);
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Err(format!("{initiator} did not stay logged in to {target}"))
+    }
+
+    /// How many sessions `initiator` has on `target` now, as the service reports them (never
+    /// through the error injector).
+    pub async fn sessions_of(&self, target: &str, initiator: &str) -> Result<usize, String> {
+        let iqn = Iqn::parse(target).map_err(|e| e.to_string())?;
+        let sessions = match &self.backend {
+            Backend::Model(m) => m.sessions(&iqn).await,
+            Backend::Tgtd(d) => d.service.sessions(&iqn).await,
+        }
+        .map_err(|e| format!("cannot list the sessions of {target}: {e}"))?;
+        Ok(sessions.iter().filter(|s| s.initiator == initiator).count())
+    }
+}
+
+/// A session kept open by [`Target::hold_session`]; dropping it logs out (kills `iscsi-perf`).
+pub struct HeldSession {
+    _child: Option<tokio::process::Child>,
 }

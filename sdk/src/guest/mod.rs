@@ -9,7 +9,7 @@ mod model;
 pub mod __bindings {
     wit_bindgen::generate!({
         world: "storage-driver",
-        path: "../wit/driver@0.1.0",
+        path: "../wit/driver@0.2.0",
         pub_export_macro: true,
         export_macro_name: "__export_storage_driver",
         default_bindings_module: "berth_driver_sdk::__bindings",
@@ -25,6 +25,7 @@ pub use __bindings::berth::driver::types::{
     AccessMode, Attachment, Capabilities, Connection, ConnectionInfo, Connector, DriverError, DriverInfo,
     InvalidConnector, ModelUpdate, Protocol, Termination, Value, Volume, VolumeField,
 };
+pub use __bindings::exports::berth::driver::driver::Guarantee;
 pub use connection::ConnectionInfoBuilder;
 pub use connector::same_initiator;
 
@@ -77,8 +78,8 @@ pub mod iscsi {
 pub mod prelude {
     pub use crate::{
         AccessMode, Attachment, Capabilities, Connection, ConnectionInfo, ConnectionInfoBuilder, Connector,
-        Driver, DriverError, DriverInfo, DriverResult, ModelUpdate, Protocol, Termination, Value, Volume,
-        VolumeField, export_driver,
+        Driver, DriverError, DriverInfo, DriverResult, Guarantee, ModelUpdate, Protocol, Termination, Value,
+        Volume, VolumeField, export_driver,
     };
 }
 
@@ -87,10 +88,16 @@ pub mod prelude {
 ///
 /// Drivers are stateless: each call runs in a fresh instance and gets the volume record as the
 /// host stores it. Keep what must survive in a [`ModelUpdate`]. Every call that changes something
-/// must be idempotent (see the WIT contract, `wit/driver@0.1.0/driver.wit`).
+/// must be idempotent (see the WIT contract, `wit/driver@0.2.0/driver.wit`).
 pub trait Driver {
     /// Who the driver is and what it supports.
     fn info() -> DriverInfo;
+
+    /// The promises the driver makes beyond the required behaviour; the conformance suite checks
+    /// each one. Default: none.
+    fn guarantees() -> Vec<Guarantee> {
+        Vec::new()
+    }
 
     /// Grants the connector access to the exported volume and returns connection information.
     fn initialize_connection(volume: &Volume, connector: &Connector) -> DriverResult<Connection>;
@@ -156,6 +163,9 @@ macro_rules! export_driver {
             impl $crate::__bindings::exports::berth::driver::driver::Guest for __BerthDriverExport {
                 fn info() -> $crate::DriverInfo {
                     <$driver as $crate::Driver>::info()
+                }
+                fn guarantees() -> Vec<$crate::Guarantee> {
+                    <$driver as $crate::Driver>::guarantees()
                 }
                 fn validate_connector(connector: $crate::Connector) -> $crate::DriverResult<()> {
                     <$driver as $crate::Driver>::validate_connector(&connector)
