@@ -1,7 +1,8 @@
 //! The conformance suite, tested: every shipped driver passes it (against the model and against
 //! a real tgtd, with valid JUnit); each flaw of the `flawed` fixture and each misbehaving fixture
-//! fails exactly the checks it should, and together they fail every check; and a driver written
-//! in JavaScript from the WIT alone passes it and serves real attachments in `berth serve`.
+//! fails exactly the checks it should, and together they fail every check; drivers written in
+//! JavaScript and Python from the WIT alone pass it, a driver built for contract 0.1.0 keeps
+//! passing, and all of them serve real attachments side by side in `berth serve`.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -44,6 +45,16 @@ fn js_driver() -> PathBuf {
     assert!(
         wasm.exists(),
         "{} is missing: build it with `npm ci && npm run build` in drivers/js-iscsi (bash .ci/test does)",
+        wasm.display()
+    );
+    wasm
+}
+
+fn py_driver() -> PathBuf {
+    let wasm = component("py-iscsi");
+    assert!(
+        wasm.exists(),
+        "{} is missing: build it with drivers/py-iscsi/build.sh (bash .ci/test does)",
         wasm.display()
     );
     wasm
@@ -245,9 +256,8 @@ async fn the_misbehaving_fixtures_fail_exactly_their_checks_and_every_check_can_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_javascript_driver_built_from_the_wit_alone_passes_and_serves_real_attachments() {
-    let wasm = js_driver();
-    let report = suite(wasm.clone(), &[]).await;
+async fn a_javascript_driver_built_from_the_wit_alone_passes_through_the_0_1_0_adapter() {
+    let report = suite(js_driver(), &[]).await;
     assert!(report.ok(), "{:#?}", report.failures());
     assert!(report.driver.starts_with("js-iscsi"));
     // It is built against contract 0.1.0 and loads through the host's adapter; 0.1.0 has no way to
@@ -258,20 +268,44 @@ async fn a_javascript_driver_built_from_the_wit_alone_passes_and_serves_real_att
     assert_eq!(skipped.len(), 1, "{skipped:#?}");
     assert_eq!(skipped[0].name, name(Id::TerminateEndsSessions));
     assert!(matches!(&skipped[0].status, Status::Skipped(why) if why.contains("0.1.0")), "{skipped:#?}");
+}
 
-    // berth serve loads it like any driver, side by side with tgt-iscsi (built against 0.2.0), and
-    // a real initiator logs in to what each exports. A detach ends the host's open session
-    // whichever contract its driver speaks: tgt-iscsi ends it itself (close-sessions), for
-    // js-iscsi the host's 0.1.0 adapter ends it inside deny-initiator.
+/// `drivers/py-iscsi`, written in Python from the WIT of 0.2.0 alone and built with componentize-py,
+/// passes every check (its promise included), on the model and on a real tgtd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_driver_built_from_the_wit_alone_passes_on_the_model_and_on_tgtd() {
+    for target in [TargetMode::Model, TargetMode::Tgtd] {
+        let report = suite_on(target, py_driver(), &[]).await;
+        assert!(report.ok(), "{target:?}: {:#?}", report.failures());
+        assert_eq!(report.skipped(), 0, "{target:?}");
+        assert!(report.driver.starts_with("py-iscsi"));
+        assert_eq!(report.contract, Some("berth:driver@0.2.0"));
+        assert_eq!(report.guarantees, ["terminate-ends-sessions"]);
+    }
+}
+
+/// `berth serve` loads drivers in three languages and two contract versions side by side: Rust
+/// (`tgt-iscsi`, 0.2.0), JavaScript (`js-iscsi`, 0.1.0) and Python (`py-iscsi`, 0.2.0). A real
+/// initiator logs in to what each exports and reads back what it wrote. A detach ends the host's
+/// open session whichever contract its driver speaks: the 0.2.0 drivers end it themselves
+/// (close-sessions); for js-iscsi the host's 0.1.0 adapter ends it inside deny-initiator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drivers_in_three_languages_serve_real_attachments_side_by_side() {
+    let grants = "grants = [\"iscsi-target\", \"backing-store\"]";
     let rig = Rig::start_with(&format!(
-        "[[backends]]\nname = \"js\"\nwasm = \"{}\"\ngrants = [\"iscsi-target\", \"backing-store\"]\n\
-         [[backends]]\nname = \"tgt\"\ndriver = \"tgt-iscsi\"\ngrants = [\"iscsi-target\", \"backing-store\"]\n\
+        "[[backends]]\nname = \"js\"\nwasm = \"{}\"\n{grants}\n\
+         [[backends]]\nname = \"py\"\nwasm = \"{}\"\n{grants}\n\
+         [[backends]]\nname = \"tgt\"\ndriver = \"tgt-iscsi\"\n{grants}\n\
          [[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"js\"\n\
+         [[volume_types]]\nname = \"python\"\nbackend = \"py\"\n\
          [[volume_types]]\nname = \"rust\"\nbackend = \"tgt\"\n",
-        wasm.display()
+        js_driver().display(),
+        py_driver().display()
     ));
     let c = rig.client();
-    for (volume_type, backend, host) in [("__DEFAULT__", "js", "js-host"), ("rust", "tgt", "rust-host")] {
+    for (volume_type, backend, host) in
+        [("__DEFAULT__", "js", "js-host"), ("python", "py", "py-host"), ("rust", "tgt", "rust-host")]
+    {
         let volume = c.create_volume(json!({"size": 1, "volume_type": volume_type})).await;
         assert!(rig.backing_file_of(backend, &volume).exists(), "{volume_type}");
         let initiator = format!("iqn.1993-08.org.debian:01:{host}");
