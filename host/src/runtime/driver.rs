@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use wasmtime::component::Component;
-use wasmtime::{Engine, Store, Trap, UpdateDeadline};
+use wasmtime::{Engine, Store};
 
 use super::bindings::{latest, v0_1};
 use super::cache::Provenance;
@@ -19,13 +19,13 @@ use super::contract::{
     Termination, Volume,
 };
 use super::error::{CallError, CallErrorKind};
-use super::limits::{CpuTimeExceeded, Limits};
+use super::limits::Limits;
 use super::loader::ContractVersion;
-use super::model::{VolumeFields, validate};
-use super::size::WireSize;
-use super::state::{CallScope, HostState, InjectedFault};
+use super::model::VolumeFields;
+use super::outcome::judge;
+use super::state::{CallScope, HostState};
+use super::store::call_store;
 use crate::capabilities::DriverCapabilities;
-use crate::capabilities::log::sanitize;
 use crate::capabilities::secret::Redactor;
 
 /// A loaded driver. Cheap to clone.
@@ -221,38 +221,14 @@ impl Driver {
             started: 0,
             current: None,
         };
-        let mut store = Store::new(&inner.engine, HostState::new(scope, inner.limits.memory_bytes()));
-        store.limiter(|s| &mut s.memory);
-        // What the guest may make the host allocate in one crossing (its result, or the arguments
-        // of one capability call), counted by wasmtime as it copies, before it allocates: a
-        // result that would be too large is refused while being copied, not after.
-        store.set_hostcall_fuel(inner.limits.copy_bytes());
-        store.call_hook(|mut ctx, hook| {
-            ctx.data_mut().clock.hook(hook);
-            Ok(())
-        });
-        let cpu = inner.limits.cpu();
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |ctx| {
-            let clock = ctx.data().clock.clone();
-            if clock.guest_time() > cpu {
-                return Err(wasmtime::Error::new(CpuTimeExceeded));
-            }
-            // Yield to the executor at every tick; the guest may resume on another thread.
-            clock.leave();
-            Ok(UpdateDeadline::YieldCustom(
-                1,
-                Box::pin(async move {
-                    tokio::task::yield_now().await;
-                    clock.enter();
-                }),
-            ))
-        });
         let fuel = options.fuel.filter(|_| inner.fuel_enabled);
-        if inner.fuel_enabled {
-            // A metered engine needs fuel even for unmetered calls.
-            let _ = store.set_fuel(fuel.unwrap_or(u64::MAX / 2));
-        }
+        let mut store = call_store(
+            &inner.engine,
+            HostState::new(scope, inner.limits.memory_bytes()),
+            &inner.limits,
+            inner.fuel_enabled,
+            fuel,
+        );
 
         let run = async {
             match &inner.pre {
@@ -285,26 +261,7 @@ impl Driver {
                 "dropped {} log messages beyond the limit of {}", state.scope.dropped_logs, inner.limits.log_messages
             );
         }
-        let kind = match raw {
-            Err(_elapsed) => Err(CallErrorKind::Timeout(inner.limits.timeout())),
-            Ok(Err((instantiating, e))) => {
-                Err(classify(&e, instantiating, state, &inner.limits, fuel, &stats.output))
-            }
-            Ok(Ok(Err(driver_error))) => {
-                Err(CallErrorKind::Driver(clean(driver_error, &state.scope.redactor)))
-            }
-            Ok(Ok(Ok(response))) => {
-                let size = response.wire_size();
-                if size > inner.limits.output_bytes() {
-                    Err(CallErrorKind::OutputTooLarge { size, limit: inner.limits.output_bytes() })
-                } else {
-                    match response.model_update().map(validate).transpose() {
-                        Ok(_) => Ok(response),
-                        Err(message) => Err(CallErrorKind::InvalidOutput(message)),
-                    }
-                }
-            }
-        };
+        let kind = judge(raw, state, &inner.limits, fuel, &stats.output);
         crate::metrics::driver_call(
             &inner.backend,
             call.as_str(),
@@ -374,62 +331,6 @@ dispatcher!(dispatch_v0_1, v0_1::exports::berth::driver::driver::Guest, |g, s| {
     let _ = (g, s);
     Vec::new()
 });
-
-/// Sorts a trap into the runtime's error kinds.
-fn classify(
-    e: &wasmtime::Error,
-    instantiating: bool,
-    state: &HostState,
-    limits: &Limits,
-    fuel: Option<u64>,
-    output: &str,
-) -> CallErrorKind {
-    if let Some(asked) = state.memory.refused {
-        return CallErrorKind::Memory { limit: limits.memory_bytes(), asked };
-    }
-    if e.downcast_ref::<CpuTimeExceeded>().is_some() {
-        return CallErrorKind::CpuTime(limits.cpu());
-    }
-    if let Some(InjectedFault(n)) = e.downcast_ref::<InjectedFault>() {
-        return CallErrorKind::Injected(*n);
-    }
-    // wasmtime's `HostcallFuelExhausted` is private; its message is stable.
-    if format!("{e:#}").contains("fuel allocated for hostcalls has been exhausted") {
-        return CallErrorKind::CopyTooLarge { limit: limits.copy_bytes() };
-    }
-    if let (Some(Trap::OutOfFuel), Some(fuel)) = (e.downcast_ref::<Trap>(), fuel) {
-        return CallErrorKind::Fuel(fuel);
-    }
-    let mut message = match e.downcast_ref::<Trap>() {
-        Some(trap) => trap.to_string(),
-        None => format!("{e}"),
-    };
-    // A Rust guest's panic message is on its stderr.
-    if let Some(panic) = output.lines().find(|l| l.contains("panicked at")) {
-        let next = output.lines().skip_while(|l| !l.contains("panicked at")).nth(1).unwrap_or("");
-        message = format!("{message} ({} {})", panic.trim(), next.trim());
-    }
-    let message = sanitize(&message, 1024, &state.scope.redactor);
-    if instantiating { CallErrorKind::Instantiate(message) } else { CallErrorKind::Trap(message) }
-}
-
-/// Bounds and redacts the messages of a typed driver error.
-fn clean(e: DriverError, redactor: &Redactor) -> DriverError {
-    let s = |m: String| sanitize(&m, 1024, redactor);
-    match e {
-        DriverError::InvalidConnector(mut c) => {
-            c.reason = s(c.reason);
-            c.missing.truncate(16);
-            c.missing = c.missing.into_iter().map(|k| sanitize(&k, 64, redactor)).collect();
-            DriverError::InvalidConnector(c)
-        }
-        DriverError::NotFound(m) => DriverError::NotFound(s(m)),
-        DriverError::Incompatible(m) => DriverError::Incompatible(s(m)),
-        DriverError::Retryable(m) => DriverError::Retryable(s(m)),
-        DriverError::Unsupported(m) => DriverError::Unsupported(s(m)),
-        DriverError::Backend(m) => DriverError::Backend(s(m)),
-    }
-}
 
 impl Driver {
     /// A session of calls for one operation of the service (see [`DriverCalls`]).

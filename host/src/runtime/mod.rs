@@ -15,9 +15,11 @@ pub mod json;
 mod limits;
 mod loader;
 pub mod model;
+mod outcome;
 mod since_v0_1;
 mod size;
 mod state;
+mod store;
 
 use std::path::PathBuf;
 use std::sync::Arc;

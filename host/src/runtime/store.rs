@@ -1,0 +1,50 @@
+//! A store set up for one call, with every limit of `limits.rs` in place: linear memory, the
+//! bound on what one crossing may copy into the host, guest CPU time checked at every epoch tick
+//! (which also yields to the executor), and fuel when the engine meters it.
+
+use wasmtime::{Engine, Store, UpdateDeadline};
+
+use super::limits::{CpuTimeExceeded, Limits};
+use super::state::HostState;
+
+/// A fresh store for one call. `fuel` meters the call when the engine was built with fuel.
+pub(crate) fn call_store(
+    engine: &Engine,
+    state: HostState,
+    limits: &Limits,
+    fuel_enabled: bool,
+    fuel: Option<u64>,
+) -> Store<HostState> {
+    let mut store = Store::new(engine, state);
+    store.limiter(|s| &mut s.memory);
+    // What the guest may make the host allocate in one crossing (its result, or the arguments
+    // of one capability call), counted by wasmtime as it copies, before it allocates: a
+    // result that would be too large is refused while being copied, not after.
+    store.set_hostcall_fuel(limits.copy_bytes());
+    store.call_hook(|mut ctx, hook| {
+        ctx.data_mut().clock.hook(hook);
+        Ok(())
+    });
+    let cpu = limits.cpu();
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(move |ctx| {
+        let clock = ctx.data().clock.clone();
+        if clock.guest_time() > cpu {
+            return Err(wasmtime::Error::new(CpuTimeExceeded));
+        }
+        // Yield to the executor at every tick; the guest may resume on another thread.
+        clock.leave();
+        Ok(UpdateDeadline::YieldCustom(
+            1,
+            Box::pin(async move {
+                tokio::task::yield_now().await;
+                clock.enter();
+            }),
+        ))
+    });
+    if fuel_enabled {
+        // A metered engine needs fuel even for unmetered calls.
+        let _ = store.set_fuel(fuel.unwrap_or(u64::MAX / 2));
+    }
+    store
+}

@@ -1,0 +1,132 @@
+//! What a driver costs by the language it is written in: the Rust `tgt-iscsi`, the JavaScript
+//! `js-iscsi` (ComponentizeJS) and the Python `py-iscsi` (componentize-py), which do the same work.
+//! For each: the component's size and footprint, the first compile, a load from the artifact
+//! cache, one call in a fresh instance (instantiation, memory initialisation and the call) with
+//! its fuel, and an attachment create over HTTP with all three served by one `berth serve`
+//! (release build) on a real tgtd.
+//!
+//! Run after `bash .ci/test` (or the two driver builds it runs):
+//! `cargo bench -p berth-tests --bench languages`. Figures go to BENCHMARKS.md.
+
+use std::time::{Duration, Instant};
+
+use berth::runtime::{CallOptions, Footprint, Request, Runtime, RuntimeOptions};
+use berth_tests::drivers::{component, connector, granted_spec};
+use berth_tests::process::BerthProcess;
+use berth_tests::server::{Client, connector as api_connector};
+use berth_tests::stats::{Summary, human};
+use berth_tests::tgt::TgtdProcess;
+use serde_json::json;
+
+const DRIVERS: [(&str, &str, &str); 3] =
+    [("Rust", "tgt-iscsi", "tgt"), ("JavaScript", "js-iscsi", "js"), ("Python", "py-iscsi", "py")];
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(run());
+}
+
+async fn run() {
+    println!(
+        "berth languages benchmark ({} build)",
+        if cfg!(debug_assertions) { "debug" } else { "release" }
+    );
+    for (language, name, _) in DRIVERS {
+        let wasm =
+            std::fs::read(component(name)).unwrap_or_else(|e| panic!("{name}.wasm: {e} (build it first)"));
+        let footprint = Footprint::of(&wasm).unwrap();
+        let slot = footprint.max(Footprint::BASELINE);
+        let load_spec = || granted_spec(name);
+
+        let cache = tempfile::tempdir().unwrap();
+        let options =
+            RuntimeOptions { cache_dir: Some(cache.path().into()), slot, fuel: true, ..Default::default() };
+        let started = Instant::now();
+        Runtime::new(options.clone()).unwrap().load(load_spec()).await.unwrap();
+        let first = started.elapsed();
+        let mut cached = Vec::new();
+        for _ in 0..5 {
+            let runtime = Runtime::new(options.clone()).unwrap();
+            let started = Instant::now();
+            runtime.load(load_spec()).await.unwrap();
+            cached.push(started.elapsed());
+        }
+
+        let runtime = Runtime::new(options.clone()).unwrap();
+        let driver = runtime.load(load_spec()).await.unwrap();
+        let request = Request::ValidateConnector(connector("iqn.1993-08.org.debian:01:bench"));
+        let fuel = driver
+            .invoke(&request, &CallOptions { fuel: Some(u64::MAX / 4), ..Default::default() })
+            .await
+            .stats
+            .fuel
+            .unwrap_or_default();
+        let plain = CallOptions::default();
+        for _ in 0..20 {
+            driver.invoke(&request, &plain).await.result.unwrap();
+        }
+        let mut calls = Vec::new();
+        for _ in 0..200 {
+            let started = Instant::now();
+            driver.invoke(&request, &plain).await.result.unwrap();
+            calls.push(started.elapsed());
+        }
+        let call = Summary::of(&mut calls);
+        println!(
+            "{language:<10} {name:<9} {:>6.1} MB, {footprint}; first compile {}, cached load p50 {}; \
+             one call (validate-connector, fresh instance) p50 {} p99 {}, {:.1}M fuel",
+            wasm.len() as f64 / 1e6,
+            human(first),
+            human(Summary::of(&mut cached).p50),
+            human(call.p50),
+            human(call.p99),
+            fuel as f64 / 1e6,
+        );
+    }
+
+    // The three in one server: an attachment create with a connector (validate-connector,
+    // create-export, initialize-connection) and its delete (terminate-connection, remove-export).
+    // SAFETY: set before any thread that reads the environment is started by this benchmark.
+    unsafe { std::env::set_var("BERTH_TEST_SERVER_LOG", "info") };
+    let tgtd = TgtdProcess::start();
+    let mut config = tgtd.config();
+    for (_, name, backend) in DRIVERS {
+        config.push_str(&format!(
+            "[[backends]]\nname = \"{backend}\"\nwasm = \"{}\"\ngrants = [\"iscsi-target\", \"backing-store\"]\n\
+             [[volume_types]]\nname = \"{backend}\"\nbackend = \"{backend}\"\n",
+            component(name).display()
+        ));
+    }
+    let berth = BerthProcess::start(&config);
+    let c = Client::for_base(&berth.base, "bench").at("3.54");
+    let mut rust_p50 = Duration::ZERO;
+    for (language, name, backend) in DRIVERS {
+        let volume = c.create_volume(json!({"size": 1, "volume_type": backend})).await;
+        let (mut creates, mut deletes) = (Vec::new(), Vec::new());
+        for i in 0..60 {
+            let initiator = format!("iqn.1993-08.org.debian:01:bench{i}");
+            let started = Instant::now();
+            let r = c.attach(&volume, Some(api_connector(&initiator, "bench"))).await.expect(200);
+            let created = started.elapsed();
+            let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
+            let started = Instant::now();
+            c.delete(&format!("/attachments/{id}")).await.expect(200);
+            if i >= 10 {
+                creates.push(created);
+                deletes.push(started.elapsed());
+            }
+        }
+        let create = Summary::of(&mut creates);
+        if backend == "tgt" {
+            rust_p50 = create.p50;
+        }
+        println!(
+            "{language:<10} {name:<9} attachment create p50 {} p99 {} ({:.2}x Rust), delete p50 {} (n={})",
+            human(create.p50),
+            human(create.p99),
+            create.p50.as_secs_f64() / rust_p50.as_secs_f64(),
+            human(Summary::of(&mut deletes).p50),
+            create.n
+        );
+    }
+}
