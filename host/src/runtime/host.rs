@@ -56,7 +56,7 @@ impl HostState {
         self.scope.caps.backing.clone().ok_or_else(|| not_granted("backing-store"))
     }
 
-    pub(super) fn iscsi(&self) -> wasmtime::Result<IscsiCapability> {
+    fn iscsi(&self) -> wasmtime::Result<IscsiCapability> {
         self.scope.caps.iscsi.clone().ok_or_else(|| not_granted("iscsi-target"))
     }
 
@@ -73,6 +73,29 @@ impl HostState {
             StoreError::Failed(m) => backing_store::StoreError::Failed(m),
             StoreError::NotPermitted(m) => backing_store::StoreError::NotPermitted(m),
         })
+    }
+
+    /// `deny-initiator`: removes the initiator from the ACL and, when `end_sessions` (the 0.1.0
+    /// adapter), also ends its sessions, as one capability call.
+    pub(super) async fn deny(
+        &mut self,
+        iqn: String,
+        initiator: String,
+        end_sessions: bool,
+    ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
+        self.scope.enter("iscsi-target", "deny-initiator", &[&iqn, &initiator])?;
+        let cap = self.iscsi()?;
+        let r = async {
+            let (target, initiator) = (cap.own(&iqn)?, Iqn::parse(&initiator)?);
+            cap.service.deny_initiator(&target, &initiator).await?;
+            if end_sessions {
+                cap.service.close_sessions(&target, &initiator).await?;
+            }
+            Ok(())
+        }
+        .await;
+        crate::failpoint::hit("capability.iscsi-target.deny-initiator");
+        Ok(self.target_result(r))
     }
 
     pub(super) fn target_result<T>(
@@ -271,11 +294,7 @@ impl iscsi_target::Host for HostState {
         iqn: String,
         initiator: String,
     ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
-        self.scope.enter("iscsi-target", "deny-initiator", &[&iqn, &initiator])?;
-        let cap = self.iscsi()?;
-        let r = async { cap.service.deny_initiator(&cap.own(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
-        crate::failpoint::hit("capability.iscsi-target.deny-initiator");
-        Ok(self.target_result(r))
+        self.deny(iqn, initiator, false).await
     }
 
     async fn list_sessions(

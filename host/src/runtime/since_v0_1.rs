@@ -14,7 +14,6 @@
 use super::bindings::latest::berth::driver as latest;
 use super::bindings::v0_1::berth::driver::{backing_store, config, iscsi_target, log};
 use super::state::HostState;
-use crate::capabilities::iscsi::{Iqn, TargetError};
 
 fn target_error(e: latest::iscsi_target::TargetError) -> iscsi_target::TargetError {
     use latest::iscsi_target::TargetError as L;
@@ -181,17 +180,7 @@ impl iscsi_target::Host for HostState {
         iqn: String,
         initiator: String,
     ) -> wasmtime::Result<Result<(), iscsi_target::TargetError>> {
-        self.scope.enter("iscsi-target", "deny-initiator", &[&iqn, &initiator])?;
-        let cap = self.iscsi()?;
-        let r = async {
-            let (target, initiator) = (cap.own(&iqn)?, Iqn::parse(&initiator)?);
-            cap.service.deny_initiator(&target, &initiator).await?;
-            cap.service.close_sessions(&target, &initiator).await.map(|_| ())
-        }
-        .await;
-        crate::failpoint::hit("capability.iscsi-target.deny-initiator");
-        let r: Result<(), TargetError> = r;
-        Ok(self.target_result(r).map_err(target_error))
+        Ok(self.deny(iqn, initiator, true).await?.map_err(target_error))
     }
 
     async fn set_chap(
