@@ -237,7 +237,7 @@ async fn run_check(shared: &Shared, check: &checks::Check, repeat: u32) -> Check
         runs = i;
         let outcome = match Env::new(shared).await {
             Ok(mut env) => {
-                let r = checks::run(check.id, &mut env).await;
+                let r = (check.run)(&mut env).await;
                 measure.merge(&env.measure);
                 r
             }

@@ -1,0 +1,141 @@
+//! terminate-connection: revoking one initiator, all of them, unknown ones, twice, with the
+//! sessions it ends; and the shared-connection query.
+
+use super::*;
+
+// C14
+pub(super) async fn terminate_unknown(env: &mut Env<'_>) -> Result<(), String> {
+    let mut v = exported(env, false).await?;
+    let conn = env.connect(&mut v, &a()).await?;
+    let snapshot = env.snapshot().await?;
+    let others = [attachment(&a())];
+    env.terminate(&mut v, Some(&b()), &others).await.map_err(|e| format!("refused: {e}"))?;
+    env.unchanged_since(&snapshot, "it changed the target service").await?;
+    if env.shared.uses_target_service() {
+        env.login(&conn, A).await.map_err(|e| format!("the connected initiator lost access: {e}"))?;
+    }
+    Ok(())
+}
+
+// C15
+pub(super) async fn terminate_idempotent(env: &mut Env<'_>) -> Result<(), String> {
+    let mut v = exported(env, false).await?;
+    env.connect(&mut v, &a()).await?;
+    env.terminate(&mut v, Some(&a()), &[]).await?;
+    let (record, snapshot) = (v.clone(), env.snapshot().await?);
+    for i in 2..=REPEAT {
+        env.terminate(&mut v, Some(&a()), &[]).await.map_err(|e| format!("call {i}: {e}"))?;
+        ensure!(v == record, "call {i} changed the volume record");
+        env.unchanged_since(&snapshot, &format!("call {i} changed the target service")).await?;
+    }
+    Ok(())
+}
+
+pub(super) async fn terminate_revokes(env: &mut Env<'_>) -> Result<(), String> {
+    let mut v = exported(env, false).await?;
+    let conn = env.connect(&mut v, &a()).await?;
+    env.terminate(&mut v, Some(&a()), &[]).await?;
+    ensure!(env.login(&conn, A).await.is_err(), "the initiator can still log in");
+    Ok(())
+}
+
+// C16
+pub(super) async fn terminate_all(env: &mut Env<'_>) -> Result<(), String> {
+    let multi = env.shared.multiattach();
+    let mut v = exported(env, multi).await?;
+    let mut conns = vec![(A, env.connect(&mut v, &a()).await?)];
+    if multi {
+        conns.push((B, env.connect(&mut v, &b()).await?));
+    }
+    env.terminate(&mut v, None, &[]).await?;
+    for (initiator, conn) in &conns {
+        ensure!(env.login(conn, initiator).await.is_err(), "{initiator} can still log in");
+    }
+    Ok(())
+}
+
+// C17
+pub(super) async fn terminate_one_keeps_other(env: &mut Env<'_>) -> Result<(), String> {
+    let mut v = exported(env, true).await?;
+    let ca = env.connect(&mut v, &a()).await?;
+    let cb = env.connect(&mut v, &b()).await?;
+    env.terminate(&mut v, Some(&a()), &[attachment(&b())]).await?;
+    // A driver may change the target's shared credentials when a host leaves (tgt-iscsi does, so
+    // that the leaving host cannot come back under another name): the other host then logs in
+    // with what its next initialize-connection returns.
+    if env.login(&cb, B).await.is_err() {
+        let again = env.connect(&mut v, &b()).await?;
+        env.login(&again, B).await.map_err(|e| format!("the other initiator lost access: {e}"))?;
+    }
+    ensure!(env.login(&ca, A).await.is_err(), "the terminated initiator can still log in");
+    Ok(())
+}
+
+pub(super) async fn terminate_same_initiator(env: &mut Env<'_>) -> Result<(), String> {
+    let mut v = exported(env, true).await?;
+    let conn = env.connect(&mut v, &a()).await?;
+    env.terminate(&mut v, Some(&a()), &[attachment(&a())]).await?;
+    env.login(&conn, A)
+        .await
+        .map_err(|e| format!("access was revoked although another attachment needs it: {e}"))
+}
+
+/// A host that stays logged in while it is detached keeps reading and writing unless its session
+/// is ended: the target checks its ACL only at login. With multiattach, the other host's session
+/// must survive (even when the driver rotates the target's credentials), and a terminate without
+/// a connector ends every session.
+pub(super) async fn terminate_ends_sessions(env: &mut Env<'_>) -> Result<(), String> {
+    let multi = env.shared.multiattach();
+    let mut v = exported(env, multi).await?;
+    let ca = env.connect(&mut v, &a()).await?;
+    let _held_a = env.hold_session(&ca, A).await?;
+    let cb = if multi { Some(env.connect(&mut v, &b()).await?) } else { None };
+    let _held_b = match &cb {
+        Some(cb) => Some(env.hold_session(cb, B).await?),
+        None => None,
+    };
+    let others: Vec<Attachment> = cb.iter().map(|_| attachment(&b())).collect();
+    env.terminate(&mut v, Some(&a()), &others).await?;
+    let left = env.sessions_of(&ca, A).await?;
+    ensure!(
+        left == 0,
+        "{left} session(s) of the terminated initiator are still open after terminate-connection returned"
+    );
+    if let Some(cb) = &cb {
+        let kept = env.sessions_of(cb, B).await?;
+        ensure!(kept == 1, "terminating one initiator ended the other's session");
+        env.terminate(&mut v, None, &[]).await?;
+        let left = env.sessions_of(cb, B).await?;
+        ensure!(left == 0, "{left} session(s) are still open after terminate-connection without a connector");
+    }
+    Ok(())
+}
+
+// C20
+pub(super) async fn shared_query(env: &mut Env<'_>) -> Result<(), String> {
+    let mut v = exported(env, env.shared.multiattach()).await?;
+    env.connect(&mut v, &a()).await?;
+    let same = attachment(&a());
+    let other = attachment(&b());
+    let list = vec![same.clone(), other.clone()];
+    let snapshot = env.snapshot().await?;
+    let mut first: Option<Vec<String>> = None;
+    for _ in 0..REPEAT {
+        let ids = match env.call(Request::SharedConnections(v.clone(), a(), list.clone())).await {
+            Ok(Response::Ids(ids)) => ids,
+            Ok(other) => return Err(format!("answered {other:?}")),
+            Err(e) => return Err(failed(&e)),
+        };
+        let ids: BTreeSet<String> = ids.into_iter().collect();
+        ensure!(ids.contains(&same.id), "the attachment with the same connector is not named");
+        ensure!(!ids.contains(&other.id), "an attachment of another host is named");
+        ensure!(ids.iter().all(|i| i == &same.id), "unknown attachment ids were named: {ids:?}");
+        let ids: Vec<String> = ids.into_iter().collect();
+        match &first {
+            Some(f) => ensure!(f == &ids, "the answer changed between calls"),
+            None => first = Some(ids),
+        }
+    }
+    env.unchanged_since(&snapshot, "the query changed the target service").await?;
+    Ok(())
+}
