@@ -2,14 +2,17 @@
 //! the tgt-iscsi driver and a real tgtd. The kernel initiator is replaced by a recording
 //! `iscsiadm` stand-in; what it was told is checked for real with libiscsi: the CHAP credentials
 //! the CLI gave the node log in while the volume is attached, and no longer after it is detached.
+//! The CLI authenticates with noauth, or with a Keystone password (a real Keystone from PyPI),
+//! finding Berth in Keystone's catalog.
 
 use std::path::Path;
 use std::process::{Command, Output};
 
 use berth_tests::initiator::StandIns;
 use berth_tests::iscsi::{Session, Target};
+use berth_tests::keystone::keystone;
 use berth_tests::process::berth_binary;
-use berth_tests::server::connector;
+use berth_tests::server::{Client, connector};
 use berth_tests::tgt::Rig;
 use serde_json::{Value, json};
 
@@ -19,25 +22,35 @@ struct Cli<'a> {
     rig: &'a Rig,
     tools: StandIns,
     initiator_file: tempfile::NamedTempFile,
+    /// Keystone password authentication's environment (`OS_AUTH_URL`, ...) instead of noauth.
+    keystone: Option<Vec<(&'static str, String)>>,
 }
 
 impl<'a> Cli<'a> {
     fn new(rig: &'a Rig) -> Cli<'a> {
         let initiator_file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(initiator_file.path(), format!("## open-iscsi\nInitiatorName={INITIATOR}\n")).unwrap();
-        Cli { rig, tools: StandIns::for_berth(), initiator_file }
+        Cli { rig, tools: StandIns::for_berth(), initiator_file, keystone: None }
     }
 
     fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(berth_binary());
-        c.args(args)
-            .env("PATH", self.tools.path())
-            .env("CINDER_ENDPOINT", self.rig.endpoint())
-            .env("OS_AUTH_TYPE", "noauth")
-            .env("OS_PROJECT_ID", "e2e")
-            .env("OS_USER_ID", "cli")
-            .env_remove("OS_TOKEN")
-            .env_remove("OS_ENDPOINT");
+        c.args(args).env("PATH", self.tools.path()).env_remove("OS_TOKEN").env_remove("OS_ENDPOINT");
+        match &self.keystone {
+            None => {
+                c.env("CINDER_ENDPOINT", self.rig.endpoint())
+                    .env("OS_AUTH_TYPE", "noauth")
+                    .env("OS_PROJECT_ID", "e2e")
+                    .env("OS_USER_ID", "cli");
+            }
+            Some(env) => {
+                c.envs(env.iter().map(|(k, v)| (k, v)))
+                    .env_remove("CINDER_ENDPOINT")
+                    .env_remove("OS_AUTH_TYPE")
+                    .env_remove("OS_PROJECT_ID")
+                    .env_remove("OS_USER_ID");
+            }
+        }
         c
     }
 
@@ -164,6 +177,46 @@ async fn local_attach_connects_the_target_and_local_detach_disconnects_it() {
     assert_eq!(c.volume_status(&volume).await, "available");
     assert!(Session::login(&target, INITIATOR).is_err(), "access ends with the detach");
     assert!(!rig.exported(&volume), "and the export is removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_attach_authenticates_with_a_keystone_password_and_finds_berth_in_the_catalog() {
+    let ks = keystone();
+    let rig = Rig::start_with(&ks.berth_config(""));
+    let region = ks.register(&rig.berth.base);
+    let token = ks.token("alice", "demo").await;
+    let c = Client::for_base(&rig.berth.base, ks.project("demo")).with_token(&token).at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let mut cli = Cli::new(&rig);
+    cli.keystone = Some(ks.client_env("alice", "demo", &region));
+
+    let out = cli.attach(&volume, &[]);
+    let device = ok(&out).trim().to_string();
+    assert!(Path::new(&device).exists(), "{device}");
+    let portal = format!("127.0.0.1:{}", rig.tgtd.portal_port);
+    let target = cli.node(&portal, &format!("iqn.2010-10.org.openstack:tgt:volume-{volume}"));
+    let session = Session::login(&target, INITIATOR).expect("the node's CHAP credentials log in");
+    drop(session);
+    assert_eq!(c.volume_status(&volume).await, "in-use");
+    let listed = c.get(&format!("/attachments/detail?volume_id={volume}")).await.expect(200);
+    assert_eq!(listed.body["attachments"][0]["status"], "attached", "as alice, in alice's project");
+
+    let out = cli.detach(&volume, &[]);
+    assert!(ok(&out).contains(&volume));
+    assert_eq!(c.volume_status(&volume).await, "available");
+    assert!(Session::login(&target, INITIATOR).is_err(), "access ends with the detach");
+    for output in [text(&out.stdout), text(&out.stderr), rig.berth.log_text()] {
+        assert!(!output.contains(ks.password("alice")), "the password was printed or logged");
+    }
+
+    // A wrong password: Keystone's refusal, exit 8, nothing attached.
+    let mut wrong = cli.keystone.clone().unwrap();
+    wrong.retain(|(k, _)| *k != "OS_PASSWORD");
+    wrong.push(("OS_PASSWORD", "not-alices".into()));
+    cli.keystone = Some(wrong);
+    let message = failed(&cli.attach(&volume, &[]), 8);
+    assert!(message.contains("401"), "{message}");
+    assert_eq!(c.volume_status(&volume).await, "available");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,6 +33,7 @@ pub struct Config {
     /// directory, `node-id`).
     pub node: Option<String>,
     pub auth: AuthConfig,
+    pub keystone: KeystoneConfig,
     pub http: HttpConfig,
     pub metrics: MetricsConfig,
     pub attachments: AttachmentsConfig,
@@ -56,6 +57,7 @@ impl Default for Config {
             default_volume_type: None,
             node: None,
             auth: AuthConfig::default(),
+            keystone: KeystoneConfig::default(),
             http: HttpConfig::default(),
             metrics: MetricsConfig::default(),
             attachments: AttachmentsConfig::default(),
@@ -118,18 +120,94 @@ pub enum AuthStrategy {
     Noauth,
     /// Static tokens from `tokens_file`.
     Token,
+    /// Tokens validated by a Keystone v3 server (`[keystone]`), as keystonemiddleware does.
+    Keystone,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
-    /// `noauth` (the caller names itself; loopback listeners only) or `token` (static tokens).
+    /// `noauth` (the caller names itself; loopback listeners only), `token` (static tokens) or
+    /// `keystone` (tokens validated by Keystone, configured in `[keystone]`).
     pub strategy: AuthStrategy,
     /// The tokens file of `strategy = "token"` (TOML, sha256 of each token; `berth token new`).
     pub tokens_file: Option<PathBuf>,
     /// Overrides of the default policy (TOML: Cinder rule name to the roles that pass it; see
     /// `api/policy.rs`).
     pub policy_file: Option<PathBuf>,
+}
+
+/// The Keystone server of `[auth] strategy = "keystone"` (`api/auth/keystone.rs`): what
+/// keystonemiddleware's `[keystone_authtoken]` holds in Cinder. Berth validates each caller's
+/// `X-Auth-Token` with its own token (password authentication as `username` in `project_name`; the
+/// user needs a role that may validate tokens, such as `service`), and reads the caller's project
+/// and roles from the answer. An `X-Service-Token` with one of `service_token_roles` marks the
+/// request as a service's (OSSA-2023-003).
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeystoneConfig {
+    /// Keystone's URL (`http://host:5000` or `.../v3`).
+    pub auth_url: Option<String>,
+    /// The URL a refused client is told to authenticate at (`WWW-Authenticate`); default
+    /// `auth_url`.
+    pub www_authenticate_uri: Option<String>,
+    /// Berth's own user.
+    pub username: Option<String>,
+    /// Berth's own password (keep this file private: `chmod 600`). Never logged.
+    #[schemars(with = "Option<String>")]
+    pub password: Option<Secret>,
+    /// The domain of `username`.
+    pub user_domain_name: String,
+    /// The project Berth's own token is scoped to.
+    pub project_name: String,
+    /// The domain of `project_name`.
+    pub project_domain_name: String,
+    /// How long a validation (valid or not) is remembered, at most until the token expires. A
+    /// token revoked in Keystone stays accepted for up to this long; 0 validates every request.
+    pub cache_seconds: u64,
+    /// Roles that make an `X-Service-Token` a service's.
+    pub service_token_roles: Vec<String>,
+    /// Refuse (401) a valid `X-Service-Token` without one of `service_token_roles`, instead of
+    /// ignoring it (keystonemiddleware's `service_token_roles_required`; Cinder recommends true).
+    pub service_token_roles_required: bool,
+    /// How long one call to Keystone may take.
+    pub timeout_seconds: f64,
+}
+
+impl Default for KeystoneConfig {
+    fn default() -> Self {
+        KeystoneConfig {
+            auth_url: None,
+            www_authenticate_uri: None,
+            username: None,
+            password: None,
+            user_domain_name: "Default".into(),
+            project_name: "service".into(),
+            project_domain_name: "Default".into(),
+            cache_seconds: 300,
+            service_token_roles: vec!["service".into()],
+            service_token_roles_required: true,
+            timeout_seconds: 10.0,
+        }
+    }
+}
+
+/// A secret in the configuration: read like a string, never printed (`Debug` and serialisation
+/// show `<redacted>`).
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl serde::Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("<redacted>")
+    }
 }
 
 /// Operations the service owns (`attach/ops.rs`).
@@ -476,5 +554,32 @@ mod tests {
         assert_eq!(c.backends[0].limits.memory_mib, 32);
         assert!(c.backends[0].grants.contains(&Grant::BackingStore));
         assert!(toml::from_str::<Config>("lisen = \"x\"").is_err());
+    }
+
+    #[test]
+    fn the_packaged_configuration_parses() {
+        let c: Config = toml::from_str(include_str!("../../packaging/berth.toml")).unwrap();
+        assert_eq!(c.auth.strategy, AuthStrategy::Token);
+        assert!(!c.tgt.start);
+    }
+
+    #[test]
+    fn the_keystone_password_is_never_printed() {
+        let c: Config = toml::from_str(
+            r#"
+            [auth]
+            strategy = "keystone"
+            [keystone]
+            auth_url = "http://127.0.0.1:5000"
+            username = "berth"
+            password = "s3cret-pw"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.auth.strategy, AuthStrategy::Keystone);
+        assert_eq!(c.keystone.password.as_ref().map(|p| p.0.as_str()), Some("s3cret-pw"));
+        assert_eq!(c.keystone.project_name, "service");
+        assert!(!format!("{c:?}").contains("s3cret-pw"));
+        assert!(!serde_json::to_string(&c).unwrap().contains("s3cret-pw"));
     }
 }

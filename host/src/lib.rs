@@ -2,7 +2,8 @@
 //!
 //! Rooms: `api` (HTTP), `attach` (state machine and orchestration), `store` (SQL), `runtime`
 //! (wasmtime), `capabilities` (what drivers may do to the outside world), `client` (`berth` as an
-//! attach client), `failpoint` (crash points for tests, compiled in only for them).
+//! attach client), `keystone` (Identity v3, for the API and the client), `failpoint` (crash
+//! points for tests, compiled in only for them).
 
 pub mod api;
 pub mod attach;
@@ -11,6 +12,7 @@ pub mod client;
 pub mod config;
 pub mod conformance;
 pub mod failpoint;
+pub mod keystone;
 pub mod metrics;
 pub mod runtime;
 pub mod serve;

@@ -231,7 +231,7 @@ fn main() -> ExitCode {
         Command::LocalAttach { args, credentials } => client(async {
             require_root("local-attach")?;
             let iscsi = iscsiadm()?;
-            let api = Endpoint::resolve(&credentials)?;
+            let api = Endpoint::resolve(&credentials).await?;
             let device = local_attach(&api, &iscsi, &args).await?;
             if args.json {
                 println!("{device}");
@@ -243,7 +243,7 @@ fn main() -> ExitCode {
         Command::LocalDetach { args, credentials } => client(async {
             require_root("local-detach")?;
             let iscsi = iscsiadm()?;
-            let api = Endpoint::resolve(&credentials)?;
+            let api = Endpoint::resolve(&credentials).await?;
             let id = local_detach(&api, &iscsi, &args).await?;
             println!("detached volume {} (attachment {id})", args.volume_id);
             Ok(())
@@ -252,7 +252,7 @@ fn main() -> ExitCode {
             let runtime =
                 tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
             let outcome = runtime.block_on(async {
-                let api = Endpoint::resolve(&credentials)?;
+                let api = Endpoint::resolve(&credentials).await?;
                 berth::client::bench::run(&api, &args).await
             });
             match outcome {

@@ -1,7 +1,8 @@
 //! Prometheus metrics (the `prometheus-client` crate, OpenMetrics text), served by `berth serve`
 //! on `[metrics] listen` when it is set. One process-wide set: every room records into it where
 //! the thing happens (HTTP in `api/`, driver calls in `runtime/`, capability calls in
-//! `runtime/host.rs`, transactions in `store/`, operations and reconcile passes in `attach/`).
+//! `runtime/host.rs`, transactions in `store/`, operations and reconcile passes in `attach/`,
+//! token validations in `api/auth/`).
 //! Labels are bounded: routes are templates (`/volumes/{id}`), never raw paths.
 
 use std::sync::LazyLock;
@@ -59,6 +60,11 @@ pub struct TxLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ChangeLabels {
     pub change: String,
 }
@@ -87,6 +93,7 @@ pub struct Metrics {
     pub operations_past_lease: Gauge,
     pub reconcile_passes: Counter,
     pub reconcile_changes: Family<ChangeLabels, Counter>,
+    pub keystone_validations: Family<OutcomeLabels, Counter>,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -107,6 +114,7 @@ impl Metrics {
             operations_past_lease: Gauge::default(),
             reconcile_passes: Counter::default(),
             reconcile_changes: Family::default(),
+            keystone_validations: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -144,6 +152,11 @@ impl Metrics {
             "reconcile_changes",
             "Changes reconcile passes made, by kind",
             m.reconcile_changes.clone(),
+        );
+        registry.register(
+            "keystone_validations",
+            "Token validations ([auth] strategy = \"keystone\") by outcome: valid, invalid, cached, unavailable",
+            m.keystone_validations.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use crate::api::auth::Auth;
+use crate::api::auth::keystone::KeystoneAuth;
 use crate::api::policy::Policy;
 use crate::api::server::{InFlight, ServerLimits};
 use crate::api::{AppState, app};
@@ -65,6 +66,9 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             let file =
                 config.auth.tokens_file.as_ref().context("[auth] strategy = \"token\" needs tokens_file")?;
             Auth::from_tokens_file(file).map_err(anyhow::Error::msg)?
+        }
+        AuthStrategy::Keystone => {
+            Auth::Keystone(Box::new(KeystoneAuth::new(&config.keystone).map_err(anyhow::Error::msg)?))
         }
     };
 

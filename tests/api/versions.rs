@@ -22,6 +22,11 @@ async fn the_root_answers_300_with_cinders_versions_document() {
     assert_eq!(v["media-types"][0]["type"], "application/vnd.openstack.volume+json;version=3");
     let r = c.send(reqwest::Method::GET, &format!("{}/v3/", s.base), None).await.expect(200);
     assert_eq!(r.body["versions"][0]["version"], "3.54");
+    // `/v3` redirects there with an absolute Location, which keystoneauth's discovery follows.
+    let no_follow = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let r = no_follow.get(format!("{}/v3", s.base)).send().await.unwrap();
+    assert_eq!(r.status(), 302);
+    assert_eq!(r.headers()["location"], format!("{}/v3/", s.base).as_str());
 }
 
 #[tokio::test]

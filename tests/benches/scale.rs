@@ -85,9 +85,9 @@ async fn run() {
         project_id: Some("scale".into()),
         user_id: Some("scale".into()),
         auth_type: Some("noauth".into()),
-        token: None,
+        ..Default::default()
     };
-    let api = Endpoint::resolve(&credentials).unwrap();
+    let api = Endpoint::resolve(&credentials).await.unwrap();
 
     let empty = bench(&api, &args(1, 0)).await.unwrap();
     line("1 client, no live attachment", &empty);

@@ -6,6 +6,7 @@ pub mod history;
 pub mod initiator;
 pub mod invariants;
 pub mod iscsi;
+pub mod keystone;
 pub mod pg;
 pub mod process;
 pub mod python;

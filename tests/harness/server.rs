@@ -110,6 +110,7 @@ impl TestServer {
             roles: None,
             service_roles: None,
             project_in_url: true,
+            extra: Vec::new(),
         }
     }
 }
@@ -128,6 +129,8 @@ pub struct Client {
     pub service_roles: Option<String>,
     /// Use `/v3/{project}/...` (true) or `/v3/...` (false).
     pub project_in_url: bool,
+    /// More request headers (e.g. a Keystone `X-Service-Token`).
+    pub extra: Vec<(&'static str, String)>,
 }
 
 /// A response: status, headers and the JSON body (`Null` when empty).
@@ -172,6 +175,7 @@ impl Client {
             roles: None,
             service_roles: None,
             project_in_url: true,
+            extra: Vec::new(),
         }
     }
 
@@ -198,6 +202,13 @@ impl Client {
     /// The same client with another `X-Auth-Token`.
     pub fn with_token(&self, token: &str) -> Client {
         Client { token: Some(token.to_string()), ..self.clone() }
+    }
+
+    /// The same client sending one more header.
+    pub fn with_header(&self, name: &'static str, value: &str) -> Client {
+        let mut c = self.clone();
+        c.extra.push((name, value.to_string()));
+        c
     }
 
     pub fn without_project_in_url(&self) -> Client {
@@ -285,6 +296,9 @@ impl Client {
         }
         if let Some(r) = &self.service_roles {
             req = req.header("x-service-roles", r);
+        }
+        for (name, value) in &self.extra {
+            req = req.header(*name, value);
         }
         req
     }

@@ -1,13 +1,20 @@
 """openstacksdk's block-storage proxy against Berth, unchanged: volumes and attachments (create
-with a connector, get, list, complete, delete). Authenticates with a token endpoint, as a
-keystone-less deployment does (the token is noauth's `user:project`). Prints one line per step for
-tests/openstacksdk.rs to check."""
+with a connector, get, list, complete, delete). Prints one line per step for tests/openstacksdk.rs
+and tests/keystone.rs to check.
+
+  openstacksdk_attachments.py ENDPOINT   a token endpoint, as a keystone-less deployment does
+                                         (the token is noauth's `user:project`)
+  openstacksdk_attachments.py keystone   password authentication from the OS_* environment; the
+                                         endpoint comes from Keystone's catalog"""
 import sys, json, openstack
 from keystoneauth1 import session as ks
 from keystoneauth1.token_endpoint import Token
-endpoint = sys.argv[1]
-sess = ks.Session(auth=Token(endpoint=endpoint + "/v3", token="sdk:p1"))
-conn = openstack.connection.Connection(session=sess, block_storage_endpoint_override=endpoint + "/v3/", block_storage_api_version="3")
+if sys.argv[1] == "keystone":
+    conn = openstack.connect(block_storage_api_version="3")
+else:
+    endpoint = sys.argv[1]
+    sess = ks.Session(auth=Token(endpoint=endpoint + "/v3", token="sdk:p1"))
+    conn = openstack.connection.Connection(session=sess, block_storage_endpoint_override=endpoint + "/v3/", block_storage_api_version="3")
 bs = conn.block_storage
 v = bs.wait_for_status(bs.create_volume(size=1, name="sdk"), status="available", wait=30)
 connector = {"initiator": "iqn.1993-08.org.debian:01:sdk", "host": "sdk-host", "ip": "127.0.0.1", "platform": "x86_64", "os_type": "linux", "multipath": False}

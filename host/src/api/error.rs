@@ -28,11 +28,19 @@ use crate::store::StoreError;
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// Extra response headers (e.g. `WWW-Authenticate` with a 401).
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into() }
+        ApiError { status, message: message.into(), headers: Vec::new() }
+    }
+
+    /// The same error with one more response header.
+    pub fn with_header(mut self, name: &'static str, value: &str) -> Self {
+        self.headers.push((name, value.to_string()));
+        self
     }
 
     /// 400 badRequest.
@@ -92,6 +100,11 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, Json(body)).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        for (name, value) in self.headers {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                response.headers_mut().insert(name, value);
+            }
         }
         response
     }

@@ -1,4 +1,5 @@
-//! Version discovery: `GET /` (300 Multiple Choices) and `GET /v3/` (200), with Cinder's
+//! Version discovery: `GET /` (300 Multiple Choices) and `GET /v3/` (200; `GET /v3` redirects
+//! there), with Cinder's
 //! `versions` document (`cinder/api/views/versions.py`). Clients read `version`/`min_version` of
 //! the entry whose version starts with "3." to choose their microversion.
 
@@ -35,8 +36,12 @@ pub async fn v3(State(state): State<AppState>, headers: HeaderMap) -> Response {
     Json(document(&state, &headers)).into_response()
 }
 
-pub async fn v3_redirect() -> Response {
-    let mut r = Redirect::permanent("/v3/").into_response();
+/// `GET /v3`: redirected to `/v3/` as Cinder's router does (302, an absolute `Location`, which
+/// keystoneauth's version discovery needs to follow it).
+pub async fn v3_redirect(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let base = super::volumes::links(&state, &headers).base;
+    let mut r = Redirect::to(&format!("{base}/v3/")).into_response();
+    *r.status_mut() = StatusCode::FOUND;
     r.headers_mut().insert(header::CACHE_CONTROL, "no-cache".parse().expect("static header"));
     r
 }

@@ -1,9 +1,18 @@
 //! The attachments API of a Berth or Cinder endpoint, as the attach client uses it.
 //!
-//! Endpoint and credentials come from flags or the usual environment: `CINDER_ENDPOINT` (or
-//! `OS_ENDPOINT`; default `http://127.0.0.1:8776/v3`, a local `berth serve`), `OS_PROJECT_ID`,
-//! `OS_USER_ID`, and either `OS_AUTH_TYPE=noauth` (cinderclient's `X-Auth-Token: user:project`)
-//! or a token in `OS_TOKEN`. Keystone password authentication is not supported.
+//! Endpoint and credentials come from flags or the usual OpenStack environment, as
+//! python-brick-cinderclient-ext reads it:
+//!
+//! - Keystone password authentication: `OS_AUTH_URL`, `OS_USERNAME` (or `OS_USER_ID`),
+//!   `OS_PASSWORD`, `OS_PROJECT_NAME` (or `OS_PROJECT_ID`), `OS_USER_DOMAIN_NAME` /
+//!   `OS_PROJECT_DOMAIN_NAME` (or their `_ID`s; default: the `default` domain), and optionally
+//!   `OS_REGION_NAME` and `OS_INTERFACE` (default `public`). The volume endpoint is taken from the
+//!   token's catalog (`block-storage`, then `volumev3`), unless `CINDER_ENDPOINT` names one.
+//! - A token for the endpoint: `OS_TOKEN` (Berth's `[auth] strategy = "token"`, or a Keystone
+//!   token) with `CINDER_ENDPOINT` (or `OS_ENDPOINT`) and `OS_PROJECT_ID`.
+//! - noauth (cinderclient's `X-Auth-Token: user:project`), the default without a token:
+//!   `OS_USER_ID`, `OS_PROJECT_ID`; the endpoint defaults to `http://127.0.0.1:8776/v3`, a local
+//!   `berth serve`.
 
 use std::time::Duration;
 
@@ -11,6 +20,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Map, Value as Json, json};
 
 use super::error::ClientError;
+use crate::keystone::{self, KeystoneError, Named, Password};
 
 /// Where to reach the API and as whom. Fields left `None` fall back to the environment.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -24,16 +34,43 @@ pub struct Credentials {
     /// [env: OS_USER_ID]
     #[arg(long = "os-user-id", global = true)]
     pub user_id: Option<String>,
-    /// noauth (the default without a token) or token [env: OS_AUTH_TYPE]
+    /// noauth, token or password (the default when OS_AUTH_URL is set) [env: OS_AUTH_TYPE]
     #[arg(long = "os-auth-type", global = true)]
     pub auth_type: Option<String>,
-    /// A static token (Berth's `[auth] strategy = "token"`) [env: OS_TOKEN]
+    /// A token for the endpoint (Berth's static token, or a Keystone token) [env: OS_TOKEN]
     #[arg(long = "os-token", global = true, hide_env_values = true)]
     pub token: Option<String>,
+    /// Keystone's URL, for password authentication [env: OS_AUTH_URL]
+    #[arg(long = "os-auth-url", global = true)]
+    pub auth_url: Option<String>,
+    /// [env: OS_USERNAME]
+    #[arg(long = "os-username", global = true)]
+    pub username: Option<String>,
+    /// [env: OS_PASSWORD]
+    #[arg(long = "os-password", global = true, hide_env_values = true)]
+    pub password: Option<String>,
+    /// [env: OS_PROJECT_NAME, OS_TENANT_NAME]
+    #[arg(long = "os-project-name", global = true)]
+    pub project_name: Option<String>,
+    /// [env: OS_USER_DOMAIN_NAME; or OS_USER_DOMAIN_ID]
+    #[arg(long = "os-user-domain-name", global = true)]
+    pub user_domain_name: Option<String>,
+    /// [env: OS_PROJECT_DOMAIN_NAME; or OS_PROJECT_DOMAIN_ID]
+    #[arg(long = "os-project-domain-name", global = true)]
+    pub project_domain_name: Option<String>,
+    /// The catalog region to use [env: OS_REGION_NAME]
+    #[arg(long = "os-region-name", global = true)]
+    pub region_name: Option<String>,
+    /// The catalog interface: public, internal or admin [env: OS_INTERFACE, OS_ENDPOINT_TYPE]
+    #[arg(long = "os-interface", global = true)]
+    pub interface: Option<String>,
 }
 
 /// The default endpoint: a `berth serve` on this machine.
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:8776/v3";
+
+/// The catalog's names for the block-storage v3 service, in order of preference.
+pub const CATALOG_TYPES: &[&str] = &["block-storage", "volumev3"];
 
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
@@ -55,18 +92,38 @@ impl std::fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
-    pub fn resolve(c: &Credentials) -> Result<Endpoint, ClientError> {
-        let endpoint = c
-            .endpoint
-            .clone()
-            .or_else(|| env("CINDER_ENDPOINT"))
-            .or_else(|| env("OS_ENDPOINT"))
-            .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
+    /// The endpoint and token the credentials name; with Keystone password authentication, a
+    /// token is issued first and the endpoint found in its catalog.
+    pub async fn resolve(c: &Credentials) -> Result<Endpoint, ClientError> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| ClientError::Usage(format!("cannot build an HTTP client: {e}")))?;
+        let endpoint = c.endpoint.clone().or_else(|| env("CINDER_ENDPOINT")).or_else(|| env("OS_ENDPOINT"));
+        let auth_url = c.auth_url.clone().or_else(|| env("OS_AUTH_URL"));
+        let token = c.token.clone().or_else(|| env("OS_TOKEN"));
+        let auth_type = c.auth_type.clone().or_else(|| env("OS_AUTH_TYPE"));
+        let password_auth = match auth_type.as_deref() {
+            Some("password" | "v3password") => true,
+            None => auth_url.is_some() && token.is_none(),
+            _ => false,
+        };
+        if password_auth {
+            let (token, catalog) = Self::password(&http, c, auth_url).await?;
+            let endpoint = endpoint.or(catalog).ok_or_else(|| {
+                ClientError::Usage(format!(
+                    "the token's catalog has no {} endpoint at that interface and region; name the volume \
+                     endpoint with CINDER_ENDPOINT",
+                    CATALOG_TYPES.join(" or ")
+                ))
+            })?;
+            let base = base_url(&endpoint, &token.project_id)?;
+            return Ok(Endpoint { http, base, token: token.id });
+        }
         let user = c.user_id.clone().or_else(|| env("OS_USER_ID")).or_else(|| env("USER"));
         let user = user.unwrap_or_else(|| "admin".into());
         let project = c.project_id.clone().or_else(|| env("OS_PROJECT_ID")).unwrap_or_else(|| user.clone());
-        let token = c.token.clone().or_else(|| env("OS_TOKEN"));
-        let auth_type = c.auth_type.clone().or_else(|| env("OS_AUTH_TYPE"));
         let token = match (auth_type.as_deref(), token) {
             (None | Some("noauth"), None) => format!("{user}:{project}"),
             (None | Some("token" | "v3token" | "admin_token" | "noauth"), Some(token)) => token,
@@ -77,29 +134,82 @@ impl Endpoint {
             }
             (Some(other), _) => {
                 return Err(ClientError::Usage(format!(
-                    "OS_AUTH_TYPE={other} is not supported by berth's client: use noauth, or a token \
-                     (OS_TOKEN) with the volume endpoint (CINDER_ENDPOINT)"
+                    "OS_AUTH_TYPE={other} is not supported by berth's client: use password (Keystone, \
+                     with OS_AUTH_URL), a token (OS_TOKEN) with the volume endpoint (CINDER_ENDPOINT), \
+                     or noauth"
                 )));
             }
         };
-        if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
-            return Err(ClientError::Usage(format!(
-                "the endpoint {endpoint:?} is not an http:// or https:// URL"
-            )));
-        }
-        let trimmed = endpoint.trim_end_matches('/');
-        // `http://host:8776`, `http://host:8776/v3` or a catalog entry `http://host:8776/v3/<project>`.
-        let base = match trimmed.rsplit_once("/v3") {
-            Some((_, "")) => format!("{trimmed}/{project}"),
-            Some((_, rest)) if rest.starts_with('/') => trimmed.to_string(),
-            _ => format!("{trimmed}/v3/{project}"),
-        };
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(120))
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| ClientError::Usage(format!("cannot build an HTTP client: {e}")))?;
+        let endpoint = endpoint.unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
+        let base = base_url(&endpoint, &project)?;
         Ok(Endpoint { http, base, token })
+    }
+
+    /// Keystone password authentication: the token, and the volume endpoint its catalog names.
+    async fn password(
+        http: &reqwest::Client,
+        c: &Credentials,
+        auth_url: Option<String>,
+    ) -> Result<(ScopedToken, Option<String>), ClientError> {
+        let missing = |what: &str| ClientError::Usage(format!("password authentication needs {what}"));
+        let auth_url = auth_url.ok_or_else(|| missing("OS_AUTH_URL (--os-auth-url)"))?;
+        let user = match (
+            c.username.clone().or_else(|| env("OS_USERNAME")),
+            c.user_id.clone().or_else(|| env("OS_USER_ID")),
+        ) {
+            (Some(name), _) => Named::Name(name),
+            (None, Some(id)) => Named::Id(id),
+            (None, None) => return Err(missing("OS_USERNAME or OS_USER_ID (--os-username)")),
+        };
+        let password = c
+            .password
+            .clone()
+            .or_else(|| env("OS_PASSWORD"))
+            .ok_or_else(|| missing("OS_PASSWORD (--os-password)"))?;
+        let project_name =
+            c.project_name.clone().or_else(|| env("OS_PROJECT_NAME")).or_else(|| env("OS_TENANT_NAME"));
+        let project = match (project_name, c.project_id.clone().or_else(|| env("OS_PROJECT_ID"))) {
+            (_, Some(id)) => Named::Id(id),
+            (Some(name), None) => Named::Name(name),
+            (None, None) => return Err(missing("OS_PROJECT_NAME or OS_PROJECT_ID (--os-project-name)")),
+        };
+        let domain = |name: Option<String>, name_var: &str, id_var: &str| match (
+            name.or_else(|| env(name_var)),
+            env(id_var),
+        ) {
+            (Some(name), _) => Named::Name(name),
+            (None, Some(id)) => Named::Id(id),
+            (None, None) => Named::Id("default".into()),
+        };
+        let p = Password {
+            auth_url: keystone::v3_url(&auth_url),
+            user,
+            user_domain: domain(c.user_domain_name.clone(), "OS_USER_DOMAIN_NAME", "OS_USER_DOMAIN_ID"),
+            password,
+            project,
+            project_domain: domain(
+                c.project_domain_name.clone(),
+                "OS_PROJECT_DOMAIN_NAME",
+                "OS_PROJECT_DOMAIN_ID",
+            ),
+        };
+        let issued = keystone::authenticate(http, &p).await.map_err(|e| match e {
+            KeystoneError::Unavailable { .. } => ClientError::Unreachable(e.to_string()),
+            KeystoneError::Refused { .. } => ClientError::Api(format!(
+                "{e} (check OS_USERNAME, OS_PASSWORD, OS_PROJECT_NAME and their domains)"
+            )),
+            KeystoneError::Malformed { .. } => ClientError::Api(e.to_string()),
+        })?;
+        let project_id = keystone::identity(&issued.token)
+            .and_then(|i| i.project_id)
+            .ok_or_else(|| ClientError::Api("Keystone issued a token without a project".into()))?;
+        let interface =
+            c.interface.clone().or_else(|| env("OS_INTERFACE")).or_else(|| env("OS_ENDPOINT_TYPE"));
+        let interface = interface.unwrap_or_else(|| "public".into());
+        let interface = interface.trim_end_matches("URL").to_string();
+        let region = c.region_name.clone().or_else(|| env("OS_REGION_NAME"));
+        let url = keystone::catalog_url(&issued.token, CATALOG_TYPES, &interface, region.as_deref());
+        Ok((ScopedToken { id: issued.id, project_id }, url))
     }
 
     pub fn base(&self) -> &str {
@@ -147,9 +257,9 @@ impl Endpoint {
             StatusCode::NOT_FOUND => ClientError::NotFound(message),
             StatusCode::CONFLICT => ClientError::Busy(message),
             StatusCode::BAD_REQUEST if message.contains("Invalid volume") => ClientError::Busy(message),
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                ClientError::Api(format!("{message} (check OS_PROJECT_ID, OS_USER_ID and OS_TOKEN)"))
-            }
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ClientError::Api(format!(
+                "{message} (check the credentials: OS_AUTH_URL and OS_USERNAME, or OS_TOKEN, or OS_USER_ID and OS_PROJECT_ID)"
+            )),
             _ => ClientError::Api(message),
         })
     }
@@ -252,6 +362,27 @@ fn fault_message(body: &Json) -> Option<String> {
     body.as_object()?.values().next()?.get("message")?.as_str().map(str::to_string)
 }
 
+struct ScopedToken {
+    id: String,
+    project_id: String,
+}
+
+/// `.../v3/{project}` from the common forms of a volume endpoint: `http://host:8776`,
+/// `http://host:8776/v3` or a catalog entry `http://host:8776/v3/<project>`.
+fn base_url(endpoint: &str, project: &str) -> Result<String, ClientError> {
+    if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
+        return Err(ClientError::Usage(format!(
+            "the endpoint {endpoint:?} is not an http:// or https:// URL"
+        )));
+    }
+    let trimmed = endpoint.trim_end_matches('/');
+    Ok(match trimmed.rsplit_once("/v3") {
+        Some((_, "")) => format!("{trimmed}/{project}"),
+        Some((_, rest)) if rest.starts_with('/') => trimmed.to_string(),
+        _ => format!("{trimmed}/v3/{project}"),
+    })
+}
+
 /// The innermost cause of an HTTP error ("Connection refused (os error 111)").
 fn root_cause(e: &reqwest::Error) -> String {
     let mut cause: &dyn std::error::Error = e;
@@ -265,30 +396,53 @@ fn root_cause(e: &reqwest::Error) -> String {
 mod tests {
     use super::*;
 
-    fn base(endpoint: &str) -> String {
-        let c = Credentials {
-            endpoint: Some(endpoint.into()),
-            project_id: Some("p".into()),
-            user_id: Some("u".into()),
-            auth_type: Some("noauth".into()),
-            token: None,
-        };
-        Endpoint::resolve(&c).unwrap().base
-    }
-
     #[test]
     fn every_common_form_of_endpoint_reaches_the_project() {
+        let base = |endpoint| base_url(endpoint, "p").unwrap();
         assert_eq!(base("http://h:8776/v3"), "http://h:8776/v3/p");
         assert_eq!(base("http://h:8776/v3/"), "http://h:8776/v3/p");
         assert_eq!(base("http://h:8776"), "http://h:8776/v3/p");
         assert_eq!(base("http://h:8776/v3/abc"), "http://h:8776/v3/abc");
+        assert!(matches!(base_url("ftp://x", "p"), Err(ClientError::Usage(_))));
     }
 
-    #[test]
-    fn unsupported_authentication_is_a_usage_error() {
-        let c = Credentials { auth_type: Some("password".into()), ..Default::default() };
-        assert!(matches!(Endpoint::resolve(&c), Err(ClientError::Usage(m)) if m.contains("password")));
+    #[tokio::test]
+    async fn unsupported_or_incomplete_authentication_is_a_usage_error() {
+        let c = Credentials { auth_type: Some("password".into()), auth_url: None, ..Default::default() };
+        assert!(
+            matches!(Endpoint::resolve(&c).await, Err(ClientError::Usage(m)) if m.contains("OS_AUTH_URL"))
+        );
+        let c = Credentials {
+            auth_url: Some("http://127.0.0.1:1/v3".into()),
+            username: Some("u".into()),
+            ..Default::default()
+        };
+        assert!(
+            matches!(Endpoint::resolve(&c).await, Err(ClientError::Usage(m)) if m.contains("OS_PASSWORD"))
+        );
+        let c = Credentials { auth_type: Some("v2password".into()), ..Default::default() };
+        assert!(
+            matches!(Endpoint::resolve(&c).await, Err(ClientError::Usage(m)) if m.contains("v2password"))
+        );
         let c = Credentials { endpoint: Some("ftp://x".into()), ..Default::default() };
-        assert!(matches!(Endpoint::resolve(&c), Err(ClientError::Usage(_))));
+        assert!(matches!(Endpoint::resolve(&c).await, Err(ClientError::Usage(_))));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_keystone_is_reported_as_unreachable() {
+        let c = Credentials {
+            auth_url: Some(format!("http://127.0.0.1:{}", closed_port())),
+            username: Some("u".into()),
+            password: Some("pw".into()),
+            project_name: Some("p".into()),
+            ..Default::default()
+        };
+        let e = Endpoint::resolve(&c).await.unwrap_err();
+        assert!(matches!(&e, ClientError::Unreachable(m) if m.contains("Keystone")), "{e:?}");
+        assert!(!e.to_string().contains("pw"), "{e}");
+    }
+
+    fn closed_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
     }
 }

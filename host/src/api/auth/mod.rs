@@ -5,6 +5,8 @@
 //!   admin unless `X-Roles` names its roles. Allowed only on a loopback listener.
 //! - `token`: static tokens from a file, each mapped to a user, a project and roles. The file
 //!   stores only sha256 digests of the tokens (`berth token new` makes one).
+//! - `keystone`: tokens validated by a Keystone server, as keystonemiddleware does
+//!   (`keystone.rs`).
 //!
 //! Every request is then scoped to the caller's project; a URL whose project differs is refused
 //! as Cinder refuses it ("Malformed request url").
@@ -22,10 +24,13 @@ use sha2::{Digest, Sha256};
 use super::error::ApiError;
 use crate::attach::Caller;
 
+pub mod keystone;
+
 /// How callers authenticate.
 pub enum Auth {
     NoAuth,
     Tokens(HashMap<[u8; 32], Caller>),
+    Keystone(Box<keystone::KeystoneAuth>),
 }
 
 #[derive(Deserialize)]
@@ -69,7 +74,10 @@ impl Auth {
     }
 
     /// The caller of a request.
-    pub fn identify(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    pub async fn identify(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        if let Auth::Keystone(keystone) = self {
+            return keystone.identify(headers).await;
+        }
         let token = headers
             .get("x-auth-token")
             .and_then(|v| v.to_str().ok())
@@ -95,6 +103,7 @@ impl Auth {
                 let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
                 table.get(&digest).cloned().ok_or_else(unauthorized)
             }
+            Auth::Keystone(_) => unreachable!("answered above"),
         }
     }
 }
@@ -151,7 +160,7 @@ pub async fn authenticate(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let caller = match auth.identify(request.headers()) {
+    let caller = match auth.identify(request.headers()).await {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
@@ -189,25 +198,29 @@ mod tests {
         h
     }
 
-    #[test]
-    fn noauth_reads_user_and_project_like_cinder() {
-        let c = Auth::NoAuth.identify(&headers(&[("x-auth-token", "alice:p1")])).unwrap();
+    #[tokio::test]
+    async fn noauth_reads_user_and_project_like_cinder() {
+        let c = Auth::NoAuth.identify(&headers(&[("x-auth-token", "alice:p1")])).await.unwrap();
         assert_eq!((c.user_id.as_str(), c.project_id.as_str(), c.is_admin()), ("alice", "p1", true));
-        let c = Auth::NoAuth.identify(&headers(&[("x-auth-token", "bob")])).unwrap();
+        let c = Auth::NoAuth.identify(&headers(&[("x-auth-token", "bob")])).await.unwrap();
         assert_eq!(c.project_id, "bob");
         let c = Auth::NoAuth
             .identify(&headers(&[("x-auth-token", "bob:p2"), ("x-roles", "member,reader")]))
+            .await
             .unwrap();
         assert!(!c.is_admin());
-        assert_eq!(Auth::NoAuth.identify(&HeaderMap::new()).unwrap_err().status, StatusCode::UNAUTHORIZED);
         assert_eq!(
-            Auth::NoAuth.identify(&headers(&[("x-auth-token", "u:p/../x")])).unwrap_err().status,
+            Auth::NoAuth.identify(&HeaderMap::new()).await.unwrap_err().status,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            Auth::NoAuth.identify(&headers(&[("x-auth-token", "u:p/../x")])).await.unwrap_err().status,
             StatusCode::BAD_REQUEST
         );
     }
 
-    #[test]
-    fn tokens_are_stored_hashed_and_mapped_to_projects() {
+    #[tokio::test]
+    async fn tokens_are_stored_hashed_and_mapped_to_projects() {
         let (token, entry) = new_token("carol", "p3", &["member".into()]).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens.toml");
@@ -217,10 +230,10 @@ mod tests {
             "the file must not hold the token"
         );
         let auth = Auth::from_tokens_file(&path).unwrap();
-        let c = auth.identify(&headers(&[("x-auth-token", &token)])).unwrap();
+        let c = auth.identify(&headers(&[("x-auth-token", &token)])).await.unwrap();
         assert_eq!((c.user_id.as_str(), c.project_id.as_str(), c.is_admin()), ("carol", "p3", false));
         assert_eq!(
-            auth.identify(&headers(&[("x-auth-token", "carol:p3")])).unwrap_err().status,
+            auth.identify(&headers(&[("x-auth-token", "carol:p3")])).await.unwrap_err().status,
             StatusCode::UNAUTHORIZED
         );
     }
