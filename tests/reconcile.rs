@@ -1,6 +1,7 @@
 //! The reconciler on a real tgtd (`attach/reconcile.rs`): what connected attachments need is
 //! re-created, what nobody needs is removed (or only reported), what the service did not create
-//! is left alone, and healthy attachments cost no change at all.
+//! is left alone, and healthy attachments cost no change at all. With two nodes on one database,
+//! each reconciles only its own volumes on its own tgtd.
 
 use std::time::{Duration, Instant};
 
@@ -178,4 +179,36 @@ async fn a_volume_connected_before_the_first_reconciliation_is_reconciled_first(
         !rig.berth.log_text()[from..].contains("reconcile pass finished"),
         "the first pass had not run yet"
     );
+}
+
+/// Two nodes on one PostgreSQL database, each with its own tgtd: a volume attached through one is
+/// exported by its tgtd only; the other node's reconciler never re-creates it on its own tgtd,
+/// and the other node refuses to change it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_node_reconciles_only_its_own_volumes_on_its_own_tgtd() {
+    let url = berth_tests::pg::fresh_database().await;
+    let a = Rig::start_on_url(&url);
+    let b = Rig::start_on_url(&url);
+    let on_a = Client::for_base(&a.berth.base, "e2e").at("3.54");
+    let on_b = Client::for_base(&b.berth.base, "e2e").at("3.54");
+    let volume = on_a.create_volume(json!({"size": 1})).await;
+    let (_, info) = attach(&on_a, &volume, ALICE, "alice").await;
+    assert!(a.exported(&volume));
+
+    let passes = |rig: &Rig| rig.berth.log_text().matches("reconcile pass finished").count();
+    let start = passes(&b);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while passes(&b) < start + 5 {
+        assert!(Instant::now() < deadline, "node b's reconciler does not run:\n{}", b.berth.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(b.tgtd.targets().is_empty(), "node b exported node a's volume: {:?}", b.tgtd.targets());
+    assert_eq!(b.tgtd_changes(), 0, "node b changed its tgtd");
+    let r = on_b.attach(&volume, Some(connector(MALLORY, "mallory"))).await;
+    r.fault(503, "serviceUnavailable");
+    assert!(b.tgtd.targets().is_empty());
+
+    // Node a's export serves the attachment it made.
+    let target = Target::from_connection_info(&info);
+    assert!(Session::login(&target, ALICE).is_ok());
 }

@@ -155,6 +155,12 @@ impl Rig {
         Self::start_on(url, "")
     }
 
+    /// On a given PostgreSQL database, which several rigs (nodes, each with its own tgtd) may
+    /// share.
+    pub fn start_on_url(url: &str) -> Rig {
+        Self::start_on(Some(url.to_string()), "")
+    }
+
     fn start_on(database_url: Option<String>, more: &str) -> Rig {
         let tgtd = TgtdProcess::start();
         let dir = tempfile::tempdir().unwrap();

@@ -130,10 +130,22 @@ impl Service {
         &self.owner
     }
 
+    /// The backend that runs the driver calls of a volume. Operations on another node's volume are
+    /// refused before they start (`Service::check_owner`); this refuses the calls that need no
+    /// operation (validate-connector) the same way.
     fn backend(&self, volume: &Volume) -> Result<&Backend, AttachError> {
-        self.catalog
+        let backend = self
+            .catalog
             .backend(&volume.backend)
-            .ok_or_else(|| AttachError::BackendUnavailable(volume.backend.clone()))
+            .ok_or_else(|| AttachError::BackendUnavailable(volume.backend.clone()))?;
+        match &volume.service_uuid {
+            Some(owner) if *owner != backend.service_uuid => Err(AttachError::Unavailable(format!(
+                "Volume {} is served by another Berth node (service_uuid {owner}; see os-services), \
+                 whose targets this node cannot reach; send the request to that node.",
+                volume.id
+            ))),
+            _ => Ok(backend),
+        }
     }
 
     fn driver(&self, volume: &Volume) -> Result<&Driver, AttachError> {

@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 use super::model::{Connector, OpKind, Operation};
 use super::{AttachError, Service};
 use crate::store::sql::Tx;
-use crate::store::{ONE_OPERATION_PER_VOLUME, now_micros, operations};
+use crate::store::{ONE_OPERATION_PER_VOLUME, now_micros, operations, volumes};
 
 /// This process as the owner of operations: the node it runs as, and this run of it.
 pub struct Owner {
@@ -121,6 +121,7 @@ impl Op<'_> {
     /// (which the caller's [`Service::clear_interrupted`] makes a race with another node) refuses
     /// it with a 409.
     pub(crate) async fn begin(&self, tx: &mut Tx) -> Result<(), AttachError> {
+        self.service.check_owner(tx, &self.record.volume_id).await?;
         match operations::insert(tx, &self.record).await {
             Ok(()) => Ok(()),
             Err(e) if e.is_constraint(ONE_OPERATION_PER_VOLUME) => Err(AttachError::Conflict(format!(
@@ -205,7 +206,11 @@ impl Service {
         let taken = self
             .store
             .write(async |tx| {
-                operations::take_over(tx, &record.id, &previous, &node, &incarnation, until).await
+                // Another node's volume stays its own: its operation waits for that node.
+                self.check_owner(tx, &record.volume_id).await?;
+                Ok::<_, AttachError>(
+                    operations::take_over(tx, &record.id, &previous, &node, &incarnation, until).await?,
+                )
             })
             .await?;
         if !taken {
@@ -219,6 +224,23 @@ impl Service {
         record.lease_until = until;
         self.owner.running().insert(record.id.clone());
         Ok(Op { service: self, record })
+    }
+
+    /// Refuses (503) an operation on a volume another node owns. A backend's targets are local to
+    /// its node (each node has its own tgtd), and a volume belongs to the node whose backend
+    /// created it (its `service_uuid` names that node and backend): only that node may run its
+    /// driver calls, so no node ever exports another node's volume from its own target service.
+    pub(crate) async fn check_owner(&self, tx: &mut Tx, volume_id: &str) -> Result<(), AttachError> {
+        let served = volumes::backends(tx, &[volume_id.to_string()]).await?;
+        let Some(served) = served.get(volume_id) else { return Ok(()) };
+        let mine = self.catalog.backend(&served.backend).map(|b| b.service_uuid.as_str());
+        match &served.service_uuid {
+            Some(owner) if mine != Some(owner.as_str()) => Err(AttachError::Unavailable(format!(
+                "Volume {volume_id} is served by another Berth node (service_uuid {owner}; see \
+                 os-services), whose targets this node cannot reach; send the request to that node."
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Before anything else happens to a volume whose lock the caller holds: drives an operation

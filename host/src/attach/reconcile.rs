@@ -226,8 +226,12 @@ impl Service {
         let mut to_repair = Vec::new();
 
         for (volume_id, expected) in &by_volume {
-            let uses_targets =
-                backends.get(volume_id).and_then(|b| self.catalog.backend(b)).is_some_and(|b| b.uses_targets);
+            // Only this node's volumes: another node's targets live in its own target service.
+            let ours = backends.get(volume_id).and_then(|s| {
+                let b = self.catalog.backend(&s.backend)?;
+                s.service_uuid.as_ref().is_none_or(|u| *u == b.service_uuid).then_some(b)
+            });
+            let uses_targets = ours.is_some_and(|b| b.uses_targets);
             if busy.contains(volume_id) || !uses_targets {
                 continue;
             }

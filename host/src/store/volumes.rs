@@ -114,17 +114,27 @@ pub async fn get_even_deleted(tx: &mut Tx, id: &str) -> Result<Option<Volume>, S
     Ok(volumes(found)?.pop())
 }
 
-/// The backend of each of these volumes, deleted or not.
-pub async fn backends(tx: &mut Tx, ids: &[String]) -> Result<BTreeMap<String, String>, StoreError> {
+/// The backend (and node) of each of these volumes, deleted or not.
+pub async fn backends(tx: &mut Tx, ids: &[String]) -> Result<BTreeMap<String, Served>, StoreError> {
     let mut out = BTreeMap::new();
     for chunk in ids.chunks(500) {
-        let q = format!("SELECT id, backend FROM volumes WHERE id IN ({})", placeholders(1, chunk.len()));
+        let q = format!(
+            "SELECT id, backend, service_uuid FROM volumes WHERE id IN ({})",
+            placeholders(1, chunk.len())
+        );
         let params: Vec<Param> = chunk.iter().map(Param::from).collect();
         for r in tx.query(&q, &params).await? {
-            out.insert(r.text(0)?, r.text(1)?);
+            out.insert(r.text(0)?, Served { backend: r.text(1)?, service_uuid: r.opt_text(2)? });
         }
     }
     Ok(out)
+}
+
+/// Which backend serves a volume, and on which node (its `service_uuid` names both).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    pub backend: String,
+    pub service_uuid: Option<String>,
 }
 
 /// `status IN (...)` for a list of statuses, its parameters appended to `params`; never true for
