@@ -78,7 +78,7 @@ async fn only_the_node_that_owns_a_volume_changes_it() {
     ];
     for r in refused {
         let message = r.fault(503, "serviceUnavailable");
-        assert!(message.contains("served by another Berth node"), "{message}");
+        assert!(message.contains("served by another Berth node, node-a (up)"), "{message}");
         assert_eq!(r.header("retry-after"), Some("1"));
     }
     let shown = on_a.get(&format!("/attachments/{id}")).await.expect(200);
@@ -89,6 +89,20 @@ async fn only_the_node_that_owns_a_volume_changes_it() {
     assert_eq!(listed.body["attachments"].as_array().unwrap().len(), 1, "no attachment was added");
     let ops = a.service.store().read(async |tx| berth::store::operations::all(tx).await).await.unwrap();
     assert!(ops.is_empty(), "no operation was recorded: {ops:?}");
+
+    // Both nodes name its node as Cinder does (admins see `node@backend#pool`).
+    for c in [&on_a, &on_b] {
+        let shown = c.get(&format!("/volumes/{volume}")).await.expect(200);
+        assert_eq!(shown.body["volume"]["os-vol-host-attr:host"], "node-a@fake#fake");
+    }
+    let listed = on_b.get("/volumes/detail").await.expect(200);
+    assert!(
+        listed.body["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["os-vol-host-attr:host"] == "node-a@fake#fake")
+    );
 
     // Its owner still does.
     on_a.delete(&format!("/attachments/{id}")).await.expect(200);

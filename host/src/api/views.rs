@@ -9,6 +9,7 @@ use serde_json::{Map, Value as Json, json};
 
 use super::microversion::{GROUP_ID, PROVIDER_ID, SHARED_TARGETS, Version};
 use crate::attach::model::{Attachment, Volume};
+use crate::attach::nodes::Hosts;
 use crate::attach::state::AttachStatus;
 use crate::attach::{Caller, VolumeType};
 
@@ -77,13 +78,15 @@ pub fn volume_summary(v: &Volume, links: &Links) -> Json {
     json!({ "id": v.id, "name": v.name, "links": links.of(&v.project_id, "volumes", &v.id) })
 }
 
-/// The volume detail view at a microversion, for a caller.
+/// The volume detail view at a microversion, for a caller. `hosts` (admins only) names the node
+/// that serves each volume.
 pub fn volume_detail(
     v: &Volume,
     attachments: &[Attachment],
     caller: &Caller,
     version: Version,
     links: &Links,
+    hosts: Option<&Hosts>,
 ) -> Json {
     let admin = caller.is_admin();
     let attached: Vec<Json> = attachments
@@ -124,11 +127,11 @@ pub fn volume_detail(
         "volume_type": v.volume_type,
         "os-vol-tenant-attr:tenant_id": v.project_id,
     });
-    if admin {
+    if let (true, Some(hosts)) = (admin, hosts) {
         merge(
             &mut view,
             json!({
-                "os-vol-host-attr:host": format!("berth@{}#{}", v.backend, v.backend),
+                "os-vol-host-attr:host": hosts.host(v),
                 "os-vol-mig-status-attr:migstat": null,
                 "os-vol-mig-status-attr:name_id": null,
                 "migration_status": null,

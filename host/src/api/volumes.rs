@@ -20,6 +20,7 @@ use super::views::{Links, volume_detail, volume_summary};
 use super::{AppState, uuid_param};
 use crate::attach::Caller;
 use crate::attach::list::{Scope, VOLUME_SORT_KEYS, VolumeFilter};
+use crate::attach::nodes::Hosts;
 use crate::attach::volumes::NewVolume;
 
 pub fn routes() -> Router<AppState> {
@@ -230,7 +231,8 @@ async fn create(
     let view_caller = caller.clone();
     let row = state.service.owned(move |s| async move { s.create_volume(&caller, request).await }).await?;
     let (caller, links) = (view_caller, links(&state, &headers));
-    let view = volume_detail(&row, &[], &caller, version, &links);
+    let hosts = hosts(&state, &caller).await?;
+    let view = volume_detail(&row, &[], &caller, version, &links, hosts.as_ref());
     Ok((StatusCode::ACCEPTED, Json(json!({ "volume": view }))).into_response())
 }
 
@@ -244,8 +246,18 @@ async fn show(
     state.authorize(&caller, Rule::VolumeGet)?;
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let (volume, attachments) = state.service.show_volume(&caller, &id).await?;
-    let view = volume_detail(&volume, &attachments, &caller, version, &links(&state, &headers));
+    let hosts = hosts(&state, &caller).await?;
+    let view =
+        volume_detail(&volume, &attachments, &caller, version, &links(&state, &headers), hosts.as_ref());
     Ok(Json(json!({ "volume": view })).into_response())
+}
+
+/// Which node serves each volume, for an admin's view (`os-vol-host-attr:host`).
+async fn hosts(state: &AppState, caller: &Caller) -> Result<Option<Hosts>, ApiError> {
+    if !caller.is_admin() {
+        return Ok(None);
+    }
+    Ok(Some(state.service.hosts().await?))
 }
 
 const LIST: ListSpec = ListSpec {
@@ -288,16 +300,17 @@ async fn list(
     };
     let rows = state.service.list_volumes(scope, &filter, &q.page).await?;
     let links = links(state, headers);
-    let views: Vec<Value> =
-        rows.iter()
-            .map(|(v, a)| {
-                if detailed {
-                    volume_detail(v, a, caller, version, &links)
-                } else {
-                    volume_summary(v, &links)
-                }
-            })
-            .collect();
+    let hosts = if detailed { hosts(state, caller).await? } else { None };
+    let views: Vec<Value> = rows
+        .iter()
+        .map(|(v, a)| {
+            if detailed {
+                volume_detail(v, a, caller, version, &links, hosts.as_ref())
+            } else {
+                volume_summary(v, &links)
+            }
+        })
+        .collect();
     let mut body = json!({ "volumes": views });
     if version >= VOLUME_LIST_COUNT
         && q.flags.get("with_count").is_some_and(|v| v.eq_ignore_ascii_case("true"))

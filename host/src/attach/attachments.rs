@@ -53,7 +53,7 @@ impl Service {
         if let Some(c) = &req.connector {
             // Checked before anything is reserved: a bad connector changes nothing.
             let mode = AttachMode::from_request(req.mode).effective(Some(c));
-            self.driver(&volume)?.calls().validate_connector(&c.for_mode(mode)).await?;
+            self.driver(&volume).await?.calls().validate_connector(&c.for_mode(mode)).await?;
         }
         if req.connector.is_none() {
             return self.reserve(&volume, &req, None).await;
@@ -160,7 +160,7 @@ impl Service {
             )));
         }
         let mode = row.attach_mode.effective(Some(&connector));
-        self.driver(&volume)?.calls().validate_connector(&connector.for_mode(mode)).await?;
+        self.driver(&volume).await?.calls().validate_connector(&connector.for_mode(mode)).await?;
         let _lock = self.locks.lock(&volume.id).await;
         self.update_locked(caller, id, connector).await
     }
@@ -531,7 +531,8 @@ impl Service {
         let conn = connector.for_mode(row.attach_mode.effective(Some(&connector)));
         let ids: Vec<String> = others.iter().map(|a| a.id.clone()).collect();
         let shared = match self
-            .driver(&volume)?
+            .driver(&volume)
+            .await?
             .calls()
             .shared_connections(&volume.contract(), &conn, &others)
             .await

@@ -56,14 +56,14 @@ pub struct Backend {
 impl Backend {
     /// The backend `name` as served by `node`: its `service_uuid` names both.
     pub fn new(node: &str, name: &str, driver: Driver, uses_targets: bool) -> Self {
-        Backend {
-            name: name.to_string(),
-            service_uuid: uuid::Uuid::new_v5(&NAMESPACE, format!("backend:{node}@{name}").as_bytes())
-                .to_string(),
-            driver,
-            uses_targets,
-        }
+        Backend { name: name.to_string(), service_uuid: service_uuid(node, name), driver, uses_targets }
     }
+}
+
+/// Cinder's `service_uuid` of backend `backend` on node `node`: stable, and different for the same
+/// backend on another node.
+pub fn service_uuid(node: &str, backend: &str) -> String {
+    uuid::Uuid::new_v5(&NAMESPACE, format!("backend:{node}@{backend}").as_bytes()).to_string()
 }
 
 /// Every volume type and backend.

@@ -111,7 +111,7 @@ impl Service {
     ) -> Result<Json, AttachError> {
         let found = self.volume(caller, volume_id).await?;
         let mode = AttachMode::Null.effective(Some(&connector));
-        self.driver(&found)?.calls().validate_connector(&connector.for_mode(mode)).await?;
+        self.driver(&found).await?.calls().validate_connector(&connector.for_mode(mode)).await?;
         let _lock = self.locks.lock(volume_id).await;
         self.clear_interrupted(volume_id).await?;
         self.reconciled_first(volume_id).await?;

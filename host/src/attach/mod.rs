@@ -131,8 +131,7 @@ impl Service {
     }
 
     /// The backend that runs the driver calls of a volume. Operations on another node's volume are
-    /// refused before they start (`Service::check_owner`); this refuses the calls that need no
-    /// operation (validate-connector) the same way.
+    /// refused before they start (`Service::check_owner`, in `Op::begin`), so this is a last guard.
     fn backend(&self, volume: &Volume) -> Result<&Backend, AttachError> {
         let backend = self
             .catalog
@@ -140,15 +139,20 @@ impl Service {
             .ok_or_else(|| AttachError::BackendUnavailable(volume.backend.clone()))?;
         match &volume.service_uuid {
             Some(owner) if *owner != backend.service_uuid => Err(AttachError::Unavailable(format!(
-                "Volume {} is served by another Berth node (service_uuid {owner}; see os-services), \
-                 whose targets this node cannot reach; send the request to that node.",
+                "Volume {} is served by another Berth node (service_uuid {owner}); send the request to \
+                 that node.",
                 volume.id
             ))),
             _ => Ok(backend),
         }
     }
 
-    fn driver(&self, volume: &Volume) -> Result<&Driver, AttachError> {
+    /// The driver of a volume for a call that needs no operation (validate-connector): refused,
+    /// naming the owner, for another node's volume.
+    async fn driver(&self, volume: &Volume) -> Result<&Driver, AttachError> {
+        if self.backend(volume).is_err() {
+            self.store.read(async |tx| self.check_owner(tx, &volume.id).await).await?;
+        }
         Ok(&self.backend(volume)?.driver)
     }
 

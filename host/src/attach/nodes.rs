@@ -2,9 +2,12 @@
 //! `berth serve` registers itself with its backends at start and beats its heart every third of a
 //! lease; a node whose heartbeat is older than a lease is `down`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::catalog::service_uuid;
+use super::model::Volume;
 use super::{AttachError, Service};
 use crate::store::nodes::{self, Node};
 use crate::store::now_micros;
@@ -21,7 +24,48 @@ pub struct ServiceState {
     pub updated_at: i64,
 }
 
+/// Which node serves each backend, by `service_uuid`: Cinder's `os-vol-host-attr:host`.
+#[derive(Debug, Clone, Default)]
+pub struct Hosts {
+    /// `service_uuid` to `node@backend`.
+    by_uuid: HashMap<String, String>,
+    this_node: String,
+}
+
+impl Hosts {
+    pub fn of(nodes: &[Node], this_node: &str) -> Hosts {
+        let by_uuid = nodes
+            .iter()
+            .flat_map(|n| {
+                n.backends.iter().map(move |b| (service_uuid(&n.name, b), format!("{}@{b}", n.name)))
+            })
+            .collect();
+        Hosts { by_uuid, this_node: this_node.to_string() }
+    }
+
+    /// `node@backend#pool` (the pool is the backend) of a volume; this node's for a volume that
+    /// names no node.
+    pub fn host(&self, v: &Volume) -> String {
+        let served = v.service_uuid.as_ref().and_then(|u| self.by_uuid.get(u));
+        match served {
+            Some(h) => format!("{h}#{}", v.backend),
+            None => format!("{}@{}#{}", self.this_node, v.backend, v.backend),
+        }
+    }
+
+    /// The node that serves a `service_uuid`, if known.
+    pub fn node_of(&self, uuid: &str) -> Option<&str> {
+        self.by_uuid.get(uuid).and_then(|h| h.split_once('@')).map(|(n, _)| n)
+    }
+}
+
 impl Service {
+    /// Which node serves each backend (for `os-vol-host-attr:host`).
+    pub async fn hosts(&self) -> Result<Hosts, AttachError> {
+        let nodes: Vec<Node> = self.store.read(async |tx| nodes::list(tx).await).await?;
+        Ok(Hosts::of(&nodes, &self.owner.node))
+    }
+
     /// Registers this node and its backends.
     pub async fn register_node(&self) -> Result<(), AttachError> {
         let mut backends: Vec<String> = self.catalog.backends.keys().cloned().collect();

@@ -234,13 +234,23 @@ impl Service {
         let served = volumes::backends(tx, &[volume_id.to_string()]).await?;
         let Some(served) = served.get(volume_id) else { return Ok(()) };
         let mine = self.catalog.backend(&served.backend).map(|b| b.service_uuid.as_str());
-        match &served.service_uuid {
-            Some(owner) if mine != Some(owner.as_str()) => Err(AttachError::Unavailable(format!(
-                "Volume {volume_id} is served by another Berth node (service_uuid {owner}; see \
-                 os-services), whose targets this node cannot reach; send the request to that node."
-            ))),
-            _ => Ok(()),
-        }
+        let Some(owner) = served.service_uuid.as_ref().filter(|o| mine != Some(o.as_str())) else {
+            return Ok(());
+        };
+        let nodes = crate::store::nodes::list(tx).await?;
+        let hosts = super::nodes::Hosts::of(&nodes, &self.owner.node);
+        let node = hosts.node_of(owner);
+        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
+        let state = match nodes.iter().find(|n| Some(n.name.as_str()) == node) {
+            Some(n) if now_micros() - n.heartbeat_at <= lease => "up".to_string(),
+            Some(n) => format!("down: no heartbeat for {} s", (now_micros() - n.heartbeat_at) / 1_000_000),
+            None => "unknown".to_string(),
+        };
+        Err(AttachError::Unavailable(format!(
+            "Volume {volume_id} is served by another Berth node, {} ({state}), whose targets this node \
+             cannot reach; send the request to that node.",
+            node.unwrap_or(owner)
+        )))
     }
 
     /// Before anything else happens to a volume whose lock the caller holds: drives an operation
