@@ -11,14 +11,7 @@ use berth_tests::python::{self, list, run, table};
 use berth_tests::server::{Client, connector};
 use serde_json::json;
 
-const FAKE: &str = r#"
-[[backends]]
-name = "fake"
-driver = "fake"
-[[volume_types]]
-name = "__DEFAULT__"
-backend = "fake"
-"#;
+const FAKE: &str = berth_tests::process::FAKE_BACKEND;
 
 fn berth(ks: &Keystone, keystone_extra: &str, top: &str) -> BerthProcess {
     BerthProcess::start_full(top, &format!("{}{FAKE}", ks.berth_config(keystone_extra)))

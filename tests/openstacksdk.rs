@@ -5,14 +5,7 @@
 use berth_tests::process::BerthProcess;
 use berth_tests::python::{run, venv};
 
-const CONFIG: &str = r#"
-[[backends]]
-name = "fake"
-driver = "fake"
-[[volume_types]]
-name = "__DEFAULT__"
-backend = "fake"
-"#;
+const CONFIG: &str = berth_tests::process::FAKE_BACKEND;
 
 #[test]
 fn openstacksdk_walks_the_attachment_lifecycle_unchanged() {

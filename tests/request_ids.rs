@@ -5,14 +5,7 @@
 use berth_tests::process::BerthProcess;
 use serde_json::{Value, json};
 
-const CONFIG: &str = r#"
-[[backends]]
-name = "fake"
-driver = "fake"
-[[volume_types]]
-name = "__DEFAULT__"
-backend = "fake"
-"#;
+const CONFIG: &str = berth_tests::process::FAKE_BACKEND;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_log_line_of_a_request_carries_its_ids_in_json() {

@@ -17,6 +17,16 @@ pub fn berth_binary() -> PathBuf {
     bin
 }
 
+/// The smallest configuration of a served API: the fake driver behind the default volume type.
+pub const FAKE_BACKEND: &str = r#"
+[[backends]]
+name = "fake"
+driver = "fake"
+[[volume_types]]
+name = "__DEFAULT__"
+backend = "fake"
+"#;
+
 pub struct BerthProcess {
     child: Option<Child>,
     pub base: String,
