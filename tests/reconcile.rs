@@ -183,7 +183,7 @@ async fn a_volume_connected_before_the_first_reconciliation_is_reconciled_first(
 
 /// Two nodes on one PostgreSQL database, each with its own tgtd: a volume attached through one is
 /// exported by its tgtd only; the other node's reconciler never re-creates it on its own tgtd,
-/// and the other node refuses to change it.
+/// and a change the other node takes for it runs on the owner (forwarded), on the owner's tgtd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_node_reconciles_only_its_own_volumes_on_its_own_tgtd() {
     let url = berth_tests::pg::fresh_database().await;
@@ -204,9 +204,11 @@ async fn each_node_reconciles_only_its_own_volumes_on_its_own_tgtd() {
     }
     assert!(b.tgtd.targets().is_empty(), "node b exported node a's volume: {:?}", b.tgtd.targets());
     assert_eq!(b.tgtd_changes(), 0, "node b changed its tgtd");
-    let r = on_b.attach(&volume, Some(connector(MALLORY, "mallory"))).await;
-    r.fault(503, "serviceUnavailable");
+    let other = on_a.create_volume(json!({"size": 1})).await;
+    on_b.attach(&other, Some(connector(MALLORY, "mallory"))).await.expect(200);
+    assert!(a.exported(&other), "node a exports the volume node b attached for it");
     assert!(b.tgtd.targets().is_empty());
+    assert_eq!(b.tgtd_changes(), 0, "node b changed its tgtd");
 
     // Node a's export serves the attachment it made.
     let target = Target::from_connection_info(&info);

@@ -33,7 +33,7 @@ async fn run(postgres: bool, abandon: f64) {
     let w = workload(abandon);
     let volumes = history::pool(&c, &w).await;
     let store = invariants::open(&rig.db_url()).await;
-    let outcome = history::run(&c, &c, &store, &volumes, &w).await;
+    let outcome = history::run(std::slice::from_ref(&c), &store, &volumes, &w).await;
 
     // Quiet: every operation ends, and the backend equals the database.
     let world = match invariants::settled(&store, &rig.tgtd, Duration::from_secs(60)).await {

@@ -32,6 +32,10 @@ pub struct Config {
     /// This node's name, which owns its operations (default: generated once and kept in the data
     /// directory, `node-id`).
     pub node: Option<String>,
+    /// The URL other nodes on the same database forward requests for this node's volumes to
+    /// (`http://host:port`; default: the listen address, or this machine's host name and the
+    /// listen port when it listens on every address).
+    pub advertise_url: Option<String>,
     pub auth: AuthConfig,
     pub keystone: KeystoneConfig,
     pub http: HttpConfig,
@@ -56,6 +60,7 @@ impl Default for Config {
             public_endpoint: None,
             default_volume_type: None,
             node: None,
+            advertise_url: None,
             auth: AuthConfig::default(),
             keystone: KeystoneConfig::default(),
             http: HttpConfig::default(),
@@ -82,11 +87,18 @@ pub struct HttpConfig {
     pub header_read_timeout_seconds: f64,
     /// Requests handled at once; beyond it, 503 with `Retry-After` (load shedding).
     pub max_requests_in_flight: usize,
+    /// How long a request forwarded to the node that serves its volume may take before this node
+    /// answers 503 (the operation itself goes on there).
+    pub forward_timeout_seconds: f64,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { header_read_timeout_seconds: 60.0, max_requests_in_flight: 512 }
+        HttpConfig {
+            header_read_timeout_seconds: 60.0,
+            max_requests_in_flight: 512,
+            forward_timeout_seconds: 300.0,
+        }
     }
 }
 
@@ -342,6 +354,12 @@ pub struct BackendConfig {
     pub settings: BTreeMap<String, String>,
     #[serde(default)]
     pub limits: Limits,
+    /// Served by every node that configures a backend of this name with `shared = true`: the
+    /// driver reaches its storage over the network, so any of them may run its volumes' calls
+    /// (false: the backend and its volumes belong to this node, e.g. its own tgtd). A backend
+    /// granted the host's iSCSI target service cannot be shared.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
@@ -377,6 +395,7 @@ impl Config {
                 grants: Grant::ALL.into_iter().collect(),
                 settings: BTreeMap::new(),
                 limits: Limits::default(),
+                shared: false,
             });
         }
         if self.volume_types.is_empty() {
@@ -407,6 +426,25 @@ impl Config {
         }
         let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/lib"));
         home.join(".local/state/berth")
+    }
+
+    /// The URL other nodes forward requests to, for a listener bound to `bound`.
+    pub fn advertise_url(&self, bound: SocketAddr) -> String {
+        if let Some(url) = self.advertise_url.as_deref().filter(|u| !u.trim().is_empty()) {
+            return url.trim().trim_end_matches('/').to_string();
+        }
+        if !bound.ip().is_unspecified() {
+            return format!("http://{bound}");
+        }
+        let mut name = [0u8; 256];
+        // SAFETY: gethostname(2) writes at most `len` bytes into the buffer this function owns.
+        let named = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
+        let host = named
+            .then(|| std::ffi::CStr::from_bytes_until_nul(&name).ok()?.to_str().ok().map(str::to_string))
+            .flatten()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_string());
+        format!("http://{host}:{}", bound.port())
     }
 
     pub fn database_url(&self) -> String {

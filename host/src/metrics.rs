@@ -69,6 +69,12 @@ pub struct ChangeLabels {
     pub change: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForwardLabels {
+    pub node: String,
+    pub outcome: String,
+}
+
 fn seconds() -> Histogram {
     // 100 µs to about 6.5 s.
     Histogram::new(exponential_buckets(0.0001, 2.0, 17))
@@ -94,6 +100,7 @@ pub struct Metrics {
     pub reconcile_passes: Counter,
     pub reconcile_changes: Family<ChangeLabels, Counter>,
     pub keystone_validations: Family<OutcomeLabels, Counter>,
+    pub forwarded: Family<ForwardLabels, Counter>,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -115,6 +122,7 @@ impl Metrics {
             reconcile_passes: Counter::default(),
             reconcile_changes: Family::default(),
             keystone_validations: Family::default(),
+            forwarded: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -158,6 +166,11 @@ impl Metrics {
             "Token validations ([auth] strategy = \"keystone\") by outcome: valid, invalid, cached, unavailable",
             m.keystone_validations.clone(),
         );
+        registry.register(
+            "forwarded_requests",
+            "Requests forwarded to the node that serves their volume, by node and outcome: answered, unanswered",
+            m.forwarded.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -180,6 +193,11 @@ pub fn http(method: &str, path: &str, status: u16, took: Duration) {
         .http_seconds
         .get_or_create(&RouteLabels { method: method.into(), route })
         .observe(took.as_secs_f64());
+}
+
+/// Records a request forwarded to another node.
+pub fn forwarded(node: &str, outcome: &str) {
+    METRICS.forwarded.get_or_create(&ForwardLabels { node: node.into(), outcome: outcome.into() }).inc();
 }
 
 /// Records a driver call.

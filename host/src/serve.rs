@@ -14,6 +14,7 @@ use anyhow::{Context, bail};
 
 use crate::api::auth::Auth;
 use crate::api::auth::keystone::KeystoneAuth;
+use crate::api::forward::Forwarder;
 use crate::api::policy::Policy;
 use crate::api::server::{InFlight, ServerLimits};
 use crate::api::{AppState, app};
@@ -149,8 +150,16 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             limits: b.limits,
             capabilities,
         };
+        let uses_targets = b.grants.contains(&Grant::IscsiTarget);
+        if b.shared && uses_targets {
+            bail!(
+                "backend {}: shared = true, but it is granted the iSCSI target service of this node, whose \
+                 targets no other node can reach; a shared backend's driver reaches its storage over the network",
+                b.name
+            );
+        }
         let driver = runtime.load(spec).await?;
-        backends.push(Backend::new(&node, &b.name, driver, b.grants.contains(&Grant::IscsiTarget)));
+        backends.push(Backend::new(&node, &b.name, driver, uses_targets, b.shared));
     }
     let types: Vec<VolumeType> = config
         .volume_types
@@ -162,13 +171,16 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     let owner = Owner::new(&node, Duration::from_secs(config.operations.lease_seconds.max(1)));
     let limits = Limits { max_attachments_per_volume: config.attachments.max_per_volume.max(1) };
     let service = Arc::new(Service::new(store, catalog, owner).with_limits(limits));
-    service.register_node().await.context("cannot register this node")?;
     let state = AppState {
         service,
         auth: Arc::new(auth),
         policy: Arc::new(policy),
         in_flight: InFlight::new(config.http.max_requests_in_flight),
         public_endpoint: config.public_endpoint.clone(),
+        forwarder: Forwarder::new(
+            &node,
+            Duration::from_secs_f64(config.http.forward_timeout_seconds.clamp(0.1, 86_400.0)),
+        ),
     };
     Ok(Assembled { state, targets: iscsi.map(|(service, _, _)| service), config, _lock: lock })
 }
@@ -335,10 +347,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let types: BTreeMap<&str, &str> =
         assembled.config.volume_types.iter().map(|t| (t.name.as_str(), t.backend.as_str())).collect();
     let service = assembled.state.service.clone();
+    let url = assembled.config.advertise_url(listener.local_addr()?);
+    service.register_node(Some(&url)).await.context("cannot register this node")?;
     tracing::info!(
         listen = %listener.local_addr()?, data_dir = %assembled.config.data_dir().display(),
         database = %crate::store::redact_url(&assembled.config.database_url()), node = %service.owner().node,
-        ?types, "berth is serving"
+        advertise_url = %url, ?types, "berth is serving"
     );
     let interval = Duration::from_secs_f64(assembled.config.reconcile.interval_seconds.clamp(0.05, 86_400.0));
     service.awaiting_first_pass();

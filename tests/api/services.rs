@@ -1,6 +1,7 @@
 //! `GET /v3/{project}/os-services`: this node and its backends, with their state, in Cinder's
 //! shape; each backend's `service_uuid` names the node and the backend. A volume belongs to the
-//! node whose backend made it: another node on the same database refuses to change it.
+//! node whose backend made it: another node on the same database sends its changes there, and
+//! refuses them (503, nothing recorded) while that node does not answer.
 
 use berth_tests::server::{Db, TestServer, connector};
 use serde_json::json;
@@ -43,68 +44,120 @@ async fn the_services_listing_shows_this_node_and_its_backends_up() {
     assert_ne!(uuid_of(&other).await, here);
 }
 
-#[tokio::test]
-async fn only_the_node_that_owns_a_volume_changes_it() {
-    // Two nodes on one PostgreSQL database, each with its own (node-local) backend "fake".
+/// Two nodes on one PostgreSQL database, each with its own (node-local) backend "fake", with a
+/// short lease so that a stopped node is soon seen down.
+async fn two_nodes() -> (TestServer, TestServer) {
     let url = berth_tests::pg::fresh_database().await;
     let node = |name: &str| {
         let mut config = berth_tests::server::fake_config();
         config.node = Some(name.into());
+        config.operations.lease_seconds = 1;
         config
     };
     let a = TestServer::start_on(Db::Postgres, Some(url.clone()), node("node-a")).await;
     let b = TestServer::start_on(Db::Postgres, Some(url), node("node-b")).await;
+    (a, b)
+}
+
+fn forwarded_to(node: &str) -> u64 {
+    let text = berth::metrics::METRICS.render();
+    let line = format!("berth_forwarded_requests_total{{node=\"{node}\",outcome=\"answered\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn any_node_answers_for_a_volume_by_sending_its_changes_to_the_node_that_owns_it() {
+    let (a, b) = two_nodes().await;
     let on_a = a.client("p1").at("3.54");
     let on_b = b.client("p1").at("3.54");
     let volume = on_a.create_volume(json!({"size": 1})).await;
-    let made =
-        on_a.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:host-a", "host-a"))).await.expect(200);
-    let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
-    on_a.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
-
-    // The other node reads it, but refuses every change that needs the owner's backend, before
-    // anything is recorded.
-    assert_eq!(on_b.volume_status(&volume).await, "in-use");
     let spare = on_a.create_volume(json!({"size": 1})).await;
-    let refused = [
-        on_b.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:host-b", "host-b"))).await,
-        on_b.delete(&format!("/attachments/{id}")).await,
-        on_b.delete(&format!("/volumes/{spare}")).await,
-        on_b.post(
-            &format!("/volumes/{volume}/action"),
-            json!({"os-terminate_connection": {"connector": connector("iqn.1993-08.org.debian:01:host-a", "host-a")}}),
-        )
-        .await,
-    ];
-    for r in refused {
-        let message = r.fault(503, "serviceUnavailable");
-        assert!(message.contains("served by another Berth node, node-a (up)"), "{message}");
-        assert_eq!(r.header("retry-after"), Some("1"));
-    }
-    let shown = on_a.get(&format!("/attachments/{id}")).await.expect(200);
-    assert_eq!(shown.body["attachment"]["status"], "attached");
-    assert_eq!(on_a.volume_status(&volume).await, "in-use");
-    assert_eq!(on_a.volume_status(&spare).await, "available");
-    let listed = on_a.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
-    assert_eq!(listed.body["attachments"].as_array().unwrap().len(), 1, "no attachment was added");
-    let ops = a.service.store().read(async |tx| berth::store::operations::all(tx).await).await.unwrap();
-    assert!(ops.is_empty(), "no operation was recorded: {ops:?}");
+    let before = forwarded_to("node-a");
+
+    // Every change sent to node b runs on node a, which owns the volume: b forwards it.
+    let made =
+        on_b.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:host-b", "host-b"))).await.expect(200);
+    let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
+    assert_eq!(made.body["attachment"]["connection_info"]["target_lun"], 1, "{}", made.body);
+    on_b.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    assert_eq!(on_b.volume_status(&volume).await, "in-use");
+    on_b.get(&format!("/attachments/{id}")).await.expect(200);
+    on_b.post(
+        &format!("/volumes/{volume}/action"),
+        json!({"os-terminate_connection": {"connector": connector("iqn.1993-08.org.debian:01:host-b", "host-b")}}),
+    )
+    .await
+    .expect(202);
+    on_b.delete(&format!("/attachments/{id}")).await.expect(200);
+    assert_eq!(on_b.volume_status(&volume).await, "available");
+    on_b.delete(&format!("/volumes/{spare}")).await.expect(202);
+    assert!(
+        forwarded_to("node-a") >= before + 4,
+        "the changes went through node a: {} forwarded",
+        forwarded_to("node-a") - before
+    );
 
     // Both nodes name its node as Cinder does (admins see `node@backend#pool`).
     for c in [&on_a, &on_b] {
         let shown = c.get(&format!("/volumes/{volume}")).await.expect(200);
         assert_eq!(shown.body["volume"]["os-vol-host-attr:host"], "node-a@fake#fake");
     }
-    let listed = on_b.get("/volumes/detail").await.expect(200);
-    assert!(
-        listed.body["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|v| v["os-vol-host-attr:host"] == "node-a@fake#fake")
-    );
+}
 
-    // Its owner still does.
-    on_a.delete(&format!("/attachments/{id}")).await.expect(200);
-    assert_eq!(on_a.volume_status(&volume).await, "available");
+#[tokio::test]
+async fn a_node_that_does_not_answer_makes_its_volumes_unavailable_and_nothing_is_recorded() {
+    let (a, b) = two_nodes().await;
+    let on_a = a.client("p1").at("3.54");
+    let on_b = b.client("p1").at("3.54");
+    let volume = on_a.create_volume(json!({"size": 1})).await;
+    let made =
+        on_a.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:host-a", "host-a"))).await.expect(200);
+    let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
+    let status_before = on_b.volume_status(&volume).await;
+    let store = b.service.store().clone();
+    drop(a);
+
+    let attempts = async |expect: &str| {
+        let refused = [
+            on_b.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:host-b", "host-b"))).await,
+            on_b.delete(&format!("/attachments/{id}")).await,
+            on_b.delete(&format!("/volumes/{volume}")).await,
+            on_b.post(
+                &format!("/volumes/{volume}/action"),
+                json!({"os-terminate_connection": {"connector": connector("iqn.1993-08.org.debian:01:host-a", "host-a")}}),
+            )
+            .await,
+        ];
+        for r in refused {
+            let message = r.fault(503, "serviceUnavailable");
+            assert!(message.contains(expect), "{message}");
+            assert_eq!(r.header("retry-after"), Some("1"));
+        }
+    };
+    // Registered and beating its heart, but not answering: the forwarded requests get no answer.
+    let registration = berth::store::nodes::Registration {
+        name: "node-a",
+        backends: &["fake".to_string()],
+        url: Some("http://127.0.0.1:9"),
+        version: "test",
+        ..Default::default()
+    };
+    store.write(async |tx| berth::store::nodes::register(tx, &registration).await).await.unwrap();
+    attempts("forwarded to Berth node node-a, which serves its volume, and got no answer").await;
+    // Silent past a lease: down. Nobody else touches its volumes.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    attempts("served by another Berth node, node-a (down: no heartbeat for").await;
+
+    let (status, live, ops) = store
+        .read(async |tx| {
+            let v = berth::store::volumes::get(tx, &volume, berth::attach::list::Scope::All).await?.unwrap();
+            let live = berth::store::attachments::of_volume(tx, &volume).await?;
+            let ops = berth::store::operations::all(tx).await?;
+            Ok::<_, berth::store::StoreError>((v.status, live, ops))
+        })
+        .await
+        .unwrap();
+    assert_eq!(status.as_str(), status_before, "unchanged");
+    assert_eq!(live.len(), 1, "no attachment was added or removed: {live:?}");
+    assert!(ops.is_empty(), "no operation was recorded: {ops:?}");
 }

@@ -124,24 +124,19 @@ pub async fn pool(c: &Client, w: &Workload) -> Vec<(String, bool)> {
     out
 }
 
-/// Runs the workload and the monitor; returns the history and the monitor's findings.
-pub async fn run(
-    c: &Client,
-    admin: &Client,
-    store: &Store,
-    volumes: &[(String, bool)],
-    w: &Workload,
-) -> Outcome {
+/// Runs the workload and the monitor; returns the history and the monitor's findings. Each call
+/// goes to one of `endpoints` (admins of one project; several nodes of one service), at random.
+pub async fn run(endpoints: &[Client], store: &Store, volumes: &[(String, bool)], w: &Workload) -> Outcome {
     let calls = Arc::new(Mutex::new(Vec::<Call>::new()));
     let deadline = Instant::now() + w.duration;
     let mut tasks = Vec::new();
     for client in 0..w.clients {
-        let (c, admin, calls, volumes, w) =
-            (c.clone(), admin.clone(), calls.clone(), volumes.to_vec(), w.clone());
+        let (endpoints, calls, volumes, w) = (endpoints.to_vec(), calls.clone(), volumes.to_vec(), w.clone());
         tasks.push(tokio::spawn(async move {
             while Instant::now() < deadline {
                 let (volume, _) = pick(&volumes).unwrap();
-                let call = one_call(client, &c, &admin, &volume, &w).await;
+                let c = pick(&endpoints).unwrap();
+                let call = one_call(client, &c, &c, &volume, &w).await;
                 calls.lock().unwrap().push(call);
             }
         }));

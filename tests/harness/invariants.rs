@@ -28,6 +28,8 @@ pub struct StoredVolume {
     pub id: String,
     pub status: String,
     pub multiattach: bool,
+    /// The backend (and node) that serves it.
+    pub service_uuid: Option<String>,
 }
 
 /// A live attachment as stored, with its connector's initiator.
@@ -85,8 +87,16 @@ pub async fn snapshot(store: &Store, tgtd: &TgtdProcess) -> World {
     let mut world = store
         .read(async |tx| {
             let mut w = World::default();
-            for r in tx.query("SELECT id, status, multiattach FROM volumes WHERE deleted = 0", &[]).await? {
-                let v = StoredVolume { id: r.text(0)?, status: r.text(1)?, multiattach: r.flag(2)? };
+            for r in tx
+                .query("SELECT id, status, multiattach, service_uuid FROM volumes WHERE deleted = 0", &[])
+                .await?
+            {
+                let v = StoredVolume {
+                    id: r.text(0)?,
+                    status: r.text(1)?,
+                    multiattach: r.flag(2)?,
+                    service_uuid: r.opt_text(3)?,
+                };
                 w.volumes.insert(v.id.clone(), v);
             }
             let mut specs: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
@@ -132,6 +142,13 @@ pub async fn snapshot(store: &Store, tgtd: &TgtdProcess) -> World {
 
 /// What is wrong with a world (empty when every invariant holds).
 pub fn violations(w: &World) -> Vec<String> {
+    violations_with(w, |_| true)
+}
+
+/// The same, where the tgtd read is the one that exports the volumes `exported` picks (a node's
+/// tgtd: the volumes it owns); it must export none of the others.
+pub fn violations_with(w: &World, exported: impl Fn(&StoredVolume) -> bool) -> Vec<String> {
+    let exported = |id: &str| w.volumes.get(id).is_some_and(&exported);
     let mut out = Vec::new();
     for (kind, volume) in &w.operations {
         out.push(format!("operation {kind} on volume {volume} is unfinished"));
@@ -165,7 +182,7 @@ pub fn violations(w: &World) -> Vec<String> {
         }
     }
     // Connected attachments have their export.
-    for a in w.attachments.iter().filter(|a| a.is_connected()) {
+    for a in w.attachments.iter().filter(|a| a.is_connected() && exported(&a.volume_id)) {
         let Some(initiator) = &a.initiator else { continue };
         match w.target_of(&a.volume_id) {
             None => {
@@ -197,12 +214,19 @@ pub fn violations(w: &World) -> Vec<String> {
         let Some(volume) = w.recorded.get(&t.iqn) else {
             // A bare target is an export kept for reuse after its volume's last attachment went:
             // it exposes nothing and admits nobody, and it must belong to a live volume.
-            let live = w.volumes.keys().any(|v| t.iqn.ends_with(&format!("volume-{v}")));
+            let live = w.volumes.keys().any(|v| exported(v) && t.iqn.ends_with(&format!("volume-{v}")));
             if !bare || !live {
                 out.push(format!("target {} on tgtd was not recorded by the service", t.iqn));
             }
             continue;
         };
+        if !exported(volume) && w.volumes.contains_key(volume) {
+            out.push(format!(
+                "target {} on this tgtd exports volume {volume}, which another node serves",
+                t.iqn
+            ));
+            continue;
+        }
         let wanted: BTreeSet<&String> =
             w.live_of(volume).filter(|a| a.is_connected()).filter_map(|a| a.initiator.as_ref()).collect();
         if wanted.is_empty() {

@@ -1,6 +1,7 @@
 //! Shared helpers for Berth's integration tests and benchmarks.
 
 pub mod bench;
+pub mod cluster;
 pub mod drivers;
 pub mod history;
 pub mod initiator;

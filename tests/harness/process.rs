@@ -121,6 +121,11 @@ impl BerthProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The process's id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the process with SIGKILL (no shutdown at all), as a crash would.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -24,11 +24,13 @@ pub struct TestServer {
     pub config: Config,
     _dir: tempfile::TempDir,
     task: tokio::task::JoinHandle<()>,
+    heartbeat: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for TestServer {
     fn drop(&mut self) {
         self.task.abort();
+        self.heartbeat.abort();
     }
 }
 
@@ -42,6 +44,7 @@ pub fn fake_config() -> Config {
             grants: Default::default(),
             settings: Default::default(),
             limits: Default::default(),
+            shared: false,
         }],
         volume_types: vec![
             VolumeTypeConfig {
@@ -85,6 +88,8 @@ impl TestServer {
         let service = assembled.state.service.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
+        service.register_node(Some(&base)).await.expect("register the node");
+        let heartbeat = tokio::spawn(service.clone().keep_alive());
         let app = berth::api::app(assembled.state);
         // The server `berth serve` runs (header-read timeout, load shedding), until the test ends.
         let limits = berth::api::server::ServerLimits {
@@ -96,7 +101,7 @@ impl TestServer {
         let task = tokio::spawn(async move {
             berth::api::server::serve(listener, app, limits, std::future::pending()).await.unwrap();
         });
-        TestServer { base, db, service, config: assembled.config, _dir: dir, task }
+        TestServer { base, db, service, config: assembled.config, _dir: dir, task, heartbeat }
     }
 
     /// A client authenticated as `user:project` (noauth), admin unless roles are given.

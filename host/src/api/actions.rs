@@ -140,39 +140,68 @@ async fn action(
     let service = &state.service;
     match name.as_str() {
         "os-reserve" => {
-            service.owned(move |s| async move { s.legacy_reserve(&caller, &volume).await }).await?
+            service
+                .owned((caller, volume), |s, (caller, volume)| async move {
+                    s.legacy_reserve(&caller, &volume).await
+                })
+                .await?
         }
         "os-unreserve" => {
-            service.owned(move |s| async move { s.legacy_unreserve(&caller, &volume).await }).await?
+            service
+                .owned((caller, volume), |s, (caller, volume)| async move {
+                    s.legacy_unreserve(&caller, &volume).await
+                })
+                .await?
         }
         "os-begin_detaching" => {
-            service.owned(move |s| async move { s.legacy_begin_detaching(&caller, &volume).await }).await?
+            service
+                .owned((caller, volume), |s, (caller, volume)| async move {
+                    s.legacy_begin_detaching(&caller, &volume).await
+                })
+                .await?
         }
         "os-roll_detaching" => {
-            service.owned(move |s| async move { s.legacy_roll_detaching(&caller, &volume).await }).await?
+            service
+                .owned((caller, volume), |s, (caller, volume)| async move {
+                    s.legacy_roll_detaching(&caller, &volume).await
+                })
+                .await?
         }
         "os-initialize_connection" => {
             let arg: Initialize = argument(&name, value, None)?;
             let c = connector(arg.connector)?;
-            let info =
-                service.owned(move |s| async move { s.legacy_initialize(&caller, &volume, c).await }).await?;
+            let info = service
+                .owned((caller, volume, c), |s, (caller, volume, c)| async move {
+                    s.legacy_initialize(&caller, &volume, c).await
+                })
+                .await?;
             return Ok((StatusCode::OK, Json(json!({ "connection_info": nested(info) }))).into_response());
         }
         "os-attach" => {
             let arg: Attach = argument(&name, value, None)?;
             let req = attach_request(arg)?;
-            service.owned(move |s| async move { s.legacy_attach(&caller, &volume, req).await }).await?;
+            service
+                .owned((caller, volume, req), |s, (caller, volume, req)| async move {
+                    s.legacy_attach(&caller, &volume, req).await
+                })
+                .await?;
         }
         "os-terminate_connection" => {
             let arg: Terminate = argument(&name, value, None)?;
             let c = optional_connector(Some(arg.connector))?;
-            service.owned(move |s| async move { s.legacy_terminate(&caller, &volume, c).await }).await?;
+            service
+                .owned((caller, volume, c), |s, (caller, volume, c)| async move {
+                    s.legacy_terminate(&caller, &volume, c).await
+                })
+                .await?;
         }
         "os-detach" => {
             let arg: Detach = argument(&name, value, Some(Detach::default()))?;
             let id = attachment_id(arg.attachment_id)?;
             service
-                .owned(move |s| async move { s.legacy_detach(&caller, &volume, id.as_deref()).await })
+                .owned((caller, volume, id), |s, (caller, volume, id)| async move {
+                    s.legacy_detach(&caller, &volume, id.as_deref()).await
+                })
                 .await?;
         }
         "os-force_detach" => {
@@ -180,7 +209,9 @@ async fn action(
             let c = optional_connector(arg.connector)?;
             let id = attachment_id(arg.attachment_id)?;
             service
-                .owned(move |s| async move { s.force_detach(&caller, &volume, c, id.as_deref()).await })
+                .owned((caller, volume, c, id), |s, (caller, volume, c, id)| async move {
+                    s.force_detach(&caller, &volume, c, id.as_deref()).await
+                })
                 .await?;
         }
         _ => unreachable!("every name in ACTIONS has a branch"),

@@ -78,8 +78,12 @@ async fn create(
         mode: a.mode.map(|m| if m == "ro" { AccessMode::Ro } else { AccessMode::Rw }),
         legacy: false,
     };
-    let row =
-        state.service.owned(move |s| async move { s.create_attachment(&caller, request).await }).await?;
+    let row = state
+        .service
+        .owned((caller, request), |s, (caller, request)| async move {
+            s.create_attachment(&caller, request).await
+        })
+        .await?;
     Ok(Json(json!({ "attachment": attachment_detail(&row) })).into_response())
 }
 
@@ -111,7 +115,13 @@ async fn update(
     }
     let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
     let c = connector(body.attachment.connector)?;
-    let row = state.service.owned(move |s| async move { s.update_attachment(&caller, &id, c).await }).await?;
+    let row = state
+        .service
+        .owned(
+            (caller, id, c),
+            |s, (caller, id, c)| async move { s.update_attachment(&caller, &id, c).await },
+        )
+        .await?;
     Ok(Json(json!({ "attachment": attachment_detail(&row) })).into_response())
 }
 
@@ -200,8 +210,10 @@ async fn remove(
     version.require(NEW_ATTACH)?;
     state.authorize(&caller, Rule::AttachmentDelete)?;
     let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
-    let remaining =
-        state.service.owned(move |s| async move { s.delete_attachment(&caller, &id).await }).await?;
+    let remaining = state
+        .service
+        .owned((caller, id), |s, (caller, id)| async move { s.delete_attachment(&caller, &id).await })
+        .await?;
     Ok(Json(json!({ "attachments": remaining.iter().map(attachment_summary).collect::<Vec<_>>() }))
         .into_response())
 }
@@ -222,6 +234,9 @@ async fn action(
         )));
     }
     let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
-    state.service.owned(move |s| async move { s.complete_attachment(&caller, &id).await }).await?;
+    state
+        .service
+        .owned((caller, id), |s, (caller, id)| async move { s.complete_attachment(&caller, &id).await })
+        .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

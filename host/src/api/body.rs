@@ -13,6 +13,14 @@ use super::error::ApiError;
 /// The largest request body accepted.
 pub const MAX_BODY: usize = 256 * 1024;
 
+/// The answer to a body larger than [`MAX_BODY`].
+pub fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("Request is too large (the limit is {MAX_BODY} bytes)."),
+    )
+}
+
 /// A JSON request body of type `T`.
 pub struct JsonBody<T>(pub T);
 
@@ -24,10 +32,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
         let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("Request is too large (the limit is {MAX_BODY} bytes)."),
-                )
+                too_large()
             } else {
                 ApiError::bad_request(format!("Cannot read the request body: {rejection}"))
             }

@@ -11,6 +11,7 @@
 //! | `not-found`, `incompatible`                      | 409    | conflictingRequest  |
 //! | `unsupported`                                    | 501    | notImplemented      |
 //! | `retryable`                                      | 503    | serviceUnavailable  |
+//! | not made (the operation lost its lease)          | 503    | serviceUnavailable  |
 //! | `backend`, crash, limit hit, invalid result      | 502    | computeFault        |
 //! | wall-time limit hit                              | 504    | computeFault        |
 
@@ -30,11 +31,14 @@ pub struct ApiError {
     pub message: String,
     /// Extra response headers (e.g. `WWW-Authenticate` with a 401).
     pub headers: Vec<(&'static str, String)>,
+    /// The node that can answer this request instead (`forward.rs` sends it there; the error is
+    /// the answer when it cannot).
+    pub forward: Option<crate::attach::nodes::Forward>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), headers: Vec::new() }
+        ApiError { status, message: message.into(), headers: Vec::new(), forward: None }
     }
 
     /// The same error with one more response header.
@@ -106,6 +110,9 @@ impl IntoResponse for ApiError {
                 response.headers_mut().insert(name, value);
             }
         }
+        if let Some(forward) = self.forward {
+            response.extensions_mut().insert(forward);
+        }
         response
     }
 }
@@ -121,7 +128,9 @@ impl From<CallError> for ApiError {
                 StatusCode::CONFLICT
             }
             CallErrorKind::Driver(DriverError::Unsupported(_)) => StatusCode::NOT_IMPLEMENTED,
-            CallErrorKind::Driver(DriverError::Retryable(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            CallErrorKind::Driver(DriverError::Retryable(_)) | CallErrorKind::NotMade(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             CallErrorKind::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             CallErrorKind::Driver(DriverError::Backend(_))
             | CallErrorKind::Trap(_)
@@ -145,7 +154,7 @@ impl From<AttachError> for ApiError {
             e @ (AttachError::InvalidVolume(_)
             | AttachError::InvalidAttachment(_)
             | AttachError::InvalidInput(_)) => ApiError::bad_request(e.to_string()),
-            e @ (AttachError::Conflict(_) | AttachError::InstanceUsing(_)) => {
+            e @ (AttachError::Conflict(_) | AttachError::InstanceUsing(_) | AttachError::Busy(_)) => {
                 ApiError::new(StatusCode::CONFLICT, e.to_string())
             }
             AttachError::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, m),
@@ -154,6 +163,12 @@ impl From<AttachError> for ApiError {
             }
             e @ (AttachError::BackendUnavailable(_) | AttachError::Unavailable(_)) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            }
+            AttachError::Elsewhere(remote) => {
+                let forward = remote.forwardable();
+                let mut error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, remote.to_string());
+                error.forward = forward;
+                error
             }
             AttachError::Internal(detail) => ApiError::internal(detail),
             AttachError::Driver(call) => call.into(),

@@ -9,6 +9,7 @@ pub mod body;
 pub mod error;
 #[cfg(feature = "failpoints")]
 mod failpoints;
+pub mod forward;
 pub mod microversion;
 pub mod policy;
 pub mod query;
@@ -45,6 +46,8 @@ pub struct AppState {
     pub in_flight: server::InFlight,
     /// The URL clients use to reach this service, for links; the request's Host when unset.
     pub public_endpoint: Option<String>,
+    /// Sends requests this node cannot answer to the node that can (`forward.rs`).
+    pub forwarder: forward::Forwarder,
 }
 
 impl AppState {
@@ -79,6 +82,7 @@ pub fn router(state: AppState) -> Router {
             )
         })
         .layer(middleware::from_fn(microversion::negotiate))
+        .layer(middleware::from_fn_with_state(state.clone(), forward::forward))
         .layer(DefaultBodyLimit::max(body::MAX_BODY))
         .layer(middleware::from_fn_with_state(state.in_flight.clone(), server::shed))
         .layer(middleware::from_fn(request_log))
@@ -96,17 +100,25 @@ pub fn app(state: AppState) -> App {
         .service(router(state))
 }
 
+/// The header of request ids, oslo.context's.
+pub const REQUEST_ID: &str = "x-openstack-request-id";
+
+/// This request's id (`req-<uuid>`), for what the request does elsewhere (`forward.rs`).
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
 /// Adds `x-openstack-request-id` and logs each request (method, path, status, time; never
 /// headers or bodies, which carry tokens and CHAP secrets). Everything logged while the request
 /// is handled, the operation it starts and its driver calls included, is in a span that carries
 /// the request id and the caller's global request id (an `X-OpenStack-Request-Id: req-<uuid>`
 /// header sent by the caller, as oslo.context accepts it; anything else is ignored).
-async fn request_log(request: Request, next: Next) -> Response {
+async fn request_log(mut request: Request, next: Next) -> Response {
     let started = Instant::now();
     let id = format!("req-{}", uuid::Uuid::new_v4());
+    request.extensions_mut().insert(RequestId(id.clone()));
     let global = request
         .headers()
-        .get("x-openstack-request-id")
+        .get(REQUEST_ID)
         .and_then(|v| v.to_str().ok())
         .filter(|v| is_request_id(v))
         .map(str::to_string);
@@ -118,7 +130,7 @@ async fn request_log(request: Request, next: Next) -> Response {
     let mut response = next.run(request).instrument(span.clone()).await;
     let _entered = span.enter();
     if let Ok(value) = HeaderValue::from_str(&id) {
-        response.headers_mut().insert("x-openstack-request-id", value);
+        response.headers_mut().insert(REQUEST_ID, value);
     }
     let status = response.status();
     crate::metrics::http(method.as_str(), &path, status.as_u16(), started.elapsed());

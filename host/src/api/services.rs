@@ -1,5 +1,7 @@
 //! `GET /v3/{project_id}/os-services`: the nodes of this service and their backends, with their
-//! state, in Cinder's shape (what `cinder service-list` prints). Admins only, as in Cinder.
+//! state, in Cinder's shape (what `cinder service-list` prints). Admins only, as in Cinder. A
+//! backend shared by several nodes names its cluster (`berth@backend`), as an active-active
+//! Cinder backend does.
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -36,7 +38,7 @@ async fn index(
                 "state": if s.up { "up" } else { "down" },
                 "updated_at": timestamp(s.updated_at),
                 "disabled_reason": null,
-                "cluster": null,
+                "cluster": s.cluster,
                 "replication_status": "disabled",
                 "active_backend_id": null,
                 "frozen": false,

@@ -60,7 +60,9 @@ async fn metadata_change(
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let metadata = state
         .service
-        .owned(move |s| async move { s.update_metadata(&caller, &id, changes, replace, None).await })
+        .owned((caller, id, changes), move |s, (caller, id, changes)| async move {
+            s.update_metadata(&caller, &id, changes, replace, None).await
+        })
         .await?;
     Ok(Json(json!({ "metadata": metadata })).into_response())
 }
@@ -107,9 +109,9 @@ async fn metadata_delete(
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     state
         .service
-        .owned(
-            move |s| async move { s.update_metadata(&caller, &id, BTreeMap::new(), false, Some(&key)).await },
-        )
+        .owned((caller, id, key), |s, (caller, id, key)| async move {
+            s.update_metadata(&caller, &id, BTreeMap::new(), false, Some(&key)).await
+        })
         .await?;
     Ok(StatusCode::OK.into_response())
 }
@@ -229,7 +231,13 @@ async fn create(
         }
     }
     let view_caller = caller.clone();
-    let row = state.service.owned(move |s| async move { s.create_volume(&caller, request).await }).await?;
+    let row = state
+        .service
+        .owned(
+            (caller, request),
+            |s, (caller, request)| async move { s.create_volume(&caller, request).await },
+        )
+        .await?;
     let (caller, links) = (view_caller, links(&state, &headers));
     let hosts = hosts(&state, &caller).await?;
     let view = volume_detail(&row, &[], &caller, version, &links, hosts.as_ref());
@@ -352,7 +360,10 @@ async fn remove(
     let force = form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes())
         .any(|(k, v)| k == "force" && matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"));
     state.authorize(&caller, if force { Rule::VolumeForceDelete } else { Rule::VolumeDelete })?;
-    state.service.owned(move |s| async move { s.delete_volume(&caller, &id, force).await }).await?;
+    state
+        .service
+        .owned((caller, id), move |s, (caller, id)| async move { s.delete_volume(&caller, &id, force).await })
+        .await?;
     Ok(StatusCode::ACCEPTED.into_response())
 }
 

@@ -58,18 +58,17 @@ impl Service {
         if req.connector.is_none() {
             return self.reserve(&volume, &req, None).await;
         }
-        let _lock = self.locks.lock(&volume.id).await;
+        let _held = self.hold(&volume.id).await?;
         self.create_locked(caller, req).await
     }
 
-    /// A create with a connector; the caller holds the volume's lock and has validated the
-    /// connector.
+    /// A create with a connector; the caller holds the volume ([`Service::hold`]) and has
+    /// validated the connector.
     pub(super) async fn create_locked(
         &self,
         caller: &Caller,
         req: NewAttachment,
     ) -> Result<Attachment, AttachError> {
-        self.clear_interrupted(&req.volume_id).await?;
         let volume = self.volume(caller, &req.volume_id).await?;
         self.reconciled_first(&volume.id).await?;
         let connector = req.connector.clone().expect("a create that connects has a connector");
@@ -161,7 +160,7 @@ impl Service {
         }
         let mode = row.attach_mode.effective(Some(&connector));
         self.driver(&volume).await?.calls().validate_connector(&connector.for_mode(mode)).await?;
-        let _lock = self.locks.lock(&volume.id).await;
+        let _held = self.hold(&volume.id).await?;
         self.update_locked(caller, id, connector).await
     }
 
@@ -175,7 +174,6 @@ impl Service {
         connector: Connector,
     ) -> Result<Attachment, AttachError> {
         let row = self.attachment(caller, id).await?;
-        self.clear_interrupted(&row.volume_id).await?;
         self.reconciled_first(&row.volume_id).await?;
         let (row, stored) = self
             .store
@@ -226,7 +224,7 @@ impl Service {
     ) -> Result<Attachment, AttachError> {
         let volume = self.fresh_volume(&row.volume_id).await?;
         let backend = self.backend(&volume)?;
-        let mut calls = backend.driver.calls();
+        let mut calls = op.calls(&backend.driver);
         let mode = row.attach_mode.effective(Some(connector));
         let conn = connector.for_mode(mode);
         let mut fields = volume.fields.clone();
@@ -257,9 +255,7 @@ impl Service {
             Err(error) => {
                 let mut all = vec![connector.clone()];
                 all.extend(revoke);
-                return Err(self
-                    .undo_connect(op, calls, &volume.with_fields(&fields), &row, all, origin, error)
-                    .await);
+                return Err(self.undo_connect(op, calls, &volume, fields, &row, all, origin, error).await);
             }
         };
 
@@ -274,7 +270,8 @@ impl Service {
         let finished = self
             .store
             .write(async |tx| {
-                let Some(locked) = volumes::lock(tx, &volume.id, t, Some(&fields)).await? else {
+                let Some(locked) = volumes::lock(tx, &volume.id, t, Some((&volume.fields, &fields))).await?
+                else {
                     return Ok(Err(AttachError::InvalidVolume(format!(
                         "volume {} changed state during the attach",
                         volume.id
@@ -292,8 +289,8 @@ impl Service {
         match finished {
             Ok(written) => Ok(written),
             Err(error) => {
-                let volume = volume.with_fields(&fields);
-                Err(self.undo_connect(op, calls, &volume, &row, vec![connector.clone()], origin, error).await)
+                let revoke = vec![connector.clone()];
+                Err(self.undo_connect(op, calls, &volume, fields, &row, revoke, origin, error).await)
             }
         }
     }
@@ -301,19 +298,20 @@ impl Service {
     /// After a failed connect: revokes whatever access may have been granted (every connector in
     /// `revoke`), then rolls the attachment back (`Remove` for a create, `UndoConnect` for an
     /// update), or marks it `error_attaching` when revoking failed; ends the operation. Returns
-    /// `error`. Also what recovery does with an interrupted connect.
+    /// `error`. Also what recovery does with an interrupted connect. `volume` is as the operation
+    /// read it; `fields`, its driver fields as the connect left them.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn undo_connect(
         &self,
         op: &Op<'_>,
         mut calls: DriverCalls<'_>,
         volume: &Volume,
+        mut fields: VolumeFields,
         row: &Attachment,
         revoke: Vec<Connector>,
         origin: ConnectOrigin,
         error: AttachError,
     ) -> AttachError {
-        let mut fields = volume.fields.clone();
         let cleaned: Result<(), AttachError> = async {
             let others = self.other_attachments(&volume.id, &row.id).await?;
             for c in &revoke {
@@ -332,7 +330,8 @@ impl Service {
         let recorded: Result<(), AttachError> = self
             .store
             .write(async |tx| {
-                let locked = volumes::lock(tx, &volume.id, t, cleaned.is_ok().then_some(&fields)).await?;
+                let change = cleaned.is_ok().then_some((&volume.fields, &fields));
+                let locked = volumes::lock(tx, &volume.id, t, change).await?;
                 match (locked, event) {
                     (Some(locked), Event::Remove) => {
                         rows::remove(tx, &row.id, t).await?;
@@ -405,7 +404,7 @@ impl Service {
     /// deletes it. Returns the volume's remaining live attachments.
     pub async fn delete_attachment(&self, caller: &Caller, id: &str) -> Result<Vec<Attachment>, AttachError> {
         let row = self.attachment(caller, id).await?;
-        let _lock = self.locks.lock(&row.volume_id).await;
+        let _held = self.hold(&row.volume_id).await?;
         self.remove_locked(caller, id, AfterDisconnect::Remove).await
     }
 
@@ -419,7 +418,6 @@ impl Service {
         then: AfterDisconnect,
     ) -> Result<Vec<Attachment>, AttachError> {
         let row = self.attachment(caller, id).await?;
-        self.clear_interrupted(&row.volume_id).await?;
         let (volume, live) = self
             .store
             .read(async |tx| {
@@ -457,7 +455,7 @@ impl Service {
         self.store.write(async |tx| op.begin(tx).await).await?;
         failpoint::hit("attach.remove.intent");
         let backend = self.backend(&volume)?;
-        let mut calls = backend.driver.calls();
+        let mut calls = op.calls(&backend.driver);
         let conn = connector.for_mode(this.attachment.attach_mode.effective(Some(&connector)));
         match disconnect(&mut calls, &volume, &others, Some(&conn)).await {
             Ok(fields) => {
@@ -618,7 +616,8 @@ pub(super) fn after_event(then: AfterDisconnect) -> Event {
 }
 
 /// In a write transaction: what a disconnect does to its attachment once access is revoked, with
-/// the driver's fields afterwards. Returns the volume's remaining live attachments.
+/// the driver's fields afterwards (`volume` is as the disconnect read it). Returns the volume's
+/// remaining live attachments.
 pub(super) async fn apply_after(
     tx: &mut Tx,
     volume: &Volume,
@@ -627,7 +626,7 @@ pub(super) async fn apply_after(
     fields: Option<&VolumeFields>,
 ) -> Result<Vec<Attachment>, AttachError> {
     let t = transition(after_event(then));
-    let Some(locked) = volumes::lock(tx, &volume.id, t, fields).await? else {
+    let Some(locked) = volumes::lock(tx, &volume.id, t, fields.map(|f| (&volume.fields, f))).await? else {
         let now =
             volumes::get(tx, &volume.id, Scope::All).await?.ok_or_else(|| volume_not_found(&volume.id))?;
         return Err(AttachError::InvalidVolume(format!(

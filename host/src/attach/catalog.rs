@@ -51,12 +51,17 @@ pub struct Backend {
     /// The driver was granted the host's iSCSI target service: the reconciler compares that
     /// service's targets with this backend's attachments.
     pub uses_targets: bool,
+    /// Served by every node that configures it (`shared = true`: the driver reaches its backend
+    /// over the network), rather than owned by this node.
+    pub shared: bool,
 }
 
 impl Backend {
-    /// The backend `name` as served by `node`: its `service_uuid` names both.
-    pub fn new(node: &str, name: &str, driver: Driver, uses_targets: bool) -> Self {
-        Backend { name: name.to_string(), service_uuid: service_uuid(node, name), driver, uses_targets }
+    /// The backend `name` as served by `node`: its `service_uuid` names both, or only the backend
+    /// when it is shared.
+    pub fn new(node: &str, name: &str, driver: Driver, uses_targets: bool, shared: bool) -> Self {
+        let service_uuid = if shared { shared_service_uuid(name) } else { service_uuid(node, name) };
+        Backend { name: name.to_string(), service_uuid, driver, uses_targets, shared }
     }
 }
 
@@ -64,6 +69,11 @@ impl Backend {
 /// backend on another node.
 pub fn service_uuid(node: &str, backend: &str) -> String {
     uuid::Uuid::new_v5(&NAMESPACE, format!("backend:{node}@{backend}").as_bytes()).to_string()
+}
+
+/// The `service_uuid` of a shared backend: the same on every node that serves it.
+pub fn shared_service_uuid(backend: &str) -> String {
+    uuid::Uuid::new_v5(&NAMESPACE, format!("shared-backend:{backend}").as_bytes()).to_string()
 }
 
 /// Every volume type and backend.

@@ -36,6 +36,14 @@ pub enum AttachError {
     /// interrupted operation could not be finished yet); retrying later may succeed.
     #[error("{0}")]
     Unavailable(String),
+    /// The volume's driver calls run on another node (the node that owns it, or one that serves
+    /// its shared backend): the API forwards the request there when it can (`api/forward.rs`).
+    #[error("{0}")]
+    Elsewhere(super::nodes::Remote),
+    /// Another node began an operation on the volume at the same moment; nothing was recorded and
+    /// the flow may run again (`Service::owned` does, for a while).
+    #[error("Resource conflict: another operation on volume {0} is in progress; retry")]
+    Busy(String),
     /// A bug: an operation's task stopped without an answer.
     #[error("internal error: {0}")]
     Internal(String),

@@ -92,8 +92,7 @@ impl Service {
     /// given. Nothing to do is not an error.
     pub async fn legacy_unreserve(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
         self.volume(caller, volume_id).await?;
-        let _lock = self.locks.lock(volume_id).await;
-        self.clear_interrupted(volume_id).await?;
+        let _held = self.hold(volume_id).await?;
         let volume = self.legacy_volume(volume_id).await?;
         let Some(pending) = volume.live.iter().rev().find(|l| is_pending(&l.attachment)) else {
             return Ok(());
@@ -112,8 +111,7 @@ impl Service {
         let found = self.volume(caller, volume_id).await?;
         let mode = AttachMode::Null.effective(Some(&connector));
         self.driver(&found).await?.calls().validate_connector(&connector.for_mode(mode)).await?;
-        let _lock = self.locks.lock(volume_id).await;
-        self.clear_interrupted(volume_id).await?;
+        let _held = self.hold(volume_id).await?;
         self.reconciled_first(volume_id).await?;
         let volume = self.legacy_volume(volume_id).await?;
         if let Some(row) = volume.matching(&connector).next() {
@@ -148,7 +146,7 @@ impl Service {
         let op = self.operation(OpKind::Reconnect, &volume.id, Some(&row.id), Some(connector));
         self.store.write(async |tx| op.begin(tx).await).await?;
         failpoint::hit("legacy.reinitialize.intent");
-        let mut calls = backend.driver.calls();
+        let mut calls = op.calls(&backend.driver);
         let conn = connector.for_mode(row.attach_mode.effective(Some(connector)));
         let mut fields = volume.fields.clone();
         let replayed = async {
@@ -167,7 +165,13 @@ impl Service {
         self.store
             .write(async |tx| {
                 if replayed.is_ok() {
-                    volumes::lock(tx, &volume.id, transition(Event::Refresh), Some(&fields)).await?;
+                    volumes::lock(
+                        tx,
+                        &volume.id,
+                        transition(Event::Refresh),
+                        Some((&volume.fields, &fields)),
+                    )
+                    .await?;
                 }
                 targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
                 op.finish(tx).await
@@ -186,7 +190,7 @@ impl Service {
         req: LegacyAttach,
     ) -> Result<(), AttachError> {
         let found = self.volume(caller, volume_id).await?;
-        let _lock = self.locks.lock(volume_id).await;
+        let _held = self.hold(volume_id).await?;
         let volume = self.legacy_volume(volume_id).await?;
         let connected: Vec<&Attachment> = volume
             .live
@@ -295,8 +299,7 @@ impl Service {
         connector: Option<Connector>,
     ) -> Result<(), AttachError> {
         self.volume(caller, volume_id).await?;
-        let _lock = self.locks.lock(volume_id).await;
-        self.clear_interrupted(volume_id).await?;
+        let _held = self.hold(volume_id).await?;
         let volume = self.legacy_volume(volume_id).await?;
         let targets: Vec<(String, bool)> = match &connector {
             Some(c) => volume.matching(c).map(|a| (a.id.clone(), is_pending(a))).collect(),
@@ -336,14 +339,15 @@ impl Service {
         let op = self.operation(OpKind::Revoke, volume_id, None, Some(connector));
         self.store.write(async |tx| op.begin(tx).await).await?;
         failpoint::hit("attach.revoke.intent");
-        let mut calls = backend.driver.calls();
+        let mut calls = op.calls(&backend.driver);
         let conn = connector.for_mode(AttachMode::Null.effective(Some(connector)));
         let revoked = disconnect(&mut calls, &volume, others, Some(&conn)).await;
         failpoint::hit("attach.revoke.commit");
         self.store
             .write(async |tx| {
                 if let Ok(fields) = &revoked {
-                    volumes::lock(tx, volume_id, transition(Event::Refresh), Some(fields)).await?;
+                    volumes::lock(tx, volume_id, transition(Event::Refresh), Some((&volume.fields, fields)))
+                        .await?;
                 }
                 targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
                 op.finish(tx).await
@@ -361,8 +365,7 @@ impl Service {
         attachment_id: Option<&str>,
     ) -> Result<(), AttachError> {
         self.volume(caller, volume_id).await?;
-        let _lock = self.locks.lock(volume_id).await;
-        self.clear_interrupted(volume_id).await?;
+        let _held = self.hold(volume_id).await?;
         let volume = self.legacy_volume(volume_id).await?;
         let id = match attachment_id {
             Some(id) => match volume.live.iter().find(|l| l.attachment.id == id) {
@@ -409,8 +412,7 @@ impl Service {
         attachment_id: Option<&str>,
     ) -> Result<(), AttachError> {
         self.fresh_volume(volume_id).await?;
-        let _lock = self.locks.lock(volume_id).await;
-        self.clear_interrupted(volume_id).await?;
+        let _held = self.hold(volume_id).await?;
         let volume = self.fresh_volume(volume_id).await?;
         let live = self.legacy_volume(volume_id).await?;
         let targets: Vec<&Attachment> = match (attachment_id, &connector) {
@@ -438,7 +440,7 @@ impl Service {
         );
         self.store.write(async |tx| op.begin(tx).await).await?;
         failpoint::hit("legacy.force-detach.intent");
-        let mut calls = backend.driver.calls();
+        let mut calls = op.calls(&backend.driver);
         let mut fields = volume.fields.clone();
         if revoke {
             let conn = given.as_ref().map(|c| c.for_mode(AttachMode::Null.effective(Some(c))));
@@ -480,7 +482,7 @@ pub(super) async fn finish_force_detach(
     service
         .store
         .write(async |tx| {
-            if let Some(locked) = volumes::lock(tx, &volume.id, t, Some(fields)).await? {
+            if let Some(locked) = volumes::lock(tx, &volume.id, t, Some((&volume.fields, fields))).await? {
                 for id in ids {
                     rows::remove(tx, id, t).await?;
                 }

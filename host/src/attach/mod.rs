@@ -130,8 +130,9 @@ impl Service {
         &self.owner
     }
 
-    /// The backend that runs the driver calls of a volume. Operations on another node's volume are
-    /// refused before they start (`Service::check_owner`, in `Op::begin`), so this is a last guard.
+    /// The backend that runs the driver calls of a volume. Operations on a volume whose calls run
+    /// on another node are refused before they start (`Service::hold`, `Op::begin`), so this is a
+    /// last guard.
     fn backend(&self, volume: &Volume) -> Result<&Backend, AttachError> {
         let backend = self
             .catalog
@@ -148,10 +149,10 @@ impl Service {
     }
 
     /// The driver of a volume for a call that needs no operation (validate-connector): refused,
-    /// naming the owner, for another node's volume.
+    /// naming the node, for a volume whose calls run on another node.
     async fn driver(&self, volume: &Volume) -> Result<&Driver, AttachError> {
         if self.backend(volume).is_err() {
-            self.store.read(async |tx| self.check_owner(tx, &volume.id).await).await?;
+            self.store.read(async |tx| self.check_placement(tx, &volume.id).await).await?;
         }
         Ok(&self.backend(volume)?.driver)
     }

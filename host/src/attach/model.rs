@@ -242,6 +242,10 @@ pub struct Operation {
     pub incarnation: String,
     pub lease_until: i64,
     pub created_at: i64,
+    /// The fencing generation: 1 when written, one more at every take-over. The owner's writes
+    /// name the generation it holds, so an owner that was taken over can no longer record
+    /// anything.
+    pub generation: i64,
 }
 
 /// What an operation does, with what it needs to be finished or undone.

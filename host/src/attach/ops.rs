@@ -12,21 +12,33 @@
 //!   the volume knows its owner is gone (a killed process, a flow that could not record its
 //!   outcome). An operation of another node is orphaned once its lease has expired. Either is
 //!   driven to a safe end by `recover.rs` before anything else happens to the volume
-//!   ([`Service::clear_interrupted`]).
+//!   ([`Service::hold`]).
+//! - **Across nodes** (a shared backend, whose volumes any of its nodes may change): the volume's
+//!   operation row is the lock. [`Service::hold`] waits while another node's operation on the
+//!   volume holds its lease; two nodes that begin at the same moment are told apart by the unique
+//!   index, and the one refused runs its flow again ([`AttachError::Busy`], [`Service::owned`]).
+//! - **Fencing.** An operation holds a lease and a generation. A node that takes an orphan over
+//!   moves it to the next generation, and every write of an owner names the generation it holds
+//!   ([`Op::finish`], lease renewals), so an owner that lost its lease records nothing more; its
+//!   driver calls stop too: each is made only while the lease, as this process last renewed it,
+//!   has a margin left ([`Op::calls`]). (Nodes' clocks must agree to within that margin, a
+//!   quarter of the lease.)
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::Instrument;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedMutexGuard};
 
 use super::model::{Connector, OpKind, Operation};
+use super::nodes::Placement;
 use super::{AttachError, Service};
+use crate::runtime::{Driver, DriverCalls};
 use crate::store::sql::Tx;
-use crate::store::{ONE_OPERATION_PER_VOLUME, now_micros, operations, volumes};
+use crate::store::{ONE_OPERATION_PER_VOLUME, now_micros, operations};
 
 /// This process as the owner of operations: the node it runs as, and this run of it.
 pub struct Owner {
@@ -36,8 +48,8 @@ pub struct Owner {
     pub incarnation: String,
     /// How long an operation stays ours without renewal.
     pub lease: Duration,
-    /// Operations this process is running now.
-    running: Mutex<HashSet<String>>,
+    /// Operations this process is running now, with their leases.
+    running: Mutex<HashMap<String, Arc<Lease>>>,
     /// Flows in flight (tasks started by [`Service::owned`]).
     in_flight: AtomicUsize,
     idle: Notify,
@@ -55,13 +67,22 @@ impl Owner {
         }
     }
 
-    fn running(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Lease>>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The lease's end for an operation started or renewed now.
     pub fn lease_until(&self) -> i64 {
         now_micros() + self.lease.as_micros() as i64
+    }
+
+    /// A lease held from now, at `generation`.
+    fn new_lease(&self, generation: i64) -> Arc<Lease> {
+        Arc::new(Lease {
+            generation,
+            until: AtomicI64::new(self.lease_until()),
+            margin: (self.lease.as_micros() / 4) as i64,
+        })
     }
 
     /// Whether an unfinished operation has lost its owner: this node's, when the caller holds the
@@ -103,11 +124,35 @@ impl Drop for InFlight {
     }
 }
 
+/// An operation's lease as this process holds it.
+pub(crate) struct Lease {
+    generation: i64,
+    /// Until when (this process's clock, microseconds); 0 once lost.
+    until: AtomicI64,
+    /// How long before `until` the owner stops acting.
+    margin: i64,
+}
+
+impl Lease {
+    /// Why the owner may no longer act, if so.
+    fn lost(&self) -> Option<String> {
+        let until = self.until.load(Ordering::Acquire);
+        (now_micros() >= until - self.margin).then(|| {
+            if until == 0 {
+                "the operation was taken over by another node".to_string()
+            } else {
+                "the operation's lease ran out before it could be renewed".to_string()
+            }
+        })
+    }
+}
+
 /// An operation of this process, from its creation to its end. Dropping it (the flow ended, or
 /// panicked) stops renewing its lease; a row left behind is then an orphan.
 pub(crate) struct Op<'s> {
     service: &'s Service,
     pub(crate) record: Operation,
+    lease: Arc<Lease>,
 }
 
 impl Drop for Op<'_> {
@@ -117,24 +162,29 @@ impl Drop for Op<'_> {
 }
 
 impl Op<'_> {
-    /// Records the operation, in the transaction that starts it. A volume that has one already
-    /// (which the caller's [`Service::clear_interrupted`] makes a race with another node) refuses
-    /// it with a 409.
+    /// Records the operation, in the transaction that starts it; the caller holds the volume
+    /// ([`Service::hold`], which checked that its calls run here). A volume that has one already
+    /// (another node began one since `hold` looked) refuses it: [`AttachError::Busy`], and the
+    /// transaction records nothing.
     pub(crate) async fn begin(&self, tx: &mut Tx) -> Result<(), AttachError> {
-        self.service.check_owner(tx, &self.record.volume_id).await?;
         match operations::insert(tx, &self.record).await {
             Ok(()) => Ok(()),
-            Err(e) if e.is_constraint(ONE_OPERATION_PER_VOLUME) => Err(AttachError::Conflict(format!(
-                "another operation on volume {} is in progress; retry",
-                self.record.volume_id
-            ))),
+            Err(e) if e.is_constraint(ONE_OPERATION_PER_VOLUME) => {
+                Err(AttachError::Busy(self.record.volume_id.clone()))
+            }
             Err(e) => Err(e.into()),
         }
     }
 
+    /// The driver calls of this operation: each is made only while it holds its lease.
+    pub(crate) fn calls<'d>(&self, driver: &'d Driver) -> DriverCalls<'d> {
+        let lease = self.lease.clone();
+        driver.calls().guarded(Arc::new(move || lease.lost()))
+    }
+
     /// Ends the operation, in the transaction that records its outcome.
     pub(crate) async fn finish(&self, tx: &mut Tx) -> Result<(), AttachError> {
-        if !operations::finish(tx, &self.record.id).await? {
+        if !operations::finish(tx, &self.record.id, self.lease.generation).await? {
             // Taken over by another node after our lease expired: what it decided stands, and
             // this transaction must not commit a second outcome.
             return Err(AttachError::Unavailable(format!(
@@ -148,22 +198,36 @@ impl Op<'_> {
 
 impl Service {
     /// Runs a changing flow as a task the service owns (see the module notes), and returns its
-    /// result to whoever is still waiting.
-    pub async fn owned<T, F, Fut>(self: &Arc<Self>, flow: F) -> Result<T, AttachError>
+    /// result to whoever is still waiting. A flow that met another node's operation beginning at
+    /// the same moment ([`AttachError::Busy`]) recorded nothing and runs again on its `input`, for
+    /// up to a lease.
+    pub async fn owned<I, T, F, Fut>(self: &Arc<Self>, input: I, flow: F) -> Result<T, AttachError>
     where
-        F: FnOnce(Arc<Service>) -> Fut,
+        I: Clone + Send + 'static,
+        F: Fn(Arc<Service>, I) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, AttachError>> + Send + 'static,
         T: Send + 'static,
     {
         self.owner.in_flight.fetch_add(1, Ordering::AcqRel);
         crate::metrics::METRICS.operations_in_flight.inc();
         let counted = InFlight(self.clone());
-        let work = flow(self.clone());
+        let service = self.clone();
         // The operation logs in the span of the request that started it (its request id).
         let task = tokio::spawn(
             async move {
                 let _counted = counted;
-                work.await
+                let deadline = Instant::now() + service.owner.lease;
+                let mut pause = Duration::from_millis(2);
+                loop {
+                    match flow(service.clone(), input.clone()).await {
+                        Err(AttachError::Busy(volume)) if Instant::now() < deadline => {
+                            tracing::debug!(%volume, "another node began an operation on the volume; running again");
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(Duration::from_millis(100));
+                        }
+                        outcome => return outcome,
+                    }
+                }
             }
             .instrument(tracing::Span::current()),
         );
@@ -192,99 +256,112 @@ impl Service {
             incarnation: self.owner.incarnation.clone(),
             lease_until: self.owner.lease_until(),
             created_at: now_micros(),
+            generation: 1,
         };
-        self.owner.running().insert(record.id.clone());
-        Op { service: self, record }
+        let lease = self.owner.new_lease(record.generation);
+        self.owner.running().insert(record.id.clone(), lease.clone());
+        Op { service: self, record, lease }
     }
 
-    /// Makes an orphaned operation this process's, atomically: only if its row still names the
-    /// owner it had when it was read (a node that lost its lease can no longer finish it, and two
-    /// nodes cannot both take it over).
+    /// Makes an orphaned operation this process's, atomically: only if it is still at the
+    /// generation it had when it was read, and at the next one from now on (the owner it had can
+    /// no longer finish it, and two nodes cannot both take it over).
     pub(crate) async fn take_over(&self, mut record: Operation) -> Result<Op<'_>, AttachError> {
-        let (previous, until) = (record.incarnation.clone(), self.owner.lease_until());
+        let until = self.owner.lease_until();
         let (node, incarnation) = (self.owner.node.clone(), self.owner.incarnation.clone());
         let taken = self
             .store
             .write(async |tx| {
                 // Another node's volume stays its own: its operation waits for that node.
-                self.check_owner(tx, &record.volume_id).await?;
+                self.check_placement(tx, &record.volume_id).await?;
                 Ok::<_, AttachError>(
-                    operations::take_over(tx, &record.id, &previous, &node, &incarnation, until).await?,
+                    operations::take_over(tx, &record.id, record.generation, &node, &incarnation, until)
+                        .await?,
                 )
             })
             .await?;
-        if !taken {
+        let Some(generation) = taken else {
             return Err(AttachError::Unavailable(format!(
                 "the interrupted operation on volume {} was taken over by another node",
                 record.volume_id
             )));
-        }
+        };
         record.node = node;
         record.incarnation = incarnation;
         record.lease_until = until;
-        self.owner.running().insert(record.id.clone());
-        Ok(Op { service: self, record })
+        record.generation = generation;
+        let lease = self.owner.new_lease(generation);
+        self.owner.running().insert(record.id.clone(), lease.clone());
+        Ok(Op { service: self, record, lease })
     }
 
-    /// Refuses (503) an operation on a volume another node owns. A backend's targets are local to
-    /// its node (each node has its own tgtd), and a volume belongs to the node whose backend
-    /// created it (its `service_uuid` names that node and backend): only that node may run its
-    /// driver calls, so no node ever exports another node's volume from its own target service.
-    pub(crate) async fn check_owner(&self, tx: &mut Tx, volume_id: &str) -> Result<(), AttachError> {
-        let served = volumes::backends(tx, &[volume_id.to_string()]).await?;
-        let Some(served) = served.get(volume_id) else { return Ok(()) };
-        let mine = self.catalog.backend(&served.backend).map(|b| b.service_uuid.as_str());
-        let Some(owner) = served.service_uuid.as_ref().filter(|o| mine != Some(o.as_str())) else {
-            return Ok(());
-        };
-        let nodes = crate::store::nodes::list(tx).await?;
-        let hosts = super::nodes::Hosts::of(&nodes, &self.owner.node);
-        let node = hosts.node_of(owner);
-        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
-        let state = match nodes.iter().find(|n| Some(n.name.as_str()) == node) {
-            Some(n) if now_micros() - n.heartbeat_at <= lease => "up".to_string(),
-            Some(n) => format!("down: no heartbeat for {} s", (now_micros() - n.heartbeat_at) / 1_000_000),
-            None => "unknown".to_string(),
-        };
-        Err(AttachError::Unavailable(format!(
-            "Volume {volume_id} is served by another Berth node, {} ({state}), whose targets this node \
-             cannot reach; send the request to that node.",
-            node.unwrap_or(owner)
-        )))
-    }
-
-    /// Before anything else happens to a volume whose lock the caller holds: drives an operation
-    /// that lost its owner to its end. An operation another node still owns makes the volume
-    /// unavailable for now (503).
-    pub(crate) async fn clear_interrupted(&self, volume_id: &str) -> Result<(), AttachError> {
-        let Some(op) = self.store.read(async |tx| operations::of_volume(tx, volume_id).await).await? else {
-            return Ok(());
-        };
-        if !self.owner.is_orphaned(&op) {
-            return Err(AttachError::Unavailable(format!(
-                "an operation on volume {volume_id} is in progress on node {}",
-                op.node
-            )));
+    /// Takes a volume before anything happens to it, for as long as the guard lives: its lock in
+    /// this process, after checking that its driver calls run here ([`AttachError::Elsewhere`]
+    /// otherwise, which the API forwards); then an operation that lost its owner is driven to
+    /// its end, and one that another node runs now is waited for (503 after a lease).
+    pub(crate) async fn hold(&self, volume_id: &str) -> Result<OwnedMutexGuard<()>, AttachError> {
+        let guard = self.locks.lock(volume_id).await;
+        let (placed, mut found) = self
+            .store
+            .read(async |tx| {
+                Ok::<_, AttachError>((
+                    self.placement(tx, volume_id).await?,
+                    operations::of_volume(tx, volume_id).await?,
+                ))
+            })
+            .await?;
+        if let Placement::Elsewhere(remote) = placed {
+            return Err(AttachError::Elsewhere(remote));
         }
-        self.recover(op).await
+        let deadline = Instant::now() + self.owner.lease;
+        let mut pause = Duration::from_millis(2);
+        loop {
+            let Some(op) = found.take() else {
+                return Ok(guard);
+            };
+            if self.owner.is_orphaned(&op) {
+                self.recover(op).await?;
+                return Ok(guard);
+            }
+            if Instant::now() >= deadline {
+                return Err(AttachError::Unavailable(format!(
+                    "an operation on volume {volume_id} is in progress on node {}",
+                    op.node
+                )));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+            found = self.store.read(async |tx| operations::of_volume(tx, volume_id).await).await?;
+        }
     }
 
     /// Extends the leases of the operations this process runs, every third of a lease, for as
-    /// long as the service lives.
+    /// long as the service lives. An operation whose row is at another generation was taken over:
+    /// its lease is lost at once, and its owner stops acting. (A lease that is not renewed, for
+    /// whatever reason, runs out by itself.)
     pub async fn renew_leases(self: Arc<Self>) {
         let every = (self.owner.lease / 3).max(Duration::from_millis(100));
         loop {
             tokio::time::sleep(every).await;
-            let ids: Vec<String> = self.owner.running().iter().cloned().collect();
-            if ids.is_empty() {
+            let held: Vec<(String, Arc<Lease>)> =
+                self.owner.running().iter().map(|(id, l)| (id.clone(), l.clone())).collect();
+            if held.is_empty() {
                 continue;
             }
             let until = self.owner.lease_until();
-            let incarnation = self.owner.incarnation.clone();
-            let renewed =
-                self.store.write(async |tx| operations::renew(tx, &ids, &incarnation, until).await).await;
-            if let Err(e) = renewed {
-                tracing::warn!("could not renew the leases of {} operations: {e}", ids.len());
+            let ids: Vec<(String, i64)> = held.iter().map(|(id, l)| (id.clone(), l.generation)).collect();
+            match self.store.write(async |tx| operations::renew(tx, &ids, until).await).await {
+                Ok(found) => {
+                    for (id, lease) in &held {
+                        if found.renewed.contains(id) {
+                            lease.until.fetch_max(until, Ordering::AcqRel);
+                        } else if found.taken_over.contains(id) {
+                            tracing::warn!(operation = %id, "the operation was taken over by another node");
+                            lease.until.store(0, Ordering::Release);
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!("could not renew the leases of {} operations: {e}", held.len()),
             }
         }
     }

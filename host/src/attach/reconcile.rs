@@ -171,10 +171,15 @@ impl Service {
         Ok(report)
     }
 
-    /// Drives every orphaned operation to its end.
+    /// Drives every orphaned operation of a volume whose calls run here to its end (another
+    /// node's volume waits for its node).
     async fn recover_orphans(&self, report: &mut Reconciled) -> Result<(), AttachError> {
         for op in self.store.read(async |tx| operations::all(tx).await).await? {
             let _lock = self.locks.lock(&op.volume_id).await;
+            let placed = self.store.read(async |tx| self.placement(tx, &op.volume_id).await).await;
+            if !matches!(placed, Ok(super::nodes::Placement::Here)) {
+                continue;
+            }
             let now = self.store.read(async |tx| operations::of_volume(tx, &op.volume_id).await).await?;
             let Some(now) = now.filter(|n| n.id == op.id && self.owner.is_orphaned(n)) else { continue };
             match self.recover(now).await {
@@ -340,8 +345,7 @@ impl Service {
     /// Replays the exports and connections of a volume's connected attachments; false when it has
     /// none any more.
     async fn repair(&self, volume_id: &str) -> Result<bool, AttachError> {
-        let _lock = self.locks.lock(volume_id).await;
-        self.clear_interrupted(volume_id).await?;
+        let _held = self.hold(volume_id).await?;
         self.repair_locked(volume_id).await
     }
 
@@ -375,7 +379,7 @@ impl Service {
         let op = self.operation(OpKind::Repair, volume_id, None, None);
         self.store.write(async |tx| op.begin(tx).await).await?;
         failpoint::hit("reconcile.repair.intent");
-        let mut calls = backend.driver.calls();
+        let mut calls = op.calls(&backend.driver);
         let mut fields = volume.fields.clone();
         let replayed: Result<(), AttachError> = async {
             match calls.create_export(&volume.contract(), None).await {
@@ -395,7 +399,8 @@ impl Service {
         self.store
             .write(async |tx| {
                 if replayed.is_ok() {
-                    volumes::lock(tx, volume_id, transition(Event::Refresh), Some(&fields)).await?;
+                    volumes::lock(tx, volume_id, transition(Event::Refresh), Some((&volume.fields, &fields)))
+                        .await?;
                 }
                 targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
                 op.finish(tx).await
@@ -413,8 +418,7 @@ impl Service {
         initiator: &str,
         service: &dyn TargetService,
     ) -> Result<bool, AttachError> {
-        let _lock = self.locks.lock(volume_id).await;
-        self.clear_interrupted(volume_id).await?;
+        let _held = self.hold(volume_id).await?;
         let live = self.store.read(async |tx| rows::live(tx, volume_id).await).await?;
         let connected: Vec<&Live> = live.iter().filter(|l| l.is_connected()).collect();
         if connected.iter().any(|l| l.connector.as_ref().and_then(Connector::initiator) == Some(initiator)) {
@@ -447,8 +451,7 @@ impl Service {
         iqn: &str,
         service: &dyn TargetService,
     ) -> Result<bool, AttachError> {
-        let _lock = self.locks.lock(volume_id).await;
-        self.clear_interrupted(volume_id).await?;
+        let _held = self.hold(volume_id).await?;
         let (volume, live) = self
             .store
             .read(async |tx| {
@@ -472,7 +475,7 @@ impl Service {
         let op = self.operation(OpKind::RemoveExport, volume_id, None, None);
         self.store.write(async |tx| op.begin(tx).await).await?;
         failpoint::hit("reconcile.remove-export.intent");
-        let mut calls = backend.driver.calls();
+        let mut calls = op.calls(&backend.driver);
         let mut fields = volume.fields.clone();
         let removed = match calls.remove_export(&volume.contract()).await {
             Ok(update) => backend.driver.apply(Call::RemoveExport, &mut fields, &update),
@@ -486,7 +489,7 @@ impl Service {
         self.store
             .write(async |tx| {
                 if removed.is_ok() && volume.status != super::state::VolumeStatus::Deleted {
-                    volumes::lock(tx, volume_id, transition(Event::Refresh), Some(&fields)).await?;
+                    volumes::lock(tx, volume_id, transition(Event::Refresh), Some((&volume.fields, &fields))).await?;
                 }
                 targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
                 if removed.is_ok() && !gone {

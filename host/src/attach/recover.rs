@@ -94,10 +94,19 @@ impl Service {
                     // The attachment is gone: revoke what may remain, and end.
                     return self.revoke_and_end(op, &volume, &connectors, &except(&[])).await;
                 };
-                let calls = self.backend(&volume)?.driver.calls();
+                let calls = op.calls(&self.backend(&volume)?.driver);
                 let interrupted = AttachError::Unavailable("the connect was interrupted".into());
                 let _ = self
-                    .undo_connect(op, calls, &volume, &this.attachment, connectors, *origin, interrupted)
+                    .undo_connect(
+                        op,
+                        calls,
+                        &volume,
+                        volume.fields.clone(),
+                        &this.attachment,
+                        connectors,
+                        *origin,
+                        interrupted,
+                    )
                     .await;
                 self.ended(op).await
             }
@@ -108,7 +117,7 @@ impl Service {
                     None => except(&[]),
                 };
                 let backend = self.backend(&volume)?;
-                let mut calls = backend.driver.calls();
+                let mut calls = op.calls(&backend.driver);
                 let conn = record.connector.as_ref().map(|c| c.for_mode(mode_of(c)));
                 match disconnect(&mut calls, &volume, &others, conn.as_ref()).await {
                     Ok(fields) => {
@@ -120,8 +129,13 @@ impl Service {
                                         apply_after(tx, &volume, a, *then, Some(&fields)).await?;
                                     }
                                     None => {
-                                        volumes::lock(tx, id, transition(Event::Refresh), Some(&fields))
-                                            .await?;
+                                        volumes::lock(
+                                            tx,
+                                            id,
+                                            transition(Event::Refresh),
+                                            Some((&volume.fields, &fields)),
+                                        )
+                                        .await?;
                                     }
                                 }
                                 targets::record(tx, &volume.backend, id, &calls.effects).await?;
@@ -140,7 +154,7 @@ impl Service {
             OpKind::ForceDetach { attachments } => {
                 let refs: Vec<&str> = attachments.iter().map(String::as_str).collect();
                 let backend = self.backend(&volume)?;
-                let mut calls = backend.driver.calls();
+                let mut calls = op.calls(&backend.driver);
                 let conn = record.connector.as_ref().map(|c| c.for_mode(mode_of(c)));
                 match disconnect(&mut calls, &volume, &except(&refs), conn.as_ref()).await {
                     Ok(fields) => finish_force_detach(self, op, &volume, attachments, &fields, &calls).await,
@@ -154,7 +168,7 @@ impl Service {
             }
             OpKind::RemoveExport => {
                 let backend = self.backend(&volume)?;
-                let mut calls = backend.driver.calls();
+                let mut calls = op.calls(&backend.driver);
                 let mut fields = volume.fields.clone();
                 let removed = match calls.remove_export(&volume.contract()).await {
                     Ok(update) => {
@@ -171,7 +185,13 @@ impl Service {
                 self.store
                     .write(async |tx| {
                         if removed.is_ok() {
-                            volumes::lock(tx, id, transition(Event::Refresh), Some(&fields)).await?;
+                            volumes::lock(
+                                tx,
+                                id,
+                                transition(Event::Refresh),
+                                Some((&volume.fields, &fields)),
+                            )
+                            .await?;
                         }
                         targets::record(tx, &volume.backend, id, &calls.effects).await?;
                         op.finish(tx).await
@@ -190,7 +210,7 @@ impl Service {
         others: &[DriverAttachment],
     ) -> Result<(), AttachError> {
         let backend = self.backend(volume)?;
-        let mut calls = backend.driver.calls();
+        let mut calls = op.calls(&backend.driver);
         let mut fields = volume.fields.clone();
         for c in connectors {
             let conn: contract::Connector = c.for_mode(AttachMode::Null.effective(Some(c)));
@@ -205,7 +225,7 @@ impl Service {
         let id = volume.id.clone();
         self.store
             .write(async |tx| {
-                volumes::lock(tx, &id, transition(Event::Refresh), Some(&fields)).await?;
+                volumes::lock(tx, &id, transition(Event::Refresh), Some((&volume.fields, &fields))).await?;
                 targets::record(tx, &volume.backend, &id, &calls.effects).await?;
                 op.finish(tx).await
             })
@@ -240,6 +260,7 @@ fn may_pass(kind: &CallErrorKind) -> bool {
         kind,
         CallErrorKind::Driver(crate::runtime::contract::DriverError::Retryable(_))
             | CallErrorKind::Timeout(_)
+            | CallErrorKind::NotMade(_)
     )
 }
 

@@ -91,7 +91,7 @@ impl Service {
         row: &Volume,
     ) -> Result<Volume, AttachError> {
         let backend = self.backend(row)?;
-        let mut calls = backend.driver.calls();
+        let mut calls = op.calls(&backend.driver);
         let mut fields = row.fields.clone();
         let created = match calls.create_volume(&row.contract()).await {
             Ok(update) => backend.driver.apply(Call::CreateVolume, &mut fields, &update),
@@ -102,7 +102,7 @@ impl Service {
         let written = self
             .store
             .write(async |tx| {
-                let locked = volumes::lock(tx, &row.id, t, Some(&fields)).await?;
+                let locked = volumes::lock(tx, &row.id, t, Some((&row.fields, &fields))).await?;
                 let written = match locked {
                     Some(locked) => Some(conclude(tx, &locked, t).await?),
                     None => None,
@@ -121,8 +121,7 @@ impl Service {
     /// also accepts volumes stuck in `creating` or `deleting`.
     pub async fn delete_volume(&self, caller: &Caller, id: &str, force: bool) -> Result<(), AttachError> {
         self.volume(caller, id).await?;
-        let _lock = self.locks.lock(id).await;
-        self.clear_interrupted(id).await?;
+        let _held = self.hold(id).await?;
         let volume = self.volume(caller, id).await?;
         let t = transition(if force { Event::ForceDeleteVolume } else { Event::DeleteVolume });
         let op = self.operation(OpKind::DeleteVolume, id, None, None);
@@ -155,7 +154,7 @@ impl Service {
         volume: &Volume,
     ) -> Result<(), AttachError> {
         let backend = self.backend(volume)?;
-        let mut calls = backend.driver.calls();
+        let mut calls = op.calls(&backend.driver);
         let deleted = calls.delete_volume(&volume.contract()).await;
         failpoint::hit("volume.delete.commit");
         let t = transition(if deleted.is_ok() { Event::VolumeDeleted } else { Event::DeleteFailed });

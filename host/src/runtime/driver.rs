@@ -335,7 +335,7 @@ dispatcher!(dispatch_v0_1, v0_1::exports::berth::driver::driver::Guest, |g, s| {
 impl Driver {
     /// A session of calls for one operation of the service (see [`DriverCalls`]).
     pub fn calls(&self) -> DriverCalls<'_> {
-        DriverCalls { driver: self, effects: Vec::new() }
+        DriverCalls { driver: self, effects: Vec::new(), guard: None }
     }
 
     /// Applies a model update a call of this driver returned; a result that would overfill the
@@ -365,11 +365,22 @@ impl Driver {
 pub struct DriverCalls<'d> {
     driver: &'d Driver,
     pub effects: Vec<Effect>,
+    guard: Option<Guard>,
 }
 
-impl DriverCalls<'_> {
-    pub fn driver(&self) -> &Driver {
+/// A condition checked before every call of a [`DriverCalls`]: when it answers a reason, the call
+/// is not made and fails with [`CallErrorKind::NotMade`] (an operation that lost its lease).
+pub type Guard = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+impl<'d> DriverCalls<'d> {
+    pub fn driver(&self) -> &'d Driver {
         self.driver
+    }
+
+    /// The same calls, each made only while `guard` allows it.
+    pub fn guarded(mut self, guard: Guard) -> Self {
+        self.guard = Some(guard);
+        self
     }
 
     async fn expect<T>(
@@ -378,6 +389,14 @@ impl DriverCalls<'_> {
         pick: impl FnOnce(Response) -> Option<T>,
     ) -> Result<T, CallError> {
         let call = request.call();
+        if let Some(reason) = self.guard.as_ref().and_then(|allows| allows()) {
+            return Err(CallError {
+                driver: self.driver.backend().to_string(),
+                version: self.driver.info().version.clone(),
+                call,
+                kind: CallErrorKind::NotMade(reason),
+            });
+        }
         let outcome = self.driver.invoke(&request, &CallOptions::default()).await;
         self.effects.extend(outcome.stats.effects);
         let response = outcome.result?;

@@ -54,6 +54,10 @@ pub enum CallErrorKind {
     /// The instance could not be created.
     #[error("the driver could not be instantiated: {0}")]
     Instantiate(String),
+    /// The host did not make the call (an operation that lost its lease to another node):
+    /// nothing happened.
+    #[error("the call was not made: {0}")]
+    NotMade(String),
 }
 
 impl CallErrorKind {
@@ -70,6 +74,7 @@ impl CallErrorKind {
             CallErrorKind::InvalidOutput(_) => "invalid-output",
             CallErrorKind::Injected(_) => "injected",
             CallErrorKind::Instantiate(_) => "instantiate",
+            CallErrorKind::NotMade(_) => "not-made",
         }
     }
 }
@@ -94,8 +99,8 @@ impl CallError {
         }
     }
 
-    /// Whether the call may have partly happened: anything but a final typed error. The host
-    /// never records an uncertain detach as done.
+    /// Whether the call may have partly happened: anything but a final typed error or a call
+    /// that was not made. The host never records an uncertain detach as done.
     pub fn is_uncertain(&self) -> bool {
         !matches!(
             &self.kind,
@@ -104,7 +109,7 @@ impl CallError {
                     | DriverError::NotFound(_)
                     | DriverError::Incompatible(_)
                     | DriverError::Unsupported(_)
-            )
+            ) | CallErrorKind::NotMade(_)
         )
     }
 

@@ -63,6 +63,29 @@ impl VolumeFields {
         }
     }
 
+    /// Writes onto these fields (as stored now) what a flow changed from `from` to `to`: a field
+    /// it changed takes its value, a data entry it set, changed or removed follows it, and
+    /// everything else keeps what is stored, so a change another writer made meanwhile is kept.
+    pub fn merge(&mut self, from: &VolumeFields, to: &VolumeFields) {
+        for (stored, before, after) in [
+            (&mut self.provider_location, &from.provider_location, &to.provider_location),
+            (&mut self.provider_auth, &from.provider_auth, &to.provider_auth),
+            (&mut self.provider_id, &from.provider_id, &to.provider_id),
+        ] {
+            if before != after {
+                stored.clone_from(after);
+            }
+        }
+        for (key, value) in &to.driver_data {
+            if from.driver_data.get(key) != Some(value) {
+                self.driver_data.insert(key.clone(), value.clone());
+            }
+        }
+        for key in from.driver_data.keys().filter(|k| !to.driver_data.contains_key(*k)) {
+            self.driver_data.remove(key);
+        }
+    }
+
     /// Writes the fields into a volume record.
     pub fn write_to(&self, volume: &mut Volume) {
         volume.provider_location = self.provider_location.clone();
@@ -138,6 +161,39 @@ mod tests {
         assert_eq!(f.provider_location.as_deref(), Some("loc"));
         assert_eq!(f.provider_auth, None);
         assert_eq!(f.driver_data, BTreeMap::from([("a".to_string(), "1".to_string())]));
+    }
+
+    #[test]
+    fn a_merge_writes_what_the_flow_changed_and_keeps_what_another_writer_changed() {
+        let data = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let read = VolumeFields {
+            provider_location: Some("loc".into()),
+            provider_auth: Some("CHAP u s".into()),
+            provider_id: None,
+            driver_data: data(&[("a", "1"), ("b", "2"), ("c", "3")]),
+        };
+        // The flow sets an initiator's entry, removes another, and rotates the credentials.
+        let mut mine = read.clone();
+        mine.provider_auth = Some("CHAP u t".into());
+        mine.driver_data.insert("mine".into(), "x".into());
+        mine.driver_data.remove("b");
+        // Meanwhile another writer changed the location and other entries.
+        let mut stored = read.clone();
+        stored.provider_location = Some("moved".into());
+        stored.driver_data.insert("theirs".into(), "y".into());
+        stored.driver_data.insert("c".into(), "4".into());
+
+        stored.merge(&read, &mine);
+        assert_eq!(stored.provider_location.as_deref(), Some("moved"), "not changed by the flow: kept");
+        assert_eq!(stored.provider_auth.as_deref(), Some("CHAP u t"), "changed by the flow: written");
+        assert_eq!(stored.driver_data, data(&[("a", "1"), ("c", "4"), ("mine", "x"), ("theirs", "y")]));
+
+        // A flow that changed nothing changes nothing.
+        let before = stored.clone();
+        stored.merge(&read, &read);
+        assert_eq!(stored, before);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The `nodes` table: each `berth serve` registers itself at start (its backends, its version)
-//! and beats its heart while it runs.
+//! The `nodes` table: each `berth serve` registers itself at start (its backends, the ones it
+//! serves together with other nodes, the URL other nodes reach it at, its version) and beats its
+//! heart while it runs.
 
 use super::sql::Tx;
 use super::{StoreError, now_micros};
@@ -9,20 +10,43 @@ use crate::params;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Node {
     pub name: String,
+    /// Every backend it serves.
     pub backends: Vec<String>,
+    /// Those of its backends that other nodes serve too (`shared = true`).
+    pub shared_backends: Vec<String>,
+    /// Where other nodes forward requests for the volumes it owns.
+    pub url: Option<String>,
     pub version: String,
     pub started_at: i64,
     pub heartbeat_at: i64,
 }
 
+/// What a node registers.
+#[derive(Debug, Clone, Default)]
+pub struct Registration<'a> {
+    pub name: &'a str,
+    pub backends: &'a [String],
+    pub shared_backends: &'a [String],
+    pub url: Option<&'a str>,
+    pub version: &'a str,
+}
+
 /// Registers (or registers again) a node that starts now.
-pub async fn register(tx: &mut Tx, name: &str, backends: &[String], version: &str) -> Result<(), StoreError> {
+pub async fn register(tx: &mut Tx, node: &Registration<'_>) -> Result<(), StoreError> {
     let now = now_micros();
     // An upsert both databases understand.
-    tx.execute("DELETE FROM nodes WHERE name = $1", &params![name]).await?;
+    tx.execute("DELETE FROM nodes WHERE name = $1", &params![node.name]).await?;
     tx.execute(
-        "INSERT INTO nodes (name, backends, version, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $4)",
-        &params![name, backends.join(","), version, now],
+        "INSERT INTO nodes (name, backends, shared_backends, url, version, started_at, heartbeat_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $6)",
+        &params![
+            node.name,
+            node.backends.join(","),
+            node.shared_backends.join(","),
+            node.url,
+            node.version,
+            now
+        ],
     )
     .await?;
     Ok(())
@@ -34,19 +58,28 @@ pub async fn heartbeat(tx: &mut Tx, name: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+fn list_of(text: String) -> Vec<String> {
+    text.split(',').filter(|b| !b.is_empty()).map(str::to_string).collect()
+}
+
 /// Every node, by name.
 pub async fn list(tx: &mut Tx) -> Result<Vec<Node>, StoreError> {
-    tx.query("SELECT name, backends, version, started_at, heartbeat_at FROM nodes ORDER BY name", &[])
-        .await?
-        .iter()
-        .map(|r| {
-            Ok(Node {
-                name: r.text(0)?,
-                backends: r.text(1)?.split(',').filter(|b| !b.is_empty()).map(str::to_string).collect(),
-                version: r.text(2)?,
-                started_at: r.int(3)?,
-                heartbeat_at: r.int(4)?,
-            })
+    tx.query(
+        "SELECT name, backends, shared_backends, url, version, started_at, heartbeat_at FROM nodes ORDER BY name",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(Node {
+            name: r.text(0)?,
+            backends: list_of(r.text(1)?),
+            shared_backends: list_of(r.text(2)?),
+            url: r.opt_text(3)?,
+            version: r.text(4)?,
+            started_at: r.int(5)?,
+            heartbeat_at: r.int(6)?,
         })
-        .collect()
+    })
+    .collect()
 }

@@ -1,13 +1,13 @@
 //! The `operations` table: the durable intents of the service's operations (see
 //! `attach/ops.rs`). One row per volume at most (`one_operation_per_volume`).
 
-use super::sql::{Param, Row, Tx};
-use super::{StoreError, now_micros, placeholders};
+use super::sql::{Row, Tx};
+use super::{StoreError, now_micros};
 use crate::attach::model::{Connector, OpKind, Operation};
 use crate::params;
 
 const COLUMNS: &str = "id, kind, volume_id, attachment_id, connector, detail, step, node, incarnation, \
-     lease_until, created_at";
+     lease_until, created_at, generation";
 
 fn from_row(r: &Row) -> Result<Operation, StoreError> {
     let id = r.text(0)?;
@@ -30,6 +30,7 @@ fn from_row(r: &Row) -> Result<Operation, StoreError> {
         incarnation: r.text(8)?,
         lease_until: r.int(9)?,
         created_at: r.int(10)?,
+        generation: r.int(11)?,
         id,
     })
 }
@@ -45,7 +46,7 @@ pub async fn insert(tx: &mut Tx, op: &Operation) -> Result<(), StoreError> {
     let connector = op.connector.as_ref().map(|c| serde_json::Value::Object(c.json().clone()).to_string());
     tx.execute(
         &format!(
-            "INSERT INTO operations ({COLUMNS}, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)"
+            "INSERT INTO operations ({COLUMNS}, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $11)"
         ),
         &params![
             &op.id,
@@ -59,25 +60,20 @@ pub async fn insert(tx: &mut Tx, op: &Operation) -> Result<(), StoreError> {
             &op.incarnation,
             op.lease_until,
             op.created_at,
+            op.generation,
         ],
     )
     .await?;
     Ok(())
 }
 
-/// Deletes a finished operation; false when it was not there (someone else finished it).
-pub async fn finish(tx: &mut Tx, id: &str) -> Result<bool, StoreError> {
-    Ok(tx.execute("DELETE FROM operations WHERE id = $1", &params![id]).await? == 1)
-}
-
-/// Records the step an operation reached.
-pub async fn set_step(tx: &mut Tx, id: &str, step: &str) -> Result<(), StoreError> {
-    tx.execute(
-        "UPDATE operations SET step = $2, updated_at = $3 WHERE id = $1",
-        &params![id, step, now_micros()],
-    )
-    .await?;
-    Ok(())
+/// Deletes a finished operation held at `generation`; false when it is not there at that
+/// generation (another node took it over, or finished it): the caller is fenced off.
+pub async fn finish(tx: &mut Tx, id: &str, generation: i64) -> Result<bool, StoreError> {
+    Ok(tx
+        .execute("DELETE FROM operations WHERE id = $1 AND generation = $2", &params![id, generation])
+        .await?
+        == 1)
 }
 
 /// The operation on a volume, if there is one.
@@ -93,37 +89,55 @@ pub async fn all(tx: &mut Tx) -> Result<Vec<Operation>, StoreError> {
     operations(tx.query(&format!("SELECT {COLUMNS} FROM operations ORDER BY created_at, id"), &[]).await?)
 }
 
-/// Extends the lease of operations this process runs; returns how many it extended.
-pub async fn renew(tx: &mut Tx, ids: &[String], incarnation: &str, until: i64) -> Result<u64, StoreError> {
-    let mut renewed = 0;
-    for chunk in ids.chunks(500) {
-        let q = format!(
-            "UPDATE operations SET lease_until = $1, updated_at = $2 WHERE incarnation = $3 AND id IN ({})",
-            placeholders(4, chunk.len())
-        );
-        let mut params: Vec<Param> = Vec::from(params![until, now_micros(), incarnation]);
-        params.extend(chunk.iter().map(Param::from));
-        renewed += tx.execute(&q, &params).await?;
-    }
-    Ok(renewed)
+/// What a lease renewal found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Renewed {
+    /// Extended.
+    pub renewed: Vec<String>,
+    /// At another generation now: taken over.
+    pub taken_over: Vec<String>,
 }
 
-/// Makes an operation another owner's only if its row still names `previous` (the incarnation
-/// that owned it when it was read); returns whether it did.
+/// Extends the lease of operations this process runs, each only at the generation it holds. (One
+/// that is not there at all has not begun yet, or has ended.)
+pub async fn renew(tx: &mut Tx, held: &[(String, i64)], until: i64) -> Result<Renewed, StoreError> {
+    let mut out = Renewed::default();
+    for (id, generation) in held {
+        let changed = tx
+            .execute(
+                "UPDATE operations SET lease_until = $1, updated_at = $2 WHERE id = $3 AND generation = $4",
+                &params![until, now_micros(), id, *generation],
+            )
+            .await?;
+        if changed == 1 {
+            out.renewed.push(id.clone());
+            continue;
+        }
+        let now = tx.query("SELECT generation FROM operations WHERE id = $1", &params![id]).await?;
+        if now.first().map(|r| r.int(0)).transpose()?.is_some_and(|g| g != *generation) {
+            out.taken_over.push(id.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Makes an operation another owner's only if it is still at `generation` (the one it had when
+/// it was read), and moves it to the next generation; returns the new generation, or `None`
+/// when someone else changed it first.
 pub async fn take_over(
     tx: &mut Tx,
     id: &str,
-    previous: &str,
+    generation: i64,
     node: &str,
     incarnation: &str,
     until: i64,
-) -> Result<bool, StoreError> {
+) -> Result<Option<i64>, StoreError> {
     let changed = tx
         .execute(
-            "UPDATE operations SET node = $3, incarnation = $4, lease_until = $5, updated_at = $6 \
-             WHERE id = $1 AND incarnation = $2",
-            &params![id, previous, node, incarnation, until, now_micros()],
+            "UPDATE operations SET node = $3, incarnation = $4, lease_until = $5, updated_at = $6, \
+             generation = generation + 1 WHERE id = $1 AND generation = $2",
+            &params![id, generation, node, incarnation, until, now_micros()],
         )
         .await?;
-    Ok(changed == 1)
+    Ok((changed == 1).then_some(generation + 1))
 }

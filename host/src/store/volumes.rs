@@ -148,38 +148,52 @@ fn status_in(list: &[VolumeStatus], params: &mut Vec<Param>) -> String {
     clause
 }
 
+/// What a flow did to a volume's driver fields: they were `from` when it read the volume, and
+/// `to` when it finished.
+pub type FieldsChange<'a> = (&'a VolumeFields, &'a VolumeFields);
+
 /// Locks a live volume for the rest of the transaction when the event `t` may start from its
-/// status (the table's list for a multiattach volume or not), and writes the driver fields when
-/// given. Returns the volume, or `None` when it is gone or in another status.
+/// status (the table's list for a multiattach volume or not), and writes what a flow changed in
+/// its driver fields, when given, as a merge onto the fields as stored now
+/// ([`VolumeFields::merge`]): never a blind overwrite. Returns the volume as written, or `None`
+/// when it is gone or in another status.
 pub async fn lock(
     tx: &mut Tx,
     id: &str,
     t: &Transition,
-    fields: Option<&VolumeFields>,
+    fields: Option<FieldsChange<'_>>,
 ) -> Result<Option<Volume>, StoreError> {
     if matches!(t.volume_from, Rows::New) {
         return Err(StoreError::Corrupt(format!("{:?} creates a volume and cannot lock one", t.event)));
     }
     let mut params: Vec<Param> = Vec::from(params![id, now_micros()]);
-    let set = match fields {
-        Some(f) => {
-            params.extend(params![
-                &f.provider_location,
-                &f.provider_auth,
-                &f.provider_id,
-                map_text(&f.driver_data)
-            ]);
-            ", provider_location = $3, provider_auth = $4, provider_id = $5, driver_data = $6"
-        }
-        None => "",
-    };
     let single = status_in(t.volume_from(false), &mut params);
     let multi = status_in(t.volume_from(true), &mut params);
     let q = format!(
-        "UPDATE volumes SET updated_at = $2{set} WHERE id = $1 AND deleted = 0 AND \
+        "UPDATE volumes SET updated_at = $2 WHERE id = $1 AND deleted = 0 AND \
          ((multiattach = 0 AND {single}) OR (multiattach = 1 AND {multi})) RETURNING {COLUMNS}"
     );
-    Ok(volumes(tx.query(&q, &params).await?)?.pop())
+    let Some(mut locked) = volumes(tx.query(&q, &params).await?)?.pop() else { return Ok(None) };
+    if let Some((from, to)) = fields.filter(|(from, to)| from != to) {
+        let mut merged = locked.fields.clone();
+        merged.merge(from, to);
+        if merged != locked.fields {
+            tx.execute(
+                "UPDATE volumes SET provider_location = $2, provider_auth = $3, provider_id = $4, \
+                 driver_data = $5 WHERE id = $1",
+                &params![
+                    id,
+                    &merged.provider_location,
+                    &merged.provider_auth,
+                    &merged.provider_id,
+                    map_text(&merged.driver_data)
+                ],
+            )
+            .await?;
+            locked.fields = merged;
+        }
+    }
+    Ok(Some(locked))
 }
 
 /// Sets the status of a locked volume; returns it as written.

@@ -1,0 +1,251 @@
+//! Several Berth nodes on one PostgreSQL database (README, "Several nodes"), as real processes:
+//! three `berth serve`, each with its own tgtd, every one answering every call
+//! (`harness/cluster.rs` has the set-up). A node-local volume's changes run on its node (the others
+//! forward them); a shared backend's run on whichever node took the call, one at a time per
+//! volume across nodes; a node that lost its lease can no longer act.
+//!
+//! Short here; `BERTH_NODES_TRIALS`, `BERTH_WORKLOAD_SECONDS` and `BERTH_WORKLOAD_CLIENTS` make
+//! the long mode (see BENCHMARKS.md).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use berth_tests::cluster::Cluster;
+use berth_tests::history::{self, Workload};
+use berth_tests::server::{Client, Resp, connector};
+use reqwest::Method;
+use serde_json::json;
+
+fn env(key: &str, default: u64) -> u64 {
+    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Attachment creates of one volume, each with its own host, spread over the nodes, all at once.
+async fn creates_at_once(clients: &[Client], volume: &str, n: usize) -> Vec<Resp> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (c, volume) = (clients[i % clients.len()].clone(), volume.to_string());
+            tokio::spawn(async move {
+                let host = format!("h{i}");
+                c.attach(&volume, Some(connector(&format!("iqn.1993-08.org.debian:01:{host}"), &host))).await
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("a create"));
+    }
+    out
+}
+
+fn statuses(answers: &[Resp]) -> Vec<u16> {
+    answers.iter().map(|r| r.status).collect()
+}
+
+/// The acceptance of the nodes issue: 64 concurrent attachment creates on one non-multiattach
+/// volume, spread over the three nodes, attach it exactly once and none is a 5xx, on every trial.
+/// Trials alternate between a node-local volume (its owner runs every change; the two others
+/// forward theirs) and a shared one (every node runs its own calls, one volume at a time across
+/// nodes), and between owners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_creates_over_three_nodes_attach_a_volume_exactly_once() {
+    let cluster = Cluster::start(3, 30).await;
+    let clients = cluster.clients();
+    let trials = env("BERTH_NODES_TRIALS", 100) as usize;
+    let started = Instant::now();
+    for trial in 0..trials {
+        let shared = trial % 2 == 1;
+        let body = if shared { json!({"size": 1, "volume_type": "shared"}) } else { json!({"size": 1}) };
+        let volume = clients[trial % 3].create_volume(body).await;
+        let answers = creates_at_once(&clients, &volume, 64).await;
+        let codes = statuses(&answers);
+        assert!(codes.iter().all(|s| *s < 500), "trial {trial} (shared: {shared}): a 5xx among {codes:?}");
+        let won: Vec<&Resp> = answers.iter().filter(|r| r.status == 200).collect();
+        assert_eq!(won.len(), 1, "trial {trial} (shared: {shared}): {codes:?}");
+        let id = won[0].body["attachment"]["id"].as_str().unwrap().to_string();
+        clients[(trial + 1) % 3].delete(&format!("/attachments/{id}")).await.expect(200);
+        clients[(trial + 2) % 3].delete(&format!("/volumes/{volume}")).await.expect(202);
+    }
+    eprintln!("{trials} trials of 64 creates over 3 nodes in {:.1} s", started.elapsed().as_secs_f64());
+    let store = cluster.store().await;
+    if let Err(wrong) = cluster.settled(&store, Duration::from_secs(30)).await {
+        panic!("after the trials:\n  {}", wrong.join("\n  "));
+    }
+}
+
+/// Concurrent attaches of one multiattach volume through every node all succeed: a node-local
+/// volume's run one after another on its node, a shared volume's on the node that took each, one
+/// at a time across the nodes; each host ends up with its access, on the right tgtd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_attaches_of_a_multiattach_volume_through_every_node_all_succeed() {
+    let cluster = Cluster::start(3, 30).await;
+    let clients = cluster.clients();
+    let store = cluster.store().await;
+    for volume_type in ["shared-multiattach", "multiattach"] {
+        let volume = clients[1].create_volume(json!({"size": 1, "volume_type": volume_type})).await;
+        let answers = creates_at_once(&clients, &volume, 24).await;
+        assert!(
+            answers.iter().all(|r| r.status == 200),
+            "{volume_type}: {:?}",
+            answers.iter().map(|r| (r.status, r.body.to_string())).collect::<Vec<_>>()
+        );
+        let listed = clients[2].get(&format!("/attachments?volume_id={volume}")).await.expect(200);
+        assert_eq!(listed.body["attachments"].as_array().unwrap().len(), 24, "{volume_type}");
+    }
+    // The node-local volume is exported by its own node's tgtd only, with every host in its ACL.
+    if let Err(wrong) = cluster.settled(&store, Duration::from_secs(30)).await {
+        panic!("{}", wrong.join("\n  "));
+    }
+    let acl: BTreeSet<String> =
+        cluster.nodes[1].tgtd.targets().iter().flat_map(|t| t.initiators.clone()).collect();
+    assert_eq!(acl.len(), 24, "{acl:?}");
+    assert!(cluster.nodes[0].tgtd.targets().is_empty() && cluster.nodes[2].tgtd.targets().is_empty());
+}
+
+/// The pool of a cluster workload: on each node a volume of its own and a multiattach one, and two
+/// shared volumes (one multiattach).
+async fn pool(cluster: &Cluster) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let c = node.client();
+        out.push((c.create_volume(json!({"size": 1})).await, false));
+        out.push((c.create_volume(json!({"size": 1, "volume_type": "multiattach"})).await, true));
+        if i < 2 {
+            let (volume_type, multi) = if i == 0 { ("shared", false) } else { ("shared-multiattach", true) };
+            out.push((c.create_volume(json!({"size": 1, "volume_type": volume_type})).await, multi));
+        }
+    }
+    out
+}
+
+/// The history-checked workload of the crash-safety issue with its clients spread over three
+/// nodes; with `kill`, node b is killed with SIGKILL a third of the way in and started again at
+/// two thirds. Afterwards: no anomaly in the history, no operation left unfinished, and every
+/// node's tgtd matches the attachments of the volumes it owns (and exports nothing else).
+async fn workload_over_three_nodes(kill: bool) {
+    // A short lease: node b's operations on shared volumes are taken over soon after it dies.
+    let mut cluster = Cluster::start(3, 2).await;
+    let clients = cluster.clients();
+    let volumes = pool(&cluster).await;
+    let store = cluster.store().await;
+    let w = Workload {
+        clients: env("BERTH_WORKLOAD_CLIENTS", 8) as usize,
+        duration: Duration::from_secs(env("BERTH_WORKLOAD_SECONDS", 12)),
+        volumes: volumes.len(),
+        multiattach: volumes.iter().filter(|(_, m)| *m).count(),
+        abandon: 0.0,
+    };
+    let third = w.duration / 3;
+    let node_b = &mut cluster.nodes[1].berth;
+    let chaos = async {
+        if kill {
+            tokio::time::sleep(third).await;
+            node_b.kill9();
+            tokio::time::sleep(third).await;
+            tokio::task::block_in_place(|| node_b.start_again());
+        }
+    };
+    let (outcome, ()) = tokio::join!(history::run(&clients, &store, &volumes, &w), chaos);
+
+    if let Err(wrong) = cluster.settled(&store, Duration::from_secs(60)).await {
+        panic!("after the workload (kill: {kill}):\n  {}", wrong.join("\n  "));
+    }
+    let live: BTreeSet<String> = store
+        .read(async |tx| {
+            let rows = tx.query("SELECT id FROM volume_attachment WHERE deleted = 0", &[]).await?;
+            rows.iter().map(|r| r.text(0)).collect::<Result<BTreeSet<_>, _>>()
+        })
+        .await
+        .unwrap();
+    let mut anomalies = outcome.anomalies;
+    anomalies.extend(history::check_acknowledged(&outcome.calls, &live));
+    let calls = outcome.calls.iter().filter(|c| c.op != "idle").count();
+    let ok = outcome.calls.iter().filter(|c| c.op != "idle" && c.ok()).count();
+    let unavailable = outcome.calls.iter().filter(|c| c.status == Some(503)).count();
+    let unanswered = outcome.calls.iter().filter(|c| c.status.is_none()).count();
+    eprintln!(
+        "workload over 3 nodes (kill: {kill}): {calls} calls, {ok} acknowledged, {unavailable} unavailable, \
+         {unanswered} unanswered, {} snapshots, {} anomalies",
+        outcome.snapshots,
+        anomalies.len()
+    );
+    assert!(anomalies.is_empty(), "{} anomalies:\n  {}", anomalies.len(), anomalies.join("\n  "));
+    assert!(ok > calls / 10, "too few calls succeeded to mean anything: {ok} of {calls}");
+    if kill {
+        assert!(unavailable + unanswered > 0, "the kill went unnoticed");
+    } else {
+        // Every node is up: nothing may be unavailable (a lease wrongly lost, a wait run out).
+        assert_eq!(unavailable + unanswered, 0, "with every node up");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_random_workload_over_three_nodes_keeps_a_consistent_history() {
+    workload_over_three_nodes(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_and_started_again_under_load_leaves_a_consistent_history() {
+    workload_over_three_nodes(true).await;
+}
+
+async fn arm_sleep(c: &Client, name: &str, millis: u64) {
+    let body = json!({"name": name, "nth": 1, "action": "sleep", "millis": millis});
+    reqwest::Client::new().post(format!("{}/_failpoints/arm", c.base)).json(&body).send().await.unwrap();
+}
+
+/// Fencing: node a stops (SIGSTOP) in the middle of an attach of a shared volume, past its lease;
+/// node b takes the operation over and undoes it; when node a goes on, it can no longer act: its
+/// next driver call is not made and it records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_its_lease_can_no_longer_act() {
+    let cluster = Cluster::start(2, 2).await;
+    let (on_a, on_b) = (cluster.nodes[0].client(), cluster.nodes[1].client());
+    let volume = on_a.create_volume(json!({"size": 1, "volume_type": "shared-multiattach"})).await;
+    let store = cluster.store().await;
+
+    // Node a stalls after the export, is stopped there, and stays stopped past its lease.
+    arm_sleep(&on_a, "attach.connect.create-export", 1000).await;
+    let body = json!({"attachment": {"volume_uuid": volume, "connector": connector("iqn.1993-08.org.debian:01:alice", "alice")}});
+    let stalled = {
+        let on_a = on_a.clone();
+        tokio::spawn(async move { on_a.try_send(Method::POST, "/attachments", Some(body), None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = cluster.nodes[0].berth.pid().expect("node a runs");
+    let generation = async || {
+        store
+            .read(async |tx| berth::store::operations::of_volume(tx, &volume).await)
+            .await
+            .unwrap()
+            .map(|op| (op.node, op.generation))
+    };
+    assert_eq!(generation().await, Some(("node-a".into(), 1)), "node a's attach is under way");
+    signal(pid, libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+
+    // Node b, asked about the volume, finds the operation orphaned, takes it over and undoes it.
+    let made =
+        on_b.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:bob", "bob"))).await.expect(200);
+    let bob = made.body["attachment"]["id"].as_str().unwrap().to_string();
+    assert_eq!(generation().await, None, "node b ended the operation");
+    let listed = on_b.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
+    let ids: Vec<&str> =
+        listed.body["attachments"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [bob.as_str()], "alice's unacknowledged attach was undone");
+
+    // Node a goes on: fenced, it answers with an error and changes nothing.
+    signal(pid, libc::SIGCONT);
+    let answer = stalled.await.unwrap().expect("node a answers");
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    let after = on_b.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
+    assert_eq!(after.body, listed.body, "node a recorded nothing");
+    assert_eq!(generation().await, None);
+    let log = cluster.nodes[0].berth.log_text();
+    assert!(log.contains("the call was not made") || log.contains("taken over"), "{log}");
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a child process of this test.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
