@@ -28,10 +28,16 @@ pub struct Worker {
 
 /// `clients` workers on `base`'s endpoint, each warmed up with one cycle.
 pub async fn workers(base: &Client, clients: usize) -> Vec<Worker> {
+    workers_on(std::slice::from_ref(base), clients, json!({"size": 1})).await
+}
+
+/// `clients` workers spread over `endpoints` (the nodes of one service), each on a volume made
+/// with `volume` (a create request's body) through its own endpoint, warmed up with one cycle.
+pub async fn workers_on(endpoints: &[Client], clients: usize, volume: serde_json::Value) -> Vec<Worker> {
     let mut workers = Vec::new();
     for i in 0..clients {
-        let client = base.fresh_connection();
-        let volume = client.create_volume(json!({"size": 1})).await;
+        let client = endpoints[i % endpoints.len()].fresh_connection();
+        let volume = client.create_volume(volume.clone()).await;
         let initiator = format!("iqn.1993-08.org.debian:01:bench{i}");
         attach_cycle(&client, &volume, &initiator).await;
         workers.push(Worker { client, volume, initiator });
