@@ -36,6 +36,7 @@ both_databases! {
         let m = c.post("/volumes", json!({"volume": {"size": "abc"}})).await.fault(400, "badRequest");
         assert!(m.contains("size"), "{m}");
         c.post("/volumes", json!({"volume": {"size": 0}})).await.fault(400, "badRequest");
+        c.post("/volumes", json!({"volume": {"size": 1.5}})).await.fault(400, "badRequest");
         c.post("/volumes", json!({"volume": {"size": 1_000_000}})).await.fault(400, "badRequest");
         c.post("/volumes", json!({"volume": {"size": 1, "snapshot_id": uuid::Uuid::new_v4()}})).await.fault(400, "badRequest");
         c.post("/volumes", json!({"volume": {"size": 1, "availability_zone": "mars"}})).await.fault(400, "badRequest");

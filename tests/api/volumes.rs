@@ -27,6 +27,11 @@ both_databases! {
         c.delete(&format!("/volumes/{id}")).await.expect(202);
         c.get(&format!("/volumes/{id}")).await.fault(404, "itemNotFound");
         assert_eq!(c.get("/volumes").await.expect(200).body["volumes"], json!([]));
+
+        // An integer written as a JSON number with a fraction of zero is an integer (JSON
+        // Schema's integers, which the OpenAPI document's clients generate).
+        let r = c.post("/volumes", json!({"volume": {"size": 3.0}})).await.expect(202);
+        assert_eq!(r.body["volume"]["size"], 3);
     }
 
     async fn a_volume_types_extra_spec_makes_its_volumes_multiattach(s) {

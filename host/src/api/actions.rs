@@ -6,76 +6,137 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::{Extension, Json, Router};
-use serde::Deserialize;
+use axum::{Extension, Json};
+use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::attachments::connector as parse_connector;
 use super::body::JsonBody;
 use super::error::ApiError;
+use super::openapi::{Endpoint, SchemaFn};
 use super::policy::Rule;
 use super::{AppState, uuid_param};
 use crate::attach::Caller;
 use crate::attach::legacy::LegacyAttach;
 use crate::attach::model::{AttachMode, Connector};
 
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/volumes/{id}/action", post(action))
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![
+        Endpoint::post("/volumes/{id}/action", action, "volumeAction")
+            .summary("volume actions", "A legacy attach or detach action (one per request)")
+            .body_with(body_schema)
+            .answers::<ConnectionInfoBody>(StatusCode::OK, "`os-initialize_connection`: the connection")
+            .answers_empty(StatusCode::ACCEPTED, "Every other action: done"),
+    ]
 }
 
-/// The actions this endpoint knows.
-const ACTIONS: &[&str] = &[
-    "os-reserve",
-    "os-unreserve",
-    "os-initialize_connection",
-    "os-attach",
-    "os-begin_detaching",
-    "os-roll_detaching",
-    "os-terminate_connection",
-    "os-detach",
-    "os-force_detach",
+/// The actions this endpoint knows: each one's name, policy rule and argument.
+const ACTIONS: &[(&str, Rule, SchemaFn)] = &[
+    ("os-reserve", Rule::Reserve, no_argument),
+    ("os-unreserve", Rule::Unreserve, no_argument),
+    ("os-initialize_connection", Rule::InitializeConnection, |g| g.subschema_for::<Initialize>()),
+    ("os-attach", Rule::Attach, |g| g.subschema_for::<Attach>()),
+    ("os-begin_detaching", Rule::BeginDetaching, no_argument),
+    ("os-roll_detaching", Rule::RollDetaching, no_argument),
+    ("os-terminate_connection", Rule::TerminateConnection, |g| g.subschema_for::<Terminate>()),
+    ("os-detach", Rule::Detach, |g| g.subschema_for::<Option<Detach>>()),
+    ("os-force_detach", Rule::ForceDetach, |g| g.subschema_for::<Option<ForceDetach>>()),
 ];
 
-#[derive(Deserialize)]
+fn no_argument(_: &mut SchemaGenerator) -> Schema {
+    schemars::json_schema!({"description": "No argument (its value is ignored)."})
+}
+
+/// The body: one object naming one action, with its argument.
+fn body_schema(g: &mut SchemaGenerator) -> Schema {
+    let one_of: Vec<Value> = ACTIONS
+        .iter()
+        .map(|(name, _, argument)| {
+            json!({
+                "type": "object",
+                "properties": { *name: argument(g) },
+                "required": [name],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    schemars::json_schema!({ "oneOf": one_of })
+}
+
+/// `os-initialize_connection`'s argument.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Initialize {
+    /// os-brick's connector of the host, or a string holding one.
+    #[schemars(extend("type" = ["object", "string"]))]
     connector: Value,
 }
 
-#[derive(Deserialize)]
+/// `os-terminate_connection`'s argument.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Terminate {
+    /// The connector whose access ends, or a string holding one.
+    #[schemars(extend("type" = ["object", "string"]))]
     connector: Value,
 }
 
-#[derive(Deserialize)]
+/// `os-attach`'s argument.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Attach {
+    /// 1 to 255 characters.
+    #[schemars(length(min = 1, max = 255))]
     mountpoint: String,
     #[serde(default)]
+    #[schemars(extend("format" = "uuid"))]
     instance_uuid: Option<String>,
+    /// 1 to 255 characters.
     #[serde(default)]
+    #[schemars(length(min = 1, max = 255))]
     host_name: Option<String>,
     #[serde(default)]
+    #[schemars(extend("enum" = ["rw", "ro", null]))]
     mode: Option<String>,
 }
 
-#[derive(Deserialize, Default)]
+/// `os-detach`'s argument.
+#[derive(Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Detach {
     #[serde(default)]
+    #[schemars(extend("format" = "uuid"))]
     attachment_id: Option<String>,
 }
 
-#[derive(Deserialize, Default)]
+/// `os-force_detach`'s argument.
+#[derive(Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ForceDetach {
     #[serde(default)]
+    #[schemars(extend("type" = ["object", "string", "null"]))]
     connector: Option<Value>,
     #[serde(default)]
+    #[schemars(extend("format" = "uuid"))]
     attachment_id: Option<String>,
+}
+
+/// `os-initialize_connection`'s answer.
+#[derive(Serialize, JsonSchema)]
+struct ConnectionInfoBody {
+    connection_info: LegacyConnection,
+}
+
+/// The legacy answer nests the driver's data (the attachments API flattens it).
+#[derive(Serialize, JsonSchema)]
+struct LegacyConnection {
+    /// `iscsi`, `fibre_channel`, `nvmeof`, ...
+    driver_volume_type: Value,
+    /// The driver's connection data (`target_portal`, `target_iqn`, `auth_password`, ...).
+    data: Map<String, Value>,
+    enforce_multipath: Value,
 }
 
 /// An action's argument, parsed strictly; `null` is the default when the action allows it.
@@ -133,10 +194,10 @@ async fn action(
             ));
         }
     };
-    if !ACTIONS.contains(&name.as_str()) {
+    let Some((_, rule, _)) = ACTIONS.iter().find(|(n, _, _)| *n == name) else {
         return Err(ApiError::bad_request(format!("There is no such action: {name}")));
-    }
-    state.authorize(&caller, action_rule(&name))?;
+    };
+    state.authorize(&caller, *rule)?;
     let service = &state.service;
     match name.as_str() {
         "os-reserve" => {
@@ -175,7 +236,9 @@ async fn action(
                     s.legacy_initialize(&caller, &volume, c).await
                 })
                 .await?;
-            return Ok((StatusCode::OK, Json(json!({ "connection_info": nested(info) }))).into_response());
+            return Ok(
+                (StatusCode::OK, Json(ConnectionInfoBody { connection_info: nested(info) })).into_response()
+            );
         }
         "os-attach" => {
             let arg: Attach = argument(&name, value, None)?;
@@ -219,22 +282,6 @@ async fn action(
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
-/// The policy rule of a volume action (one of [`ACTIONS`]).
-fn action_rule(name: &str) -> Rule {
-    match name {
-        "os-reserve" => Rule::Reserve,
-        "os-unreserve" => Rule::Unreserve,
-        "os-begin_detaching" => Rule::BeginDetaching,
-        "os-roll_detaching" => Rule::RollDetaching,
-        "os-initialize_connection" => Rule::InitializeConnection,
-        "os-attach" => Rule::Attach,
-        "os-terminate_connection" => Rule::TerminateConnection,
-        "os-detach" => Rule::Detach,
-        "os-force_detach" => Rule::ForceDetach,
-        _ => unreachable!("every name in ACTIONS has a rule"),
-    }
-}
-
 /// Cinder's `os-attach` schema: a mountpoint of 1 to 255 characters, an instance UUID or a host
 /// name (at most 255 characters), and `rw` (the default) or `ro`.
 fn attach_request(arg: Attach) -> Result<LegacyAttach, ApiError> {
@@ -272,10 +319,16 @@ fn attach_request(arg: Attach) -> Result<LegacyAttach, ApiError> {
 
 /// The legacy answer nests the driver's data (the attachments API flattens it):
 /// `{"driver_volume_type": t, "data": {...}, "enforce_multipath": b}`.
-fn nested(flat: Value) -> Value {
-    let Value::Object(mut data) = flat else { return flat };
+fn nested(flat: Value) -> LegacyConnection {
+    let Value::Object(mut data) = flat else {
+        return LegacyConnection {
+            driver_volume_type: Value::Null,
+            data: Map::new(),
+            enforce_multipath: false.into(),
+        };
+    };
     let driver_volume_type = data.remove("driver_volume_type").unwrap_or(Value::Null);
     data.remove("attachment_id");
     let enforce_multipath = data.get("enforce_multipath").cloned().unwrap_or(Value::Bool(false));
-    json!({ "driver_volume_type": driver_volume_type, "data": data, "enforce_multipath": enforce_multipath })
+    LegacyConnection { driver_volume_type, data, enforce_multipath }
 }

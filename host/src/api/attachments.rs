@@ -5,17 +5,21 @@
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::body::JsonBody;
 use super::error::ApiError;
 use super::microversion::{ATTACHMENT_CREATE_MODE, NEW_ATTACH, NEW_ATTACH_COMPLETION, Version};
+use super::openapi::Endpoint;
 use super::policy::Rule;
 use super::query::{ListSpec, parse};
-use super::views::{attachment_detail, attachment_summary};
+use super::views::{
+    AttachmentBody, AttachmentDetail, AttachmentDetailList, AttachmentList, attachment_detail,
+    attachment_summary,
+};
 use super::{AppState, uuid_param};
 use crate::attach::attachments::NewAttachment;
 use crate::attach::list::{ATTACHMENT_SORT_KEYS, AttachmentFilter, Scope};
@@ -23,37 +27,96 @@ use crate::attach::model::{Attachment, Connector};
 use crate::attach::{AttachError, Caller};
 use crate::runtime::contract::AccessMode;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/attachments", get(index).post(create))
-        .route("/attachments/detail", get(detail))
-        .route("/attachments/{id}", get(show).put(update).delete(remove))
-        .route("/attachments/{id}/action", post(action))
+pub fn endpoints() -> Vec<Endpoint> {
+    const TAG: &str = "attachments";
+    let follow = |e: Endpoint| {
+        e.link("show", "showAttachment", "id", "/attachment/id")
+            .link("update", "updateAttachment", "id", "/attachment/id")
+            .link("complete", "completeAttachment", "id", "/attachment/id")
+            .link("delete", "deleteAttachment", "id", "/attachment/id")
+    };
+    vec![
+        Endpoint::get("/attachments", index, "listAttachments")
+            .summary(TAG, "List attachments")
+            .since(NEW_ATTACH)
+            .list(&LIST)
+            .answers::<AttachmentList>(StatusCode::OK, "The attachments"),
+        follow(
+            Endpoint::post("/attachments", create, "createAttachment")
+                .summary(TAG, "Reserve a volume, and connect it when a connector is given")
+                .since(NEW_ATTACH)
+                .body::<CreateAttachmentBody>()
+                .answers::<AttachmentBody>(StatusCode::OK, "The attachment, connected or reserved"),
+        ),
+        Endpoint::get("/attachments/detail", detail, "listAttachmentsDetail")
+            .summary(TAG, "List attachments with their details")
+            .since(NEW_ATTACH)
+            .list(&LIST)
+            .answers::<AttachmentDetailList>(StatusCode::OK, "The attachments"),
+        Endpoint::get("/attachments/{id}", show, "showAttachment")
+            .summary(TAG, "Show an attachment, with the others that share its connection")
+            .since(NEW_ATTACH)
+            .answers::<AttachmentBody>(StatusCode::OK, "The attachment"),
+        follow(
+            Endpoint::put("/attachments/{id}", update, "updateAttachment")
+                .summary(TAG, "Give a reserved attachment its connector and connect it")
+                .since(NEW_ATTACH)
+                .body::<UpdateAttachmentBody>()
+                .answers::<AttachmentBody>(StatusCode::OK, "The connected attachment"),
+        ),
+        Endpoint::delete("/attachments/{id}", remove, "deleteAttachment")
+            .summary(TAG, "Revoke an attachment's access and remove it")
+            .since(NEW_ATTACH)
+            .answers::<AttachmentList>(StatusCode::OK, "The volume's remaining attachments"),
+        Endpoint::post("/attachments/{id}/action", action, "completeAttachment")
+            .summary(TAG, "Mark a connected attachment attached (`os-complete`)")
+            .since(NEW_ATTACH_COMPLETION)
+            .body::<CompleteBody>()
+            .answers_empty(StatusCode::NO_CONTENT, "Completed"),
+    ]
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateBody {
+struct CreateAttachmentBody {
     attachment: CreateAttachment,
 }
 
-#[derive(Deserialize)]
+/// A new attachment: a reservation of the volume, connected when a connector is given.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateAttachment {
+    /// The volume's id.
+    #[schemars(extend("format" = "uuid"))]
     volume_uuid: String,
+    /// The instance's id, if any (Nova's live migration names the same instance twice).
     #[serde(default)]
+    #[schemars(extend("format" = "uuid"))]
     instance_uuid: Option<String>,
+    /// os-brick's connector of the host.
     #[serde(default)]
+    #[schemars(with = "Option<ConnectorDoc>")]
     connector: Option<Map<String, Value>>,
+    /// `rw` (the default) or `ro`; from microversion 3.54.
     #[serde(default)]
+    #[schemars(extend("enum" = ["rw", "ro", null]))]
     mode: Option<String>,
+}
+
+/// `{"os-complete": null}`: the only action of an attachment.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Describes the body `action` reads as a map, for the document.
+struct CompleteBody {
+    #[serde(rename = "os-complete")]
+    complete: (),
 }
 
 async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Extension(version): Extension<Version>,
-    JsonBody(body): JsonBody<CreateBody>,
+    JsonBody(body): JsonBody<CreateAttachmentBody>,
 ) -> Result<Response, ApiError> {
     version.require(NEW_ATTACH)?;
     state.authorize(&caller, Rule::AttachmentCreate)?;
@@ -84,19 +147,57 @@ async fn create(
             s.create_attachment(&caller, request).await
         })
         .await?;
-    Ok(Json(json!({ "attachment": attachment_detail(&row) })).into_response())
+    Ok(Json(AttachmentBody { attachment: attachment_detail(&row) }).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct UpdateBody {
+struct UpdateAttachmentBody {
     attachment: UpdateAttachment,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct UpdateAttachment {
+    /// os-brick's connector of the host (not empty).
+    #[schemars(with = "ConnectorDoc")]
     connector: Map<String, Value>,
+}
+
+/// os-brick's connector of a host (`get_connector_properties`), as the API reads it: the keys
+/// below, typed, and any others, passed to the driver as they are. A driver says which it needs
+/// (iSCSI: `initiator`). (Cinder's clients also send booleans as strings, and `wwpns` as one
+/// string; both are accepted.)
+#[derive(JsonSchema)]
+#[schemars(extend("minProperties" = 1, "examples" = [{
+    "initiator": "iqn.1993-08.org.debian:01:host-a", "host": "host-a", "ip": "127.0.0.1",
+    "multipath": false, "platform": "x86_64", "os_type": "linux", "do_local_attach": false
+}]))]
+#[allow(dead_code)] // Describes the map `connector` parses, for the document.
+pub(super) struct ConnectorDoc {
+    /// The host's iSCSI initiator name (`iqn.YYYY-MM.reversed.domain[:unique]`, `eui.` or `naa.`).
+    #[schemars(
+        regex(
+            pattern = r"^(iqn\.[0-9]{4}-(0[1-9]|1[0-2])\.[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*(:[a-z0-9.:-]+)?|eui\.[0-9a-f]{16}|naa\.([0-9a-f]{16}|[0-9a-f]{32}))$"
+        ),
+        length(max = 223)
+    )]
+    initiator: Option<String>,
+    host: Option<String>,
+    ip: Option<String>,
+    multipath: Option<bool>,
+    enforce_multipath: Option<bool>,
+    platform: Option<String>,
+    os_type: Option<String>,
+    /// The host's NVMe qualified name.
+    nqn: Option<String>,
+    /// Fibre Channel port names.
+    wwpns: Option<Vec<String>>,
+    wwnns: Option<Vec<String>>,
+    mountpoint: Option<String>,
+    /// `rw` or `ro`.
+    #[schemars(extend("enum" = ["rw", "ro", null]))]
+    mode: Option<String>,
 }
 
 async fn update(
@@ -104,7 +205,7 @@ async fn update(
     Extension(caller): Extension<Caller>,
     Extension(version): Extension<Version>,
     Path(id): Path<String>,
-    JsonBody(body): JsonBody<UpdateBody>,
+    JsonBody(body): JsonBody<UpdateAttachmentBody>,
 ) -> Result<Response, ApiError> {
     version.require(NEW_ATTACH)?;
     state.authorize(&caller, Rule::AttachmentUpdate)?;
@@ -122,7 +223,7 @@ async fn update(
             |s, (caller, id, c)| async move { s.update_attachment(&caller, &id, c).await },
         )
         .await?;
-    Ok(Json(json!({ "attachment": attachment_detail(&row) })).into_response())
+    Ok(Json(AttachmentBody { attachment: attachment_detail(&row) }).into_response())
 }
 
 async fn show(
@@ -135,9 +236,8 @@ async fn show(
     state.authorize(&caller, Rule::AttachmentGet)?;
     let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
     let (row, shared) = state.service.show_attachment(&caller, &id).await?;
-    let mut view = attachment_detail(&row);
-    view["shared_connections_by_attachment"] = json!(shared);
-    Ok(Json(json!({ "attachment": view })).into_response())
+    let view = AttachmentDetail { shared_connections_by_attachment: Some(shared), ..attachment_detail(&row) };
+    Ok(Json(AttachmentBody { attachment: view }).into_response())
 }
 
 /// Parses a client's connector; a malformed one is a 400 naming the key.
@@ -163,8 +263,7 @@ async fn list(
     caller: &Caller,
     version: Version,
     raw: Option<String>,
-    view: fn(&Attachment) -> Value,
-) -> Result<Response, ApiError> {
+) -> Result<Vec<Attachment>, ApiError> {
     version.require(NEW_ATTACH)?;
     state.authorize(caller, Rule::AttachmentGetAll)?;
     let q = parse(raw.as_deref(), &LIST, version)?;
@@ -179,8 +278,7 @@ async fn list(
         instance_uuid: q.filters.get("instance_uuid").cloned(),
         attach_status: q.filters.get("attach_status").cloned(),
     };
-    let rows = state.service.list_attachments(scope, &filter, &q.page).await?;
-    Ok(Json(json!({ "attachments": rows.iter().map(view).collect::<Vec<_>>() })).into_response())
+    Ok(state.service.list_attachments(scope, &filter, &q.page).await?)
 }
 
 async fn index(
@@ -189,7 +287,8 @@ async fn index(
     Extension(version): Extension<Version>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    list(&state, &caller, version, raw, attachment_summary).await
+    let rows = list(&state, &caller, version, raw).await?;
+    Ok(Json(AttachmentList { attachments: rows.iter().map(attachment_summary).collect() }).into_response())
 }
 
 async fn detail(
@@ -198,7 +297,9 @@ async fn detail(
     Extension(version): Extension<Version>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    list(&state, &caller, version, raw, attachment_detail).await
+    let rows = list(&state, &caller, version, raw).await?;
+    Ok(Json(AttachmentDetailList { attachments: rows.iter().map(attachment_detail).collect() })
+        .into_response())
 }
 
 async fn remove(
@@ -214,7 +315,7 @@ async fn remove(
         .service
         .owned((caller, id), |s, (caller, id)| async move { s.delete_attachment(&caller, &id).await })
         .await?;
-    Ok(Json(json!({ "attachments": remaining.iter().map(attachment_summary).collect::<Vec<_>>() }))
+    Ok(Json(AttachmentList { attachments: remaining.iter().map(attachment_summary).collect() })
         .into_response())
 }
 

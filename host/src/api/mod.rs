@@ -11,6 +11,7 @@ pub mod error;
 mod failpoints;
 pub mod forward;
 pub mod microversion;
+pub mod openapi;
 pub mod policy;
 pub mod query;
 pub mod server;
@@ -27,8 +28,8 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::HeaderValue;
 use axum::middleware::{self, Next};
+use axum::response::IntoResponse;
 use axum::response::Response;
-use axum::routing::get;
 use tracing::Instrument;
 
 use crate::attach::Service;
@@ -57,23 +58,53 @@ impl AppState {
     }
 }
 
+/// Every operation of the API, with its description: the router and the OpenAPI document are
+/// built from this one list.
+pub fn endpoints() -> Vec<openapi::Endpoint> {
+    [versions::endpoints(), volumes::endpoints(), actions::endpoints(), attachments::endpoints()]
+        .into_iter()
+        .chain([types::endpoints(), services::endpoints()])
+        .flatten()
+        .collect()
+}
+
+/// `GET /openapi.json`: the document of [`endpoints`].
+fn openapi_endpoint() -> openapi::Endpoint {
+    openapi::Endpoint::get("/openapi.json", openapi_json, "openapi")
+        .summary("versions", "This document: the API in OpenAPI 3.1")
+        .unversioned()
+        .answers::<serde_json::Map<String, serde_json::Value>>(axum::http::StatusCode::OK, "The document")
+}
+
+async fn openapi_json(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    let mut all = endpoints();
+    all.push(openapi_endpoint());
+    let catalog = state.service.catalog();
+    let deployment = openapi::Deployment {
+        volume_types: catalog.types.iter().flat_map(|t| [t.name.clone(), t.id.clone()]).collect(),
+        connector_requires: openapi::connector_requires(
+            catalog.backends.values().map(|b| &b.driver.info().protocols),
+        ),
+    };
+    axum::Json(openapi::document(&all, &deployment)).into_response()
+}
+
 /// The routes, without the project-stripping rewrite (see [`app`]).
 pub fn router(state: AppState) -> Router {
-    let v3 = Router::new()
-        .merge(actions::routes())
-        .merge(attachments::routes())
-        .merge(volumes::routes())
-        .merge(types::routes())
-        .merge(services::routes())
-        .route_layer(middleware::from_fn_with_state(state.auth.clone(), auth::authenticate));
-    let root = Router::new();
+    let mut v3: Router<AppState> = Router::new();
+    let mut root: Router<AppState> = Router::new();
+    let mut all = endpoints();
+    all.push(openapi_endpoint());
+    for e in all {
+        match e.doc.since {
+            Some(_) => v3 = v3.route(e.path, e.route),
+            None => root = root.route(e.path, e.route),
+        }
+    }
+    let v3 = v3.route_layer(middleware::from_fn_with_state(state.auth.clone(), auth::authenticate));
     #[cfg(feature = "failpoints")]
     let root = root.merge(failpoints::routes());
-    root.route("/", get(versions::root))
-        .route("/healthcheck", get(versions::healthcheck))
-        .route("/v3", get(versions::v3_redirect))
-        .route("/v3/", get(versions::v3))
-        .nest("/v3", v3)
+    root.nest("/v3", v3)
         .fallback(|| async { ApiError::no_such_resource() })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

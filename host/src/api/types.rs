@@ -1,19 +1,27 @@
 //! `/v3/{project_id}/types`: the configured volume types, each naming a backend.
 
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Extension, Json, Router};
-use serde_json::json;
+use axum::{Extension, Json};
 
 use super::AppState;
 use super::error::ApiError;
+use super::openapi::Endpoint;
 use super::policy::Rule;
-use super::views::volume_type;
+use super::views::{VolumeTypeBody, VolumeTypeList, volume_type};
 use crate::attach::Caller;
 
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/types", get(index)).route("/types/{id}", get(show))
+pub fn endpoints() -> Vec<Endpoint> {
+    const TAG: &str = "volume types";
+    vec![
+        Endpoint::get("/types", index, "listVolumeTypes")
+            .summary(TAG, "List the volume types")
+            .answers::<VolumeTypeList>(StatusCode::OK, "The types"),
+        Endpoint::get("/types/{id}", show, "showVolumeType")
+            .summary(TAG, "Show a volume type (by id or name; `default` for the default type)")
+            .answers::<VolumeTypeBody>(StatusCode::OK, "The type"),
+    ]
 }
 
 async fn index(
@@ -21,8 +29,8 @@ async fn index(
     Extension(caller): Extension<Caller>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::TypeGetAll)?;
-    let types: Vec<_> = state.service.catalog().types.iter().map(|t| volume_type(t, &caller)).collect();
-    Ok(Json(json!({ "volume_types": types })).into_response())
+    let volume_types = state.service.catalog().types.iter().map(|t| volume_type(t, &caller)).collect();
+    Ok(Json(VolumeTypeList { volume_types }).into_response())
 }
 
 async fn show(
@@ -37,5 +45,5 @@ async fn show(
         id => catalog.types.iter().find(|t| t.id == id || t.name == id),
     }
     .ok_or_else(|| ApiError::not_found(format!("Volume type {id} could not be found.")))?;
-    Ok(Json(json!({ "volume_type": volume_type(t, &caller) })).into_response())
+    Ok(Json(VolumeTypeBody { volume_type: volume_type(t, &caller) }).into_response())
 }

@@ -1,11 +1,18 @@
 //! Response bodies in Cinder's exact shapes (`cinder/api/v3/views/attachments.py`,
-//! `cinder/api/v3/views/volumes.py`, `cinder/api/v2/views/types.py`).
+//! `cinder/api/v3/views/volumes.py`, `cinder/api/v2/views/types.py`), as types: what they
+//! serialise to is the answer, and their JSON Schema is what the OpenAPI document says of it
+//! (`openapi.rs`). A field that exists only from a microversion on, or only for admins, is
+//! skipped when absent.
 //!
 //! Kept Cinder quirks that clients print or parse (cinder-compat.md 11): an attachment's
 //! `attach_mode` is the string `"null"` when no mode was chosen (Q2), and unset times are `""`
 //! (Q3). Fixed ones: `status` is the real status (Q1).
 
-use serde_json::{Map, Value as Json, json};
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::{Map, Value as Json};
 
 use super::microversion::{GROUP_ID, PROVIDER_ID, SHARED_TARGETS, Version};
 use crate::attach::model::{Attachment, Volume};
@@ -24,38 +31,89 @@ pub fn timestamp(micros: i64) -> String {
         .unwrap_or_default()
 }
 
-fn optional_time(micros: Option<i64>) -> Json {
-    Json::String(micros.map(timestamp).unwrap_or_default())
+fn optional_time(micros: Option<i64>) -> String {
+    micros.map(timestamp).unwrap_or_default()
+}
+
+/// An attachment in lists and in the delete answer.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct AttachmentSummary {
+    pub id: String,
+    /// `reserved`, `attaching`, `attached`, `detaching`, `error_attaching` or `error_detaching`.
+    pub status: String,
+    /// The instance's UUID, when it has one.
+    pub instance: Option<String>,
+    pub volume_id: String,
+}
+
+/// An attachment in show, detail lists, create and update.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct AttachmentDetail {
+    #[serde(flatten)]
+    pub summary: AttachmentSummary,
+    /// When it was completed: Cinder's naive UTC time, `""` when not (yet).
+    pub attached_at: String,
+    /// `""` while live.
+    pub detached_at: String,
+    /// `rw`, `ro`, or the string `"null"` when no mode was chosen (as Cinder answers).
+    pub attach_mode: String,
+    /// The driver's connection data, flattened as Cinder's attachments API does (`target_iqn`,
+    /// `auth_password`, ..., `driver_volume_type`, `attachment_id`), or `{}` when not connected.
+    pub connection_info: Map<String, Json>,
+    /// The ids of the volume's other attachments that share this one's connection (show only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_connections_by_attachment: Option<Vec<String>>,
 }
 
 /// The summary view: index lists and the delete response.
-pub fn attachment_summary(a: &Attachment) -> Json {
-    json!({
-        "id": a.id,
-        "status": a.status.as_str(),
-        "instance": a.instance_uuid,
-        "volume_id": a.volume_id,
-    })
+pub fn attachment_summary(a: &Attachment) -> AttachmentSummary {
+    AttachmentSummary {
+        id: a.id.clone(),
+        status: a.status.as_str().to_string(),
+        instance: a.instance_uuid.clone(),
+        volume_id: a.volume_id.clone(),
+    }
 }
 
 /// The detail view: show, detail lists, create, update.
-pub fn attachment_detail(a: &Attachment) -> Json {
-    let mut view = attachment_summary(a);
-    let connection_info = a.connection_info.clone().unwrap_or_else(|| Json::Object(Map::new()));
-    let extra = json!({
-        "attached_at": optional_time(a.attach_time),
-        "detached_at": optional_time(a.detach_time),
-        "attach_mode": a.attach_mode.as_str(),
-        "connection_info": connection_info,
-    });
-    merge(&mut view, extra);
-    view
+pub fn attachment_detail(a: &Attachment) -> AttachmentDetail {
+    AttachmentDetail {
+        summary: attachment_summary(a),
+        attached_at: optional_time(a.attach_time),
+        detached_at: optional_time(a.detach_time),
+        attach_mode: a.attach_mode.as_str().to_string(),
+        connection_info: match &a.connection_info {
+            Some(Json::Object(map)) => map.clone(),
+            _ => Map::new(),
+        },
+        shared_connections_by_attachment: None,
+    }
 }
 
-fn merge(into: &mut Json, from: Json) {
-    if let (Json::Object(into), Json::Object(from)) = (into, from) {
-        into.extend(from);
-    }
+/// `{"attachment": ...}`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct AttachmentBody {
+    pub attachment: AttachmentDetail,
+}
+
+/// `{"attachments": [...]}` of summaries.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct AttachmentList {
+    pub attachments: Vec<AttachmentSummary>,
+}
+
+/// `{"attachments": [...]}` of details.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct AttachmentDetailList {
+    pub attachments: Vec<AttachmentDetail>,
+}
+
+/// A link to a resource.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct Link {
+    pub href: String,
+    /// `self` or `bookmark`.
+    pub rel: String,
 }
 
 /// Where a resource lives, for `links`.
@@ -66,16 +124,93 @@ pub struct Links {
 }
 
 impl Links {
-    fn of(&self, project: &str, collection: &str, id: &str) -> Json {
-        json!([
-            {"href": format!("{}/v3/{project}/{collection}/{id}", self.base), "rel": "self"},
-            {"href": format!("{}/{project}/{collection}/{id}", self.base), "rel": "bookmark"},
-        ])
+    fn of(&self, project: &str, collection: &str, id: &str) -> Vec<Link> {
+        vec![
+            Link { href: format!("{}/v3/{project}/{collection}/{id}", self.base), rel: "self".into() },
+            Link { href: format!("{}/{project}/{collection}/{id}", self.base), rel: "bookmark".into() },
+        ]
     }
 }
 
-pub fn volume_summary(v: &Volume, links: &Links) -> Json {
-    json!({ "id": v.id, "name": v.name, "links": links.of(&v.project_id, "volumes", &v.id) })
+/// A volume in the index list.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct VolumeSummary {
+    pub id: String,
+    pub name: Option<String>,
+    pub links: Vec<Link>,
+}
+
+pub fn volume_summary(v: &Volume, links: &Links) -> VolumeSummary {
+    VolumeSummary { id: v.id.clone(), name: v.name.clone(), links: links.of(&v.project_id, "volumes", &v.id) }
+}
+
+/// A completed attachment, as a volume lists it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct VolumeAttachment {
+    /// The volume's id (Cinder's field).
+    pub id: String,
+    pub attachment_id: String,
+    pub volume_id: String,
+    pub server_id: Option<String>,
+    /// The attached host (admins only; `null` for others).
+    pub host_name: Option<String>,
+    pub device: Option<String>,
+    pub attached_at: String,
+}
+
+/// A volume in show, detail lists and the create answer, at a microversion.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct VolumeDetail {
+    pub id: String,
+    pub name: Option<String>,
+    pub description: Option<String>,
+    /// `creating`, `available`, `reserved`, `attaching`, `in-use`, `detaching`, `deleting`,
+    /// `error` or `error_deleting`.
+    pub status: String,
+    /// GiB.
+    pub size: i64,
+    pub availability_zone: String,
+    pub created_at: String,
+    pub updated_at: String,
+    pub attachments: Vec<VolumeAttachment>,
+    pub links: Vec<Link>,
+    /// Always `"false"` (a string, as Cinder answers).
+    pub bootable: String,
+    pub encrypted: bool,
+    pub multiattach: bool,
+    pub metadata: BTreeMap<String, String>,
+    pub snapshot_id: Option<String>,
+    pub source_volid: Option<String>,
+    pub consistencygroup_id: Option<String>,
+    pub replication_status: Option<String>,
+    pub user_id: String,
+    pub volume_type: String,
+    #[serde(rename = "os-vol-tenant-attr:tenant_id")]
+    pub tenant_id: String,
+    /// `node@backend#pool` of the node that serves it (admins only).
+    #[serde(rename = "os-vol-host-attr:host", skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Admins only; always `null`.
+    #[serde(rename = "os-vol-mig-status-attr:migstat", skip_serializing_if = "Option::is_none")]
+    pub migstat: Option<Option<String>>,
+    /// Admins only; always `null`.
+    #[serde(rename = "os-vol-mig-status-attr:name_id", skip_serializing_if = "Option::is_none")]
+    pub name_id: Option<Option<String>>,
+    /// Admins only; always `null`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub migration_status: Option<Option<String>>,
+    /// From microversion 3.13; always `null`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_id: Option<Option<String>>,
+    /// From microversion 3.21, admins only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<Option<String>>,
+    /// From microversion 3.48: whether the backend shares targets between volumes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_targets: Option<bool>,
+    /// From microversion 3.48: the backend (and node) that serves the volume.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_uuid: Option<Option<String>>,
 }
 
 /// The volume detail view at a microversion, for a caller. `hosts` (admins only) names the node
@@ -87,91 +222,123 @@ pub fn volume_detail(
     version: Version,
     links: &Links,
     hosts: Option<&Hosts>,
-) -> Json {
+) -> VolumeDetail {
     let admin = caller.is_admin();
-    let attached: Vec<Json> = attachments
+    let attached = attachments
         .iter()
         .filter(|a| a.status == AttachStatus::Attached)
-        .map(|a| {
-            json!({
-                "id": v.id,
-                "attachment_id": a.id,
-                "volume_id": v.id,
-                "server_id": a.instance_uuid,
-                "host_name": if admin { json!(a.attached_host) } else { Json::Null },
-                "device": a.mountpoint,
-                "attached_at": optional_time(a.attach_time),
-            })
+        .map(|a| VolumeAttachment {
+            id: v.id.clone(),
+            attachment_id: a.id.clone(),
+            volume_id: v.id.clone(),
+            server_id: a.instance_uuid.clone(),
+            host_name: if admin { a.attached_host.clone() } else { None },
+            device: a.mountpoint.clone(),
+            attached_at: optional_time(a.attach_time),
         })
         .collect();
-    let mut view = json!({
-        "id": v.id,
-        "name": v.name,
-        "description": v.description,
-        "status": v.status.as_str(),
-        "size": v.size_gib,
-        "availability_zone": "nova",
-        "created_at": timestamp(v.created_at),
-        "updated_at": timestamp(v.updated_at),
-        "attachments": attached,
-        "links": links.of(&v.project_id, "volumes", &v.id),
-        "bootable": "false",
-        "encrypted": false,
-        "multiattach": v.multiattach,
-        "metadata": v.metadata,
-        "snapshot_id": null,
-        "source_volid": null,
-        "consistencygroup_id": null,
-        "replication_status": null,
-        "user_id": v.user_id,
-        "volume_type": v.volume_type,
-        "os-vol-tenant-attr:tenant_id": v.project_id,
-    });
-    if let (true, Some(hosts)) = (admin, hosts) {
-        merge(
-            &mut view,
-            json!({
-                "os-vol-host-attr:host": hosts.host(v),
-                "os-vol-mig-status-attr:migstat": null,
-                "os-vol-mig-status-attr:name_id": null,
-                "migration_status": null,
-            }),
-        );
+    let host = hosts.filter(|_| admin).map(|h| h.host(v));
+    let admin_null = host.as_ref().map(|_| None);
+    VolumeDetail {
+        id: v.id.clone(),
+        name: v.name.clone(),
+        description: v.description.clone(),
+        status: v.status.as_str().to_string(),
+        size: v.size_gib,
+        availability_zone: "nova".into(),
+        created_at: timestamp(v.created_at),
+        updated_at: timestamp(v.updated_at),
+        attachments: attached,
+        links: links.of(&v.project_id, "volumes", &v.id),
+        bootable: "false".into(),
+        encrypted: false,
+        multiattach: v.multiattach,
+        metadata: v.metadata.clone(),
+        snapshot_id: None,
+        source_volid: None,
+        consistencygroup_id: None,
+        replication_status: None,
+        user_id: v.user_id.clone(),
+        volume_type: v.volume_type.clone(),
+        tenant_id: v.project_id.clone(),
+        migstat: admin_null.clone(),
+        name_id: admin_null.clone(),
+        migration_status: admin_null,
+        host,
+        group_id: (version >= GROUP_ID).then_some(None),
+        provider_id: (version >= PROVIDER_ID && admin).then(|| v.fields.provider_id.clone()),
+        shared_targets: (version >= SHARED_TARGETS).then(|| v.shared_targets.unwrap_or(true)),
+        service_uuid: (version >= SHARED_TARGETS).then(|| v.service_uuid.clone()),
     }
-    if version >= GROUP_ID {
-        merge(&mut view, json!({ "group_id": null }));
-    }
-    if version >= PROVIDER_ID && admin {
-        merge(&mut view, json!({ "provider_id": v.fields.provider_id }));
-    }
-    if version >= SHARED_TARGETS {
-        merge(
-            &mut view,
-            json!({ "shared_targets": v.shared_targets.unwrap_or(true), "service_uuid": v.service_uuid }),
-        );
-    }
-    view
+}
+
+/// `{"volume": ...}`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct VolumeBody {
+    pub volume: VolumeDetail,
+}
+
+/// `{"volumes": [...]}` of summaries, with their `count` when asked (3.45, `with_count=true`).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct VolumeList {
+    pub volumes: Vec<VolumeSummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<i64>,
+}
+
+/// `{"volumes": [...]}` of details, with their `count` when asked (3.45, `with_count=true`).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct VolumeDetailList {
+    pub volumes: Vec<VolumeDetail>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<i64>,
 }
 
 /// Extra specs anyone may read (Cinder's user-visible extra specs); admins see all.
 const USER_VISIBLE_SPECS: &[&str] = &["multiattach", "RESKEY:availability_zones", "replication_enabled"];
 
-pub fn volume_type(t: &VolumeType, caller: &Caller) -> Json {
-    let specs: Map<String, Json> = t
-        .extra_specs
-        .iter()
-        .filter(|(k, _)| caller.is_admin() || USER_VISIBLE_SPECS.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), Json::String(v.clone())))
-        .collect();
-    json!({
-        "id": t.id,
-        "name": t.name,
-        "description": t.description,
-        "is_public": true,
-        "extra_specs": specs,
-        "os-volume-type-access:is_public": true,
-        "qos_specs_id": null,
-    })
+/// A volume type.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct VolumeTypeView {
+    pub id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub is_public: bool,
+    /// Those a user may read; an admin sees all.
+    pub extra_specs: BTreeMap<String, String>,
+    #[serde(rename = "os-volume-type-access:is_public")]
+    pub access_is_public: bool,
+    /// Always `null`.
+    pub qos_specs_id: Option<String>,
+}
+
+pub fn volume_type(t: &VolumeType, caller: &Caller) -> VolumeTypeView {
+    VolumeTypeView {
+        id: t.id.clone(),
+        name: t.name.clone(),
+        description: t.description.clone(),
+        is_public: true,
+        extra_specs: t
+            .extra_specs
+            .iter()
+            .filter(|(k, _)| caller.is_admin() || USER_VISIBLE_SPECS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        access_is_public: true,
+        qos_specs_id: None,
+    }
+}
+
+/// `{"volume_type": ...}`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct VolumeTypeBody {
+    pub volume_type: VolumeTypeView,
+}
+
+/// `{"volume_types": [...]}`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct VolumeTypeList {
+    pub volume_types: Vec<VolumeTypeView>,
 }
 
 #[cfg(test)]
@@ -204,8 +371,8 @@ mod tests {
             legacy: false,
         };
         assert_eq!(
-            attachment_detail(&a),
-            json!({"id": "a", "status": "reserved", "instance": "i", "volume_id": "v", "attached_at": "",
+            serde_json::to_value(attachment_detail(&a)).unwrap(),
+            serde_json::json!({"id": "a", "status": "reserved", "instance": "i", "volume_id": "v", "attached_at": "",
                    "detached_at": "", "attach_mode": "null", "connection_info": {}})
         );
     }

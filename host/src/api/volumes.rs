@@ -6,36 +6,85 @@ use std::collections::BTreeMap;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Extension, Json, Router};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use axum::{Extension, Json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::body::JsonBody;
 use super::error::ApiError;
 use super::microversion::{VOLUME_LIST_COUNT, Version};
+use super::openapi::Endpoint;
 use super::policy::Rule;
 use super::query::{ListSpec, parse};
-use super::views::{Links, volume_detail, volume_summary};
+use super::views::{Links, VolumeBody, VolumeDetailList, VolumeList, volume_detail, volume_summary};
 use super::{AppState, uuid_param};
 use crate::attach::Caller;
 use crate::attach::list::{Scope, VOLUME_SORT_KEYS, VolumeFilter};
 use crate::attach::nodes::Hosts;
-use crate::attach::volumes::NewVolume;
+use crate::attach::volumes::{MAX_SIZE_GIB, NewVolume};
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/volumes", get(index).post(create))
-        .route("/volumes/detail", get(detail))
-        .route("/volumes/{id}", get(show).delete(remove))
-        .route("/volumes/{id}/metadata", get(metadata_show).post(metadata_merge).put(metadata_replace))
-        .route("/volumes/{id}/metadata/{key}", get(metadata_item).delete(metadata_delete))
+pub fn endpoints() -> Vec<Endpoint> {
+    const TAG: &str = "volumes";
+    vec![
+        Endpoint::get("/volumes", index, "listVolumes")
+            .summary(TAG, "List volumes")
+            .list(&LIST)
+            .answers::<VolumeList>(StatusCode::OK, "The volumes"),
+        Endpoint::post("/volumes", create, "createVolume")
+            .summary(TAG, "Create a volume on the backend of its type")
+            .body::<CreateVolumeBody>()
+            .answers::<VolumeBody>(StatusCode::ACCEPTED, "The volume")
+            .link("show", "showVolume", "id", "/volume/id")
+            .link("delete", "deleteVolume", "id", "/volume/id")
+            .link("metadata", "showVolumeMetadata", "id", "/volume/id")
+            .link("metadataMerge", "mergeVolumeMetadata", "id", "/volume/id")
+            .link("metadataReplace", "replaceVolumeMetadata", "id", "/volume/id")
+            .link("action", "volumeAction", "id", "/volume/id")
+            .link("attach", "createAttachment", "/attachment/volume_uuid", "/volume/id"),
+        Endpoint::get("/volumes/detail", detail, "listVolumesDetail")
+            .summary(TAG, "List volumes with their details")
+            .list(&LIST)
+            .answers::<VolumeDetailList>(StatusCode::OK, "The volumes"),
+        Endpoint::get("/volumes/{id}", show, "showVolume")
+            .summary(TAG, "Show a volume")
+            .answers::<VolumeBody>(StatusCode::OK, "The volume"),
+        Endpoint::delete("/volumes/{id}", remove, "deleteVolume")
+            .summary(TAG, "Delete a volume that has no attachment")
+            .query("force", "`true`: also a volume stuck in `creating` or `deleting` (admins only).")
+            .query("cascade", "Accepted and ignored (Berth has no snapshots).")
+            .answers_empty(StatusCode::ACCEPTED, "Deleted"),
+        Endpoint::get("/volumes/{id}/metadata", metadata_show, "showVolumeMetadata")
+            .summary(TAG, "Show a volume's metadata")
+            .answers::<MetadataBody>(StatusCode::OK, "The metadata"),
+        Endpoint::post("/volumes/{id}/metadata", metadata_merge, "mergeVolumeMetadata")
+            .summary(TAG, "Add to a volume's metadata")
+            .body::<MetadataBody>()
+            .answers::<MetadataBody>(StatusCode::OK, "The metadata now"),
+        Endpoint::put("/volumes/{id}/metadata", metadata_replace, "replaceVolumeMetadata")
+            .summary(TAG, "Replace a volume's metadata")
+            .body::<MetadataBody>()
+            .answers::<MetadataBody>(StatusCode::OK, "The metadata now"),
+        Endpoint::get("/volumes/{id}/metadata/{key}", metadata_item, "showVolumeMetadataItem")
+            .summary(TAG, "Show one metadata item")
+            .answers::<MetaItem>(StatusCode::OK, "The item"),
+        Endpoint::delete("/volumes/{id}/metadata/{key}", metadata_delete, "deleteVolumeMetadataItem")
+            .summary(TAG, "Delete one metadata item")
+            .answers_empty(StatusCode::OK, "Deleted"),
+    ]
 }
 
-#[derive(Deserialize)]
+/// `{"metadata": {...}}`: a volume's metadata, key to value.
+#[derive(Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct MetadataBody {
     metadata: BTreeMap<String, String>,
+}
+
+/// `{"meta": {"<key>": "<value>"}}`: one metadata item.
+#[derive(Serialize, JsonSchema)]
+struct MetaItem {
+    meta: BTreeMap<String, String>,
 }
 
 async fn metadata_show(
@@ -46,7 +95,7 @@ async fn metadata_show(
     state.authorize(&caller, Rule::MetadataGet)?;
     let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let (volume, _) = state.service.show_volume(&caller, &id).await?;
-    Ok(Json(json!({ "metadata": volume.metadata })).into_response())
+    Ok(Json(MetadataBody { metadata: volume.metadata }).into_response())
 }
 
 async fn metadata_change(
@@ -64,7 +113,7 @@ async fn metadata_change(
             s.update_metadata(&caller, &id, changes, replace, None).await
         })
         .await?;
-    Ok(Json(json!({ "metadata": metadata })).into_response())
+    Ok(Json(MetadataBody { metadata }).into_response())
 }
 
 async fn metadata_merge(
@@ -97,7 +146,7 @@ async fn metadata_item(
         .metadata
         .get(&key)
         .ok_or_else(|| ApiError::not_found(format!("Metadata item was not found: {key}")))?;
-    Ok(Json(json!({ "meta": { key: value } })).into_response())
+    Ok(Json(MetaItem { meta: BTreeMap::from([(key.clone(), value.clone())]) }).into_response())
 }
 
 async fn metadata_delete(
@@ -116,18 +165,24 @@ async fn metadata_delete(
     Ok(StatusCode::OK.into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateBody {
+struct CreateVolumeBody {
     volume: CreateVolume,
+    /// Accepted and ignored.
     #[serde(default, rename = "OS-SCH-HNT:scheduler_hints")]
     _scheduler_hints: Option<Value>,
 }
 
 /// Cinder's create schema; the sources Berth does not support are accepted only as `null`.
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateVolume {
+    /// GiB, 1 to 65,536: an integer, or a string holding one.
+    #[schemars(required, extend("anyOf" = [
+        {"type": "integer", "minimum": 1, "maximum": MAX_SIZE_GIB},
+        {"type": "string", "pattern": "^ *0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-6]) *$"}
+    ]))]
     size: Option<Value>,
     #[serde(default)]
     name: Option<String>,
@@ -137,27 +192,47 @@ struct CreateVolume {
     description: Option<String>,
     #[serde(default)]
     display_description: Option<String>,
+    /// The type's name or id (the configured types; the default type when absent).
     #[serde(default)]
     volume_type: Option<String>,
+    /// Keys of 1 to 255 characters.
     #[serde(default)]
+    #[schemars(extend("propertyNames" = {"minLength": 1, "maxLength": 255}))]
     metadata: Option<BTreeMap<String, String>>,
+    /// `nova`, the only zone.
     #[serde(default)]
+    #[schemars(extend("enum" = ["nova", null]))]
     availability_zone: Option<String>,
+    /// `true` only with a multiattach type (multiattach comes from the type).
     #[serde(default)]
     multiattach: Option<bool>,
+    /// Not supported: `null` only.
     #[serde(default)]
+    #[schemars(extend("type" = "null"))]
     snapshot_id: Option<Value>,
+    /// Not supported: `null` only.
     #[serde(default)]
+    #[schemars(extend("type" = "null"))]
     source_volid: Option<Value>,
+    /// Not supported: `null` only.
     #[serde(default, rename = "imageRef")]
+    #[schemars(extend("type" = "null"))]
     image_ref: Option<Value>,
+    /// Not supported: `null` only.
     #[serde(default)]
+    #[schemars(extend("type" = "null"))]
     backup_id: Option<Value>,
+    /// Not supported: `null` only.
     #[serde(default)]
+    #[schemars(extend("type" = "null"))]
     consistencygroup_id: Option<Value>,
+    /// Not supported: `null` only.
     #[serde(default)]
+    #[schemars(extend("type" = "null"))]
     group_id: Option<Value>,
+    /// Not supported: `null` only.
     #[serde(default)]
+    #[schemars(extend("type" = "null"))]
     source_replica: Option<Value>,
 }
 
@@ -169,7 +244,12 @@ fn size(value: Option<&Value>) -> Result<i64, ApiError> {
         ))
     };
     match value {
-        Some(Value::Number(n)) => n.as_i64().filter(|s| *s > 0).ok_or_else(bad),
+        // An integer, however it is written (`2` or `2.0`: JSON Schema's integers).
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 1e15).map(|f| f as i64))
+            .filter(|s| *s > 0)
+            .ok_or_else(bad),
         Some(Value::String(s)) => s.trim().parse::<i64>().ok().filter(|s| *s > 0).ok_or_else(bad),
         _ => Err(bad()),
     }
@@ -180,7 +260,7 @@ async fn create(
     Extension(caller): Extension<Caller>,
     Extension(version): Extension<Version>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<CreateBody>,
+    JsonBody(body): JsonBody<CreateVolumeBody>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::VolumeCreate)?;
     let v = body.volume;
@@ -241,7 +321,7 @@ async fn create(
     let (caller, links) = (view_caller, links(&state, &headers));
     let hosts = hosts(&state, &caller).await?;
     let view = volume_detail(&row, &[], &caller, version, &links, hosts.as_ref());
-    Ok((StatusCode::ACCEPTED, Json(json!({ "volume": view }))).into_response())
+    Ok((StatusCode::ACCEPTED, Json(VolumeBody { volume: view })).into_response())
 }
 
 async fn show(
@@ -257,7 +337,7 @@ async fn show(
     let hosts = hosts(&state, &caller).await?;
     let view =
         volume_detail(&volume, &attachments, &caller, version, &links(&state, &headers), hosts.as_ref());
-    Ok(Json(json!({ "volume": view })).into_response())
+    Ok(Json(VolumeBody { volume: view }).into_response())
 }
 
 /// Which node serves each volume, for an admin's view (`os-vol-host-attr:host`).
@@ -308,24 +388,20 @@ async fn list(
     };
     let rows = state.service.list_volumes(scope, &filter, &q.page).await?;
     let links = links(state, headers);
-    let hosts = if detailed { hosts(state, caller).await? } else { None };
-    let views: Vec<Value> = rows
-        .iter()
-        .map(|(v, a)| {
-            if detailed {
-                volume_detail(v, a, caller, version, &links, hosts.as_ref())
-            } else {
-                volume_summary(v, &links)
-            }
-        })
-        .collect();
-    let mut body = json!({ "volumes": views });
-    if version >= VOLUME_LIST_COUNT
+    let count = match version >= VOLUME_LIST_COUNT
         && q.flags.get("with_count").is_some_and(|v| v.eq_ignore_ascii_case("true"))
     {
-        body["count"] = json!(state.service.count_volumes(scope, &filter).await?);
+        true => Some(state.service.count_volumes(scope, &filter).await?),
+        false => None,
+    };
+    if !detailed {
+        let volumes = rows.iter().map(|(v, _)| volume_summary(v, &links)).collect();
+        return Ok(Json(VolumeList { volumes, count }).into_response());
     }
-    Ok(Json(body).into_response())
+    let hosts = hosts(state, caller).await?;
+    let volumes =
+        rows.iter().map(|(v, a)| volume_detail(v, a, caller, version, &links, hosts.as_ref())).collect();
+    Ok(Json(VolumeDetailList { volumes, count }).into_response())
 }
 
 async fn index(
