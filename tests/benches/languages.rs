@@ -65,21 +65,25 @@ async fn run() {
         for _ in 0..20 {
             driver.invoke(&request, &plain).await.result.unwrap();
         }
-        let mut calls = Vec::new();
+        let (mut calls, mut instantiations) = (Vec::new(), Vec::new());
         for _ in 0..200 {
             let started = Instant::now();
-            driver.invoke(&request, &plain).await.result.unwrap();
+            let outcome = driver.invoke(&request, &plain).await;
             calls.push(started.elapsed());
+            outcome.result.unwrap();
+            instantiations.push(outcome.stats.instantiation);
         }
         let call = Summary::of(&mut calls);
+        let instantiation = Summary::of(&mut instantiations);
         println!(
             "{language:<10} {name:<9} {:>6.1} MB, {footprint}; first compile {}, cached load p50 {}; \
-             one call (validate-connector, fresh instance) p50 {} p99 {}, {:.1}M fuel",
+             one call (validate-connector, fresh instance) p50 {} p99 {} (instantiation p50 {}), {:.1}M fuel",
             wasm.len() as f64 / 1e6,
             human(first),
             human(Summary::of(&mut cached).p50),
             human(call.p50),
             human(call.p99),
+            human(instantiation.p50),
             fuel as f64 / 1e6,
         );
     }

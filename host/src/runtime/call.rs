@@ -151,6 +151,8 @@ pub struct CapabilityCall {
 #[derive(Debug, Clone, Default)]
 pub struct CallStats {
     pub wall: Duration,
+    /// Of which creating the fresh instance (linking, memory and tables set up).
+    pub instantiation: Duration,
     pub guest_time: Duration,
     /// Fuel consumed, when the call was metered.
     pub fuel: Option<u64>,

@@ -6,7 +6,7 @@
 //! failure fails that call only and names the driver, its version and the call.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use wasmtime::component::Component;
 use wasmtime::{Engine, Store};
@@ -230,14 +230,18 @@ impl Driver {
             fuel,
         );
 
+        let mut instantiation = Duration::ZERO;
         let run = async {
+            let instantiating = Instant::now();
             match &inner.pre {
                 Pre::Latest(pre) => {
                     let instance = pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
+                    instantiation = instantiating.elapsed();
                     dispatch_latest(instance.berth_driver_driver(), &mut store, request).await
                 }
                 Pre::V0_1(pre) => {
                     let instance = pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
+                    instantiation = instantiating.elapsed();
                     dispatch_v0_1(instance.berth_driver_driver(), &mut store, request).await
                 }
             }
@@ -248,6 +252,7 @@ impl Driver {
         let state = store.data();
         let stats = CallStats {
             wall: started.elapsed(),
+            instantiation,
             guest_time: state.clock.guest_time(),
             fuel: fuel.map(|f| f.saturating_sub(store.get_fuel().unwrap_or(0))),
             peak_memory: state.memory.peak,

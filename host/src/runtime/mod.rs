@@ -131,11 +131,14 @@ impl Runtime {
         config.consume_fuel(options.fuel);
         config.max_wasm_stack(512 * 1024);
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
-        // Drivers are small and every call gets a fresh instance: copying their few data pages is
-        // cheaper than mapping the image copy-on-write, whose first write to each page faults and
-        // flushes every core's TLB.
-        config.memory_init_cow(false);
-        config.table_lazy_init(false);
+        // Every call gets a fresh instance. A linear memory starts as the component's image mapped
+        // copy-on-write (only the pages a call writes are copied), and a table's entries are
+        // filled when first used. Copying every data segment at each instantiation cost a Python
+        // driver (18 MB, its interpreter's heap in the image) 5.4 ms per call and a JavaScript one
+        // 2.4 ms; mapped, 0.6 ms and 0.2 ms; and lazy tables took a Rust driver's instantiation
+        // from 15 to 9 us (BENCHMARKS.md, "Drivers by language").
+        config.memory_init_cow(true);
+        config.table_lazy_init(true);
         // Every slot can hold an instance of the largest driver, so a call that has a slot never
         // finds the pool exhausted: beyond `max_concurrent_calls`, calls wait for a slot.
         let slot = options.slot;
