@@ -11,23 +11,17 @@
 
 use std::collections::BTreeMap;
 
-use berth_tests::process::BerthProcess;
+use berth_tests::process::{BerthProcess, FAKE_BACKEND};
 use berth_tests::python::venv;
 use reqwest::Method;
 use serde_json::Value;
 
-const CONFIG: &str = r#"
-[[backends]]
-name = "fake"
-driver = "fake"
-[[volume_types]]
-name = "__DEFAULT__"
-backend = "fake"
-[[volume_types]]
-name = "multiattach"
-backend = "fake"
-extra_specs = { multiattach = "<is> True" }
-"#;
+/// The fake driver behind the default volume type and a multiattach one.
+fn config() -> String {
+    format!(
+        "{FAKE_BACKEND}[[volume_types]]\nname = \"multiattach\"\nbackend = \"fake\"\nextra_specs = {{ multiattach = \"<is> True\" }}\n"
+    )
+}
 
 async fn document(base: &str) -> Value {
     let r = reqwest::get(format!("{base}/openapi.json")).await.unwrap();
@@ -38,7 +32,7 @@ async fn document(base: &str) -> Value {
 
 #[tokio::test]
 async fn the_document_is_valid_openapi_3_1_and_describes_microversions_and_faults() {
-    let server = BerthProcess::start(CONFIG);
+    let server = BerthProcess::start(&config());
     let doc = document(&server.base).await;
     assert_eq!(doc["openapi"], "3.1.0");
     let file = server.dir.path().join("openapi.json");
@@ -91,7 +85,7 @@ async fn the_document_is_valid_openapi_3_1_and_describes_microversions_and_fault
 
 #[tokio::test]
 async fn every_operation_in_the_document_is_a_route_of_the_server() {
-    let server = BerthProcess::start(CONFIG);
+    let server = BerthProcess::start(&config());
     let doc = document(&server.base).await;
     let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     let mut seen = 0;
@@ -180,7 +174,7 @@ fn schemathesis(
 
 #[test]
 fn schemathesis_finds_no_server_error_and_no_answer_outside_the_document() {
-    let server = BerthProcess::start(CONFIG);
+    let server = BerthProcess::start(&config());
     let examples = std::env::var("BERTH_SCHEMATHESIS_EXAMPLES").unwrap_or_else(|_| "15".into());
     // Every phase (examples, coverage, fuzzing, stateful), then the stateful phase alone with
     // valid data, which follows the links further: volume create, attachment create, show,

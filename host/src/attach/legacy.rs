@@ -28,7 +28,7 @@ use serde_json::Value as Json;
 use super::attachments::{NewAttachment, disconnect, flatten};
 use super::model::{AfterDisconnect, AttachMode, Attachment, Connector, Live, OpKind};
 use super::state::{AttachStatus, Event, transition};
-use super::{AttachError, Caller, Service, attachment_not_found, conclude, names};
+use super::{AttachError, Caller, Service, attachment_not_found, conclude, names, record_fields};
 use crate::failpoint;
 use crate::runtime::Call;
 use crate::runtime::contract::Attachment as DriverAttachment;
@@ -165,13 +165,7 @@ impl Service {
         self.store
             .write(async |tx| {
                 if replayed.is_ok() {
-                    volumes::lock(
-                        tx,
-                        &volume.id,
-                        transition(Event::Refresh),
-                        Some((&volume.fields, &fields)),
-                    )
-                    .await?;
+                    record_fields(tx, &volume, &fields).await?;
                 }
                 targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
                 op.finish(tx).await
@@ -346,8 +340,7 @@ impl Service {
         self.store
             .write(async |tx| {
                 if let Ok(fields) = &revoked {
-                    volumes::lock(tx, volume_id, transition(Event::Refresh), Some((&volume.fields, fields)))
-                        .await?;
+                    record_fields(tx, &volume, fields).await?;
                 }
                 targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
                 op.finish(tx).await

@@ -217,5 +217,18 @@ pub(crate) async fn conclude(tx: &mut Tx, locked: &Volume, t: &Transition) -> Re
     }
 }
 
+/// In a write transaction: writes what a flow changed in a volume's driver fields, from those of
+/// `read` (the volume as the flow read it) to `fields`, as a merge onto what is stored, whatever
+/// the volume's status.
+pub(crate) async fn record_fields(
+    tx: &mut Tx,
+    read: &Volume,
+    fields: &crate::runtime::model::VolumeFields,
+) -> Result<(), AttachError> {
+    volume_rows::lock(tx, &read.id, state::transition(state::Event::Refresh), Some((&read.fields, fields)))
+        .await?;
+    Ok(())
+}
+
 /// Shared handle to the service, as the API and the background tasks hold it.
 pub type SharedService = Arc<Service>;

@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::model::{Connector, Live, OpKind};
-use super::state::{Event, transition};
-use super::{AttachError, Service};
+
+use super::{AttachError, Service, record_fields};
 use crate::capabilities::iscsi::{Iqn, TargetService, TargetState};
 use crate::failpoint;
 use crate::runtime::Call;
@@ -399,8 +399,7 @@ impl Service {
         self.store
             .write(async |tx| {
                 if replayed.is_ok() {
-                    volumes::lock(tx, volume_id, transition(Event::Refresh), Some((&volume.fields, &fields)))
-                        .await?;
+                    record_fields(tx, &volume, &fields).await?;
                 }
                 targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
                 op.finish(tx).await
@@ -489,7 +488,7 @@ impl Service {
         self.store
             .write(async |tx| {
                 if removed.is_ok() && volume.status != super::state::VolumeStatus::Deleted {
-                    volumes::lock(tx, volume_id, transition(Event::Refresh), Some((&volume.fields, &fields))).await?;
+                    record_fields(tx, &volume, &fields).await?;
                 }
                 targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
                 if removed.is_ok() && !gone {

@@ -22,8 +22,8 @@ use super::attachments::{apply_after, disconnect};
 use super::legacy::finish_force_detach;
 use super::model::{AttachMode, Connector, Live, OpKind, Operation};
 use super::ops::Op;
-use super::state::{Event, VolumeStatus, transition};
-use super::{AttachError, Service};
+use super::state::VolumeStatus;
+use super::{AttachError, Service, record_fields};
 use crate::runtime::contract::Attachment as DriverAttachment;
 use crate::runtime::{CallErrorKind, contract};
 use crate::store::attachments as rows;
@@ -129,13 +129,7 @@ impl Service {
                                         apply_after(tx, &volume, a, *then, Some(&fields)).await?;
                                     }
                                     None => {
-                                        volumes::lock(
-                                            tx,
-                                            id,
-                                            transition(Event::Refresh),
-                                            Some((&volume.fields, &fields)),
-                                        )
-                                        .await?;
+                                        record_fields(tx, &volume, &fields).await?;
                                     }
                                 }
                                 targets::record(tx, &volume.backend, id, &calls.effects).await?;
@@ -185,13 +179,7 @@ impl Service {
                 self.store
                     .write(async |tx| {
                         if removed.is_ok() {
-                            volumes::lock(
-                                tx,
-                                id,
-                                transition(Event::Refresh),
-                                Some((&volume.fields, &fields)),
-                            )
-                            .await?;
+                            record_fields(tx, &volume, &fields).await?;
                         }
                         targets::record(tx, &volume.backend, id, &calls.effects).await?;
                         op.finish(tx).await
@@ -225,7 +213,7 @@ impl Service {
         let id = volume.id.clone();
         self.store
             .write(async |tx| {
-                volumes::lock(tx, &id, transition(Event::Refresh), Some((&volume.fields, &fields))).await?;
+                record_fields(tx, volume, &fields).await?;
                 targets::record(tx, &volume.backend, &id, &calls.effects).await?;
                 op.finish(tx).await
             })
