@@ -331,7 +331,9 @@ fn conformance(
         return usage(format!("{} is not a file", wasm.display()));
     }
     let cache_dir = cache_dir.or_else(|| {
+        // An empty XDG_CACHE_HOME counts as unset (the XDG base directory specification).
         std::env::var_os("XDG_CACHE_HOME")
+            .filter(|d| !d.is_empty())
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
             .map(|d| d.join("berth"))
