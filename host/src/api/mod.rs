@@ -58,14 +58,21 @@ impl AppState {
     }
 }
 
-/// Every operation of the API, with its description: the router and the OpenAPI document are
-/// built from this one list.
+/// Every operation of the API, with its description, the document's own included: the router
+/// and the OpenAPI document are built from this one list.
 pub fn endpoints() -> Vec<openapi::Endpoint> {
-    [versions::endpoints(), volumes::endpoints(), actions::endpoints(), attachments::endpoints()]
-        .into_iter()
-        .chain([types::endpoints(), services::endpoints()])
-        .flatten()
-        .collect()
+    [
+        versions::endpoints(),
+        vec![openapi_endpoint()],
+        volumes::endpoints(),
+        actions::endpoints(),
+        attachments::endpoints(),
+        types::endpoints(),
+        services::endpoints(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// `GET /openapi.json`: the document of [`endpoints`].
@@ -77,8 +84,6 @@ fn openapi_endpoint() -> openapi::Endpoint {
 }
 
 async fn openapi_json(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
-    let mut all = endpoints();
-    all.push(openapi_endpoint());
     let catalog = state.service.catalog();
     let deployment = openapi::Deployment {
         volume_types: catalog.types.iter().flat_map(|t| [t.name.clone(), t.id.clone()]).collect(),
@@ -86,16 +91,14 @@ async fn openapi_json(axum::extract::State(state): axum::extract::State<AppState
             catalog.backends.values().map(|b| &b.driver.info().protocols),
         ),
     };
-    axum::Json(openapi::document(&all, &deployment)).into_response()
+    axum::Json(openapi::document(&endpoints(), &deployment)).into_response()
 }
 
 /// The routes, without the project-stripping rewrite (see [`app`]).
 pub fn router(state: AppState) -> Router {
     let mut v3: Router<AppState> = Router::new();
     let mut root: Router<AppState> = Router::new();
-    let mut all = endpoints();
-    all.push(openapi_endpoint());
-    for e in all {
+    for e in endpoints() {
         match e.doc.since {
             Some(_) => v3 = v3.route(e.path, e.route),
             None => root = root.route(e.path, e.route),
