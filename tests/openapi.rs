@@ -151,6 +151,8 @@ fn schemathesis(
         .arg(&har)
         .args(args)
         .env("PYTHONWARNINGS", "ignore")
+        // Its caches (`.schemathesis/`) go to the test's directory, not the source tree.
+        .current_dir(dir)
         .output()
         .expect("run schemathesis");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
