@@ -5,11 +5,14 @@
 //! compile time. The nested cargo uses its own target directory, so it never waits on the outer
 //! build's lock.
 
+// The build script builds the shipped drivers with cargo (host/clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// (file name, package) of every driver crate.
+/// (file name, package) of every driver crate that does not use the network.
 const DRIVERS: &[(&str, &str)] = &[
     ("tgt-iscsi", "berth-driver-tgt-iscsi"),
     ("fake", "berth-driver-fake"),
@@ -17,6 +20,15 @@ const DRIVERS: &[(&str, &str)] = &[
     ("sneaky", "berth-driver-sneaky"),
     ("flawed", "berth-driver-flawed"),
     ("hostile", "berth-driver-hostile"),
+];
+
+/// The same for drivers built with the SDK's `network` feature. They are built by a cargo of
+/// their own: features unify across the packages of one build, and the others must not import
+/// `wasi:http`.
+const NETWORK_DRIVERS: &[(&str, &str)] = &[
+    ("netprobe", "berth-driver-netprobe"),
+    ("array", "berth-driver-array"),
+    ("ceph-rbd", "berth-driver-ceph-rbd"),
 ];
 
 fn main() {
@@ -32,11 +44,26 @@ fn main() {
     let wasm_target = target.join("wasm-drivers");
     let out = target.join("drivers");
 
+    for set in [DRIVERS, NETWORK_DRIVERS] {
+        build(&root, &wasm_target, set);
+    }
+
+    std::fs::create_dir_all(&out).expect("cannot create the drivers output directory");
+    for (name, package) in DRIVERS.iter().chain(NETWORK_DRIVERS) {
+        let built =
+            wasm_target.join("wasm32-wasip2/driver").join(format!("{}.wasm", package.replace('-', "_")));
+        copy_if_changed(&built, &out.join(format!("{name}.wasm")));
+    }
+    println!("cargo:rustc-env=BERTH_DRIVER_DIR={}", out.display());
+}
+
+/// One cargo build of a set of driver crates.
+fn build(root: &Path, wasm_target: &Path, set: &[(&str, &str)]) {
     let mut cmd = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.current_dir(&root)
+    cmd.current_dir(root)
         .args(["build", "--profile", "driver", "--target", "wasm32-wasip2", "--target-dir"])
-        .arg(&wasm_target);
-    for (_, package) in DRIVERS {
+        .arg(wasm_target);
+    for (_, package) in set {
         cmd.args(["-p", package]);
     }
     // The outer build's flags and wrappers (clippy's, a host target-cpu) must not reach the
@@ -59,14 +86,6 @@ fn main() {
              `rustup target add wasm32-wasip2` (rust-toolchain.toml asks rustup for it)"
         );
     }
-
-    std::fs::create_dir_all(&out).expect("cannot create the drivers output directory");
-    for (name, package) in DRIVERS {
-        let built =
-            wasm_target.join("wasm32-wasip2/driver").join(format!("{}.wasm", package.replace('-', "_")));
-        copy_if_changed(&built, &out.join(format!("{name}.wasm")));
-    }
-    println!("cargo:rustc-env=BERTH_DRIVER_DIR={}", out.display());
 }
 
 fn copy_if_changed(from: &Path, to: &Path) {

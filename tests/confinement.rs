@@ -53,6 +53,7 @@ impl Rig {
                 namespace,
             }),
             backing: Some(stores),
+            network: None,
         };
         let spec = DriverSpec {
             backend: backend.into(),

@@ -9,9 +9,10 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use berth::conformance::checks::{CHECKS, Id, name};
-use berth::conformance::report::{Report, Status};
+use berth::conformance::report::{CheckReport, Report, Status};
 use berth::conformance::{Options, TargetMode, VendorConfig};
 use berth_tests::drivers::{component, shared_cache};
+use berth_tests::https::{ARRAY_PASSWORD, ArrayServer, TestCa};
 use berth_tests::iscsi::{Session, Target};
 use berth_tests::process::berth_binary;
 use berth_tests::server::connector;
@@ -34,6 +35,15 @@ async fn suite_on(target: TargetMode, wasm: PathBuf, settings: &[(&str, &str)]) 
 
 fn failed(report: &Report) -> BTreeSet<&'static str> {
     report.failures().into_iter().collect()
+}
+
+/// The checks skipped, but for the one of drivers that reach their backend over the network.
+fn skipped(report: &Report) -> Vec<&CheckReport> {
+    report
+        .checks
+        .iter()
+        .filter(|c| matches!(c.status, Status::Skipped(_)) && c.name != name(Id::NetworkFaults))
+        .collect()
 }
 
 fn names(ids: &[Id]) -> BTreeSet<&'static str> {
@@ -64,8 +74,8 @@ fn py_driver() -> PathBuf {
 async fn every_shipped_driver_passes() {
     let tgt = suite(component("tgt-iscsi"), &[]).await;
     assert!(tgt.ok(), "{:#?}", tgt.failures());
-    assert_eq!(tgt.skipped(), 0, "tgt-iscsi advertises everything the suite checks");
-    assert_eq!(tgt.contract, Some("berth:driver@0.2.0"));
+    assert!(skipped(&tgt).is_empty(), "tgt-iscsi advertises everything the suite checks but the network");
+    assert_eq!(tgt.contract, Some("berth:driver@0.3.0"));
     assert_eq!(tgt.guarantees, ["terminate-ends-sessions"]);
     assert_eq!(tgt.checks.len(), CHECKS.len());
 
@@ -73,7 +83,11 @@ async fn every_shipped_driver_passes() {
     assert!(fake.ok(), "{:#?}", fake.failures());
     for c in &fake.checks {
         if let Status::Skipped(why) = &c.status {
-            assert!(why.contains("does not use the host's iSCSI target service"), "{}: {why}", c.name);
+            assert!(
+                why.contains("does not use the host's iSCSI target service") || why.contains("network"),
+                "{}: {why}",
+                c.name
+            );
         }
     }
 }
@@ -90,10 +104,25 @@ async fn a_driver_built_against_contract_0_1_0_keeps_passing() {
         assert!(report.ok(), "{target:?}: {:#?}", report.failures());
         assert_eq!(report.contract, Some("berth:driver@0.1.0"));
         assert!(report.guarantees.is_empty());
-        let skipped: Vec<_> =
-            report.checks.iter().filter(|c| matches!(c.status, Status::Skipped(_))).collect();
+        let skipped = skipped(&report);
         assert_eq!(skipped.len(), 1, "{target:?}: {skipped:#?}");
         assert_eq!(skipped[0].name, name(Id::TerminateEndsSessions));
+    }
+}
+
+/// `tgt-iscsi` as built against contract 0.2.0 (the last release before 0.3.0, kept as a binary)
+/// loads through the host's 0.2.0 adapter and passes every check, its promise included, on the
+/// model and on a real tgtd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_built_against_contract_0_2_0_keeps_passing() {
+    let wasm =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../drivers/fixtures/binary/tgt-iscsi-0.2.0.wasm");
+    for target in [TargetMode::Model, TargetMode::Tgtd] {
+        let report = suite_on(target, wasm.clone(), &[]).await;
+        assert!(report.ok(), "{target:?}: {:#?}", report.failures());
+        assert_eq!(report.contract, Some("berth:driver@0.2.0"));
+        assert_eq!(report.guarantees, ["terminate-ends-sessions"]);
+        assert!(skipped(&report).is_empty(), "{target:?}");
     }
 }
 
@@ -124,7 +153,10 @@ fn tgt_iscsi_passes_against_a_real_tgtd_and_the_junit_is_valid() {
             .filter(|l| l.starts_with("PASS") && l.contains("calls"))
             .all(|l| { l.contains("fuel max") && l.contains("peak memory") })
     );
-    assert!(stdout.contains("0 failed") && stdout.contains("(target: tgtd)"), "{stdout}");
+    assert!(
+        stdout.contains("0 failed") && stdout.contains("(target: tgtd, its own on control port"),
+        "{stdout}"
+    );
 
     // The JUnit file is well-formed and says what the run said.
     let check = r#"
@@ -147,7 +179,8 @@ print(len(cases))
     assert!(py.status.success(), "invalid JUnit: {}", String::from_utf8_lossy(&py.stderr));
     assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), CHECKS.len().to_string());
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    assert_eq!((report["failed"].as_u64(), report["skipped"].as_u64()), (Some(0), Some(0)), "all checks run");
+    // All checks run but the one for drivers that use the network.
+    assert_eq!((report["failed"].as_u64(), report["skipped"].as_u64()), (Some(0), Some(1)));
     assert!(report["checks"].as_array().unwrap().iter().any(|c| c["fuel_total"].as_u64() > Some(0)));
 }
 
@@ -169,7 +202,7 @@ fn injected_faults_reach_the_driver_in_front_of_a_real_tgtd_too() {
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(&format!("FAIL  {}", name(Id::TimeoutsRetryable))), "{stdout}");
     assert!(stdout.contains(&format!("PASS  {}", name(Id::FailuresTyped))), "{stdout}");
-    assert!(stdout.contains("(target: tgtd)"), "{stdout}");
+    assert!(stdout.contains("(target: tgtd, its own on control port"), "{stdout}");
 }
 
 /// Each flaw of the `flawed` fixture and the checks it must fail, no more, no fewer.
@@ -204,7 +237,120 @@ fn flaws() -> Vec<(&'static str, Vec<Id>)> {
         ("oversize", vec![SharedQuery, OutputBounds]),
         ("crash-unsafe", vec![Convergence]),
         ("unchecked-deny", vec![ArgumentGrammar]),
+        ("extend-does-nothing", vec![Extend]),
+        ("extend-not-idempotent", vec![Extend]),
+        // Success with the initiator missing from the ACL: every check that logs in or looks at
+        // the ACL after initialize-connection.
+        (
+            "forget-acl",
+            vec![
+                ExportAfterWipe,
+                AclExact,
+                SecondInitiator,
+                TerminateUnknown,
+                TerminateOneKeepsOther,
+                TerminateSameInitiator,
+                TerminateEndsSessions,
+                Convergence,
+            ],
+        ),
     ]
+}
+
+/// Each flaw of the `array` fixture (a driver that reaches its array over HTTPS) and the checks
+/// it must fail.
+fn network_flaws() -> Vec<(&'static str, Vec<Id>)> {
+    vec![
+        ("create-not-idempotent", vec![Id::NetworkFaults]),
+        ("errors-not-retryable", vec![Id::NetworkFaults]),
+    ]
+}
+
+/// The suite on the `array` fixture against the tests' HTTPS array, configured as a vendor
+/// would: the array's address, its CA, its password in a file only the service reads.
+async fn array_suite(array: &ArrayServer, ca: &TestCa, dir: &std::path::Path, flaw: Option<&str>) -> Report {
+    let password = dir.join("array.password");
+    std::fs::write(&password, format!("{ARRAY_PASSWORD}\n")).unwrap();
+    std::fs::set_permissions(&password, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let endpoint = format!("https://127.0.0.1:{}", array.port());
+    let toml = format!(
+        r#"grants = ["network"]
+[settings]
+api = "{endpoint}"
+{flaw}
+[network]
+allowed_hosts = ["{endpoint}"]
+ca_file = "{ca}"
+secret_response_fields = ["/token"]
+[network.secrets.array-password]
+file = "{password}"
+hosts = ["{endpoint}"]
+"#,
+        flaw = flaw.map(|f| format!("flaw = \"{f}\"")).unwrap_or_default(),
+        ca = ca.write(dir).display(),
+        password = password.display(),
+    );
+    let path = dir.join("array.toml");
+    std::fs::write(&path, toml).unwrap();
+    let config = VendorConfig::load(&path).unwrap();
+    let options = Options {
+        wasm: component("array"),
+        config,
+        target: TargetMode::Model,
+        focus: None,
+        skip: None,
+        repeat: 1,
+        cache_dir: Some(shared_cache()),
+    };
+    berth::conformance::run(options, |c| {
+        eprintln!("DEBUG {} {:?}", c.name, array.state.lock().unwrap().volumes.keys().collect::<Vec<_>>())
+    })
+    .await
+    .expect("the suite runs")
+}
+
+/// A driver that reaches its storage over the network is checked for everything that does not
+/// need the host's target service, against its real array (here the tests' HTTPS array), with
+/// faults injected in front of the array at every request of every call: a lost answer (the
+/// request applied), a timeout and a 503 must fail the call as retryable, and the retry must
+/// converge to an uninterrupted call's answer. The suite leaves nothing on the array, and each
+/// flaw fails exactly its checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_driver_is_checked_against_its_real_array_with_faults_in_front_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let array = ArrayServer::https(&ca, &["127.0.0.1"]).await;
+
+    let report = array_suite(&array, &ca, dir.path(), None).await;
+    assert!(
+        report.ok(),
+        "{:#?}",
+        report.checks.iter().filter(|c| matches!(c.status, Status::Failed(_))).collect::<Vec<_>>()
+    );
+    let faults = report.checks.iter().find(|c| c.name == name(Id::NetworkFaults)).unwrap();
+    assert_eq!(faults.status, Status::Passed);
+    // Every request of a volume's life was faulted three ways: the array saw them.
+    assert!(faults.measure.calls > 100, "{:?}", faults.measure);
+    for c in &report.checks {
+        if let Status::Skipped(why) = &c.status {
+            assert!(why.contains("does not use the host's iSCSI target service"), "{}: {why}", c.name);
+        }
+    }
+    assert!(
+        array.state.lock().unwrap().volumes.is_empty(),
+        "left on the array: {:?}",
+        array.state.lock().unwrap().volumes
+    );
+
+    for (flaw, expected) in network_flaws() {
+        let report = array_suite(&array, &ca, dir.path(), Some(flaw)).await;
+        assert_eq!(failed(&report), names(&expected), "flaw {flaw}: {:#?}", report.checks);
+    }
+
+    // A driver without the network skips the check, saying why.
+    let tgt = suite(component("fake"), &[]).await;
+    let skipped = tgt.checks.iter().find(|c| c.name == name(Id::NetworkFaults)).unwrap();
+    assert!(matches!(&skipped.status, Status::Skipped(why) if why.contains("network")), "{skipped:?}");
 }
 
 async fn flaws_fail_exactly_their_checks(part: usize, of: usize) -> BTreeSet<&'static str> {
@@ -246,10 +392,17 @@ async fn the_misbehaving_fixtures_fail_exactly_their_checks_and_every_check_can_
     );
 
     let misbehaving = suite(component("misbehaving"), &[]).await;
-    assert_eq!(failed(&misbehaving), names(&[Id::VolumeLifecycle, Id::NoLeak]), "it cannot delete volumes");
+    // (extend-volume's check deletes its volume too.)
+    assert_eq!(
+        failed(&misbehaving),
+        names(&[Id::VolumeLifecycle, Id::Extend, Id::NoLeak]),
+        "it cannot delete volumes"
+    );
 
-    // Every check is failed by some fixture: none of them can pass whatever the driver does.
-    let mut failing: BTreeSet<&str> = flaws().iter().flat_map(|(_, ids)| names(ids)).collect();
+    // Every check is failed by some fixture: none of them can pass whatever the driver does (the
+    // network flaws' failures are proven by the array test below).
+    let mut failing: BTreeSet<&str> =
+        flaws().iter().chain(&network_flaws()).flat_map(|(_, ids)| names(ids)).collect();
     failing.extend(failed(&sneaky));
     let never: Vec<&str> = CHECKS.iter().map(|c| c.name).filter(|n| !failing.contains(n)).collect();
     assert!(never.is_empty(), "checks no fixture fails: {never:#?}");
@@ -264,7 +417,7 @@ async fn a_javascript_driver_built_from_the_wit_alone_passes_through_the_0_1_0_a
     // promise that a terminate ends sessions, so that one check does not apply (the host ends
     // them itself in 0.1.0's deny-initiator, which the attachment below shows).
     assert_eq!(report.contract, Some("berth:driver@0.1.0"));
-    let skipped: Vec<_> = report.checks.iter().filter(|c| matches!(c.status, Status::Skipped(_))).collect();
+    let skipped = skipped(&report);
     assert_eq!(skipped.len(), 1, "{skipped:#?}");
     assert_eq!(skipped[0].name, name(Id::TerminateEndsSessions));
     assert!(matches!(&skipped[0].status, Status::Skipped(why) if why.contains("0.1.0")), "{skipped:#?}");
@@ -277,7 +430,7 @@ async fn a_python_driver_built_from_the_wit_alone_passes_on_the_model_and_on_tgt
     for target in [TargetMode::Model, TargetMode::Tgtd] {
         let report = suite_on(target, py_driver(), &[]).await;
         assert!(report.ok(), "{target:?}: {:#?}", report.failures());
-        assert_eq!(report.skipped(), 0, "{target:?}");
+        assert!(skipped(&report).is_empty(), "{target:?}");
         assert!(report.driver.starts_with("py-iscsi"));
         assert_eq!(report.contract, Some("berth:driver@0.2.0"));
         assert_eq!(report.guarantees, ["terminate-ends-sessions"]);
@@ -285,7 +438,7 @@ async fn a_python_driver_built_from_the_wit_alone_passes_on_the_model_and_on_tgt
 }
 
 /// `berth serve` loads drivers in three languages and two contract versions side by side: Rust
-/// (`tgt-iscsi`, 0.2.0), JavaScript (`js-iscsi`, 0.1.0) and Python (`py-iscsi`, 0.2.0). A real
+/// (`tgt-iscsi`, 0.3.0), JavaScript (`js-iscsi`, 0.1.0) and Python (`py-iscsi`, 0.2.0). A real
 /// initiator logs in to what each exports and reads back what it wrote. A detach ends the host's
 /// open session whichever contract its driver speaks: the 0.2.0 drivers end it themselves
 /// (close-sessions); for js-iscsi the host's 0.1.0 adapter ends it inside deny-initiator.

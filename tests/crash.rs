@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 const ALICE: &str = "iqn.1993-08.org.debian:01:alice";
 const BOB: &str = "iqn.1993-08.org.debian:01:bob";
 const CAROL: &str = "iqn.1993-08.org.debian:01:carol";
+const INSTANCE: &str = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
 
 /// A changing flow: how to set it up, the request that is interrupted, and where it must end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,8 @@ enum Flow {
     CreateAttachment,
     CreateSecondOfMultiattach,
     UpdateAttachment,
+    /// Nova's unshelve: an update gives a connector to an attachment completed without one.
+    Unshelve,
     ReplaceConnector,
     DeleteAttachment,
     DeleteOneOfTwo,
@@ -44,6 +47,8 @@ enum Flow {
     LegacyUnreserve,
     LegacyTerminateUnknown,
     ForceDetach,
+    /// `os-extend` of an available volume, from 1 GiB to 2.
+    ExtendVolume,
 }
 
 /// What a set-up made (all acknowledged).
@@ -91,12 +96,13 @@ async fn live_ids(c: &Client, volume: &str) -> Vec<String> {
 }
 
 impl Flow {
-    const ALL: [Flow; 15] = [
+    const ALL: [Flow; 17] = [
         Flow::CreateVolume,
         Flow::DeleteVolume,
         Flow::CreateAttachment,
         Flow::CreateSecondOfMultiattach,
         Flow::UpdateAttachment,
+        Flow::Unshelve,
         Flow::ReplaceConnector,
         Flow::DeleteAttachment,
         Flow::DeleteOneOfTwo,
@@ -107,6 +113,7 @@ impl Flow {
         Flow::LegacyUnreserve,
         Flow::LegacyTerminateUnknown,
         Flow::ForceDetach,
+        Flow::ExtendVolume,
     ];
 
     async fn set_up(self, c: &Client) -> Made {
@@ -134,13 +141,20 @@ impl Flow {
                     .map(|x| x["id"].as_str().unwrap().to_string())
                     .collect();
             }
-            Flow::DeleteVolume | Flow::CreateAttachment => {}
+            Flow::DeleteVolume | Flow::CreateAttachment | Flow::ExtendVolume => {}
             Flow::CreateSecondOfMultiattach | Flow::LegacyTerminateUnknown => {
                 made.attachments.push(("alice", attach(c, &v, ALICE, "alice-host", true).await));
             }
             Flow::UpdateAttachment => {
                 let r = c.attach(&v, None).await.expect(200);
                 made.attachments.push(("reserved", r.body["attachment"]["id"].as_str().unwrap().to_string()));
+            }
+            Flow::Unshelve => {
+                let body = json!({"attachment": {"volume_uuid": v, "instance_uuid": INSTANCE}});
+                let r = c.post("/attachments", body).await.expect(200);
+                let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
+                c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+                made.attachments.push(("shelved", id));
             }
             Flow::ReplaceConnector => {
                 made.attachments.push(("alice", attach(c, &v, ALICE, "alice-host", false).await));
@@ -208,6 +222,11 @@ impl Flow {
                 format!("/attachments/{}", made.id("reserved")),
                 Some(json!({"attachment": {"connector": connector(ALICE, "alice-host")}})),
             ),
+            Flow::Unshelve => (
+                Method::PUT,
+                format!("/attachments/{}", made.id("shelved")),
+                Some(json!({"attachment": {"connector": connector(ALICE, "alice-host")}})),
+            ),
             Flow::ReplaceConnector => (
                 Method::PUT,
                 format!("/attachments/{}", made.id("alice")),
@@ -239,6 +258,9 @@ impl Flow {
             }
             Flow::ForceDetach => {
                 (Method::POST, format!("/volumes/{v}/action"), Some(json!({"os-force_detach": null})))
+            }
+            Flow::ExtendVolume => {
+                (Method::POST, format!("/volumes/{v}/action"), Some(json!({"os-extend": {"new_size": 2}})))
             }
         };
         c.try_send(method, &path, body, Some(timeout)).await.map(|r| r.status)
@@ -290,6 +312,14 @@ impl Flow {
                     format!("the updated attachment is {a:?}, not reserved without connector"),
                 );
             }
+            Flow::Unshelve => {
+                let a = w.attachment(made.id("shelved"));
+                expect(
+                    a.is_some_and(|a| a.status == "attached" && !a.has_connector),
+                    format!("the unshelved attachment is {a:?}, not attached without connector as before"),
+                );
+                expect(status == Some("in-use"), format!("the volume is {status:?}, not in-use"));
+            }
             Flow::DeleteAttachment | Flow::ForceDetach | Flow::LegacyDetach | Flow::LegacyUnreserve => {
                 expect(live.is_empty(), format!("the interrupted removal left {} attachments", live.len()));
                 expect(status == Some("available"), format!("the volume is {status:?}, not available"));
@@ -324,6 +354,19 @@ impl Flow {
                 );
                 expect(status == Some("detaching"), format!("the volume is {status:?}, not detaching"));
             }
+            Flow::ExtendVolume => {
+                // Finished: the driver grows the backing file again (idempotent), then the size
+                // is recorded; the database and the backing file agree.
+                let size = w.volumes.get(v).map(|x| x.size_gib);
+                let file = std::fs::metadata(rig.backing_file(v)).map(|m| m.len()).ok();
+                expect(status == Some("available"), format!("the volume is {status:?}, not available"));
+                expect(
+                    size == Some(2) && file == Some(2 << 30),
+                    format!(
+                        "the volume is {size:?} GiB in the database and {file:?} bytes on disk, not 2 GiB"
+                    ),
+                );
+            }
         }
         wrong
     }
@@ -352,6 +395,7 @@ impl Flow {
                     && live.iter().all(|a| a.is_connected())
             }
             Flow::UpdateAttachment => connected(made.id("reserved"), "attaching"),
+            Flow::Unshelve => connected(made.id("shelved"), "attaching"),
             Flow::ReplaceConnector => w
                 .attachment(made.id("alice"))
                 .is_some_and(|a| a.initiator.as_deref() == Some(BOB) && a.is_connected()),
@@ -365,6 +409,9 @@ impl Flow {
             }
             Flow::LegacyTerminate => {
                 w.attachment(made.id("alice")).is_some_and(|a| a.status == "attached" && !a.has_connector)
+            }
+            Flow::ExtendVolume => {
+                w.volumes.get(v).is_some_and(|x| x.status == "available" && x.size_gib == 2)
             }
         };
         if ok {
@@ -524,6 +571,7 @@ interruption_tests! {
     attachment_create => CreateAttachment,
     second_attachment_of_a_multiattach_volume => CreateSecondOfMultiattach,
     attachment_update => UpdateAttachment,
+    unshelve => Unshelve,
     connector_replacement => ReplaceConnector,
     attachment_delete => DeleteAttachment,
     delete_of_one_of_two_attachments => DeleteOneOfTwo,
@@ -534,4 +582,5 @@ interruption_tests! {
     legacy_unreserve => LegacyUnreserve,
     legacy_terminate_of_an_unknown_connector => LegacyTerminateUnknown,
     force_detach => ForceDetach,
+    volume_extend => ExtendVolume,
 }

@@ -87,7 +87,8 @@ async fn a_real_initiator_reads_and_writes_an_attached_volume_and_nobody_else_ge
     assert!(exported.is_none_or(|t| t.initiators.is_empty()), "no initiator keeps access");
     let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
     let again = Target::from_connection_info(&info);
-    assert_eq!(again.chap, target.chap, "credentials stay with the volume");
+    assert_ne!(again.chap, target.chap, "a new connection gets new credentials");
+    assert!(Session::login(&target, ALICE).is_err(), "the old credentials no longer open the target");
     assert_eq!(login(&again, ALICE).unwrap().read(0, written.len()).unwrap(), written);
     let listed = c.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
     let id = listed.body["attachments"][0]["id"].as_str().unwrap().to_string();
@@ -104,6 +105,95 @@ async fn a_real_initiator_reads_and_writes_an_attached_volume_and_nobody_else_ge
     let log = rig.berth.log_text();
     assert!(!log.contains(&secret) && !log.contains(&user), "a CHAP credential is in berth's log");
     assert!(rig.tgtd_changes() > 0, "the changes are logged");
+}
+
+/// `os-extend` grows the volume that the initiator sees: written, detached, extended from 1 GiB
+/// to 2, attached again: the initiator reads a 2 GiB capacity, the old data, and writes at the new
+/// end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extended_volume_has_its_new_size_at_the_next_attach_and_keeps_its_data() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let written = pattern(9, 8 * BLOCK);
+    let (attachment, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    login(&Target::from_connection_info(&info), ALICE).unwrap().write(0, &written).unwrap();
+    c.delete(&format!("/attachments/{attachment}")).await.expect(200);
+
+    c.post(&format!("/volumes/{volume}/action"), json!({"os-extend": {"new_size": 2}})).await.expect(202);
+    assert_eq!(c.get(&format!("/volumes/{volume}")).await.body["volume"]["size"], 2);
+    assert_eq!(std::fs::metadata(rig.backing_file(&volume)).unwrap().len(), 2 * GIB);
+
+    let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let session = login(&Target::from_connection_info(&info), ALICE).unwrap();
+    assert_eq!(
+        session.capacity().unwrap(),
+        (2 * GIB / BLOCK as u64, BLOCK as u32),
+        "the initiator sees 2 GiB"
+    );
+    assert_eq!(session.read(0, written.len()).unwrap(), written, "the data is kept");
+    session.write(2 * GIB / BLOCK as u64 - 8, &written).unwrap();
+    assert_eq!(session.read(2 * GIB / BLOCK as u64 - 8, written.len()).unwrap(), written);
+}
+
+/// tgtd holds at most the LUNs this machine allows (threads per LUN against the kernel's
+/// threads, or `[tgt] max_luns` when lower): with `max_luns = 2`, a third volume's attach is
+/// refused with 413 in Cinder's shape, naming the limit and the setting, before tgtd hears of it,
+/// and the volume stays available; a second host on an exported volume needs no new LUN and is
+/// admitted; once a volume is detached the third attaches. `os-services` and the metrics show the
+/// LUNs held and the ceiling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_beyond_the_ceiling_is_refused_before_tgtd_hears_of_it() {
+    let port = berth_tests::pg::free_port();
+    let rig = Rig::start_with_tgt("max_luns = 2\n", &format!("\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
+    let c = rig.client();
+    let mut volumes = Vec::new();
+    for _ in 0..3 {
+        volumes.push(c.create_volume(json!({"size": 1, "volume_type": "multiattach"})).await);
+    }
+    let (first, _) = attach(&c, &volumes[0], ALICE, "alice-host").await;
+    attach(&c, &volumes[1], ALICE, "alice-host").await;
+
+    let before = rig.tgtd.targets();
+    let changes = rig.tgtd_changes();
+    let refused = c.attach(&volumes[2], Some(connector(ALICE, "alice-host"))).await;
+    let message = refused.fault(413, "overLimit");
+    assert!(message.contains("holds 2 LUNs") && message.contains("[tgt] max_luns = 2"), "{message}");
+    assert_eq!(rig.tgtd.targets(), before, "tgtd is as it was");
+    assert_eq!(rig.tgtd_changes(), changes, "no change was sent to tgtd");
+    let shown = c.get(&format!("/volumes/{}", volumes[2])).await.expect(200);
+    assert_eq!(shown.body["volume"]["status"], "available");
+    let listed = c.get(&format!("/attachments?volume_id={}", volumes[2])).await.expect(200);
+    assert_eq!(listed.body["attachments"], json!([]), "the reservation was rolled back");
+
+    // Another host on an exported volume: no new LUN.
+    let (_, info) = attach(&c, &volumes[0], BOB, "bob-host").await;
+    login(&Target::from_connection_info(&info), BOB).expect("bob logs in");
+
+    let services = c.at("3.0").get("/os-services").await.expect(200);
+    let backend = services.body["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["binary"] == "cinder-volume" && s["lun_ceiling"].is_number())
+        .cloned()
+        .expect("a backend with its ceiling");
+    assert_eq!((backend["luns"].as_u64(), backend["lun_ceiling"].as_u64()), (Some(2), Some(2)), "{backend}");
+    let metrics =
+        reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l.starts_with("berth_tgt_luns{") && l.ends_with(" 2")), "{metrics}");
+    assert!(
+        metrics.lines().any(|l| l.starts_with("berth_tgt_lun_ceiling{") && l.ends_with(" 2")),
+        "{metrics}"
+    );
+
+    // A detach frees a LUN: the third volume attaches.
+    c.delete(&format!("/attachments/{first}")).await.expect(200);
+    let listed = c.get(&format!("/attachments?volume_id={}", volumes[0])).await.expect(200);
+    let bob = listed.body["attachments"][0]["id"].as_str().unwrap().to_string();
+    c.delete(&format!("/attachments/{bob}")).await.expect(200);
+    let (_, info) = attach(&c, &volumes[2], ALICE, "alice-host").await;
+    login(&Target::from_connection_info(&info), ALICE).expect("the third volume is reachable");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,6 +234,59 @@ async fn detaching_one_initiator_of_a_multiattach_volume_ends_its_sessions_and_k
     assert_eq!(login(&tb2, BOB).expect("bob logs in again").read(200, data.len()).unwrap(), data);
     let target = rig.tgtd.targets().into_iter().find(|t| t.iqn == tb.iqn).expect("the target stays");
     assert_eq!(target.initiators, vec![BOB.to_string()]);
+}
+
+/// The hardening issue's item 13: a single-attach volume kept its CHAP credentials for ever, so
+/// a host that was detached could log in with its old secret under the next host's initiator
+/// name. The credentials go with the export; the next host's connection gets new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_host_cannot_log_in_to_a_single_attach_volume_under_the_next_hosts_name() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (a, info_a) = attach(&c, &volume, ALICE, "alice-host").await;
+    let ta = Target::from_connection_info(&info_a);
+    login(&ta, ALICE).expect("alice logs in").write(0, &pattern(1, BLOCK)).unwrap();
+    c.delete(&format!("/attachments/{a}")).await.expect(200);
+
+    let (_, info_b) = attach(&c, &volume, BOB, "bob-host").await;
+    let tb = Target::from_connection_info(&info_b);
+    assert_eq!(ta.iqn, tb.iqn);
+    assert_ne!(ta.chap, tb.chap, "bob's connection has credentials of its own");
+    let e = Session::login(&ta, BOB).err().expect("alice's old secret under bob's name is refused");
+    assert!(e.contains("Authentication failure"), "{e}");
+    assert!(Session::login(&ta, ALICE).is_err(), "and under her own name");
+    assert_eq!(login(&tb, BOB).expect("bob logs in").read(0, BLOCK).unwrap(), pattern(1, BLOCK));
+}
+
+/// The hardening issue's item 11 on a real target: a plain member gives an instance's connected
+/// attachment another host's connector; it is refused (409), the instance's host keeps its open
+/// session and its place in the ACL, and the other host gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cannot_move_an_instances_access_to_another_host() {
+    let rig = Rig::start();
+    let admin = rig.client();
+    let volume = admin.create_volume(json!({"size": 1})).await;
+    let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": "3f7c2a1e-5b6d-4e8f-9a0b-1c2d3e4f5a6b",
+        "connector": connector(ALICE, "alice-host")}});
+    let made = admin.at("3.54").post("/attachments", body).await.expect(200);
+    let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
+    admin
+        .at("3.54")
+        .post(&format!("/attachments/{id}/action"), json!({"os-complete": null}))
+        .await
+        .expect(204);
+    let target = Target::from_connection_info(&made.body["attachment"]["connection_info"]);
+    let alice = login(&target, ALICE).expect("the instance's host logs in");
+    alice.write(0, &pattern(3, BLOCK)).unwrap();
+
+    let member = admin.with_roles("member").at("3.54");
+    let moved = json!({"attachment": {"connector": connector(BOB, "bob-host")}});
+    member.put(&format!("/attachments/{id}"), moved).await.fault(409, "conflictingRequest");
+    assert_eq!(alice.read(0, BLOCK).unwrap(), pattern(3, BLOCK), "the instance's session goes on");
+    let exported = rig.tgtd.targets().into_iter().find(|t| t.iqn == target.iqn).expect("the target stays");
+    assert_eq!(exported.initiators, vec![ALICE.to_string()], "nobody else is let in");
+    assert!(Session::login(&target, BOB).is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -375,4 +518,51 @@ async fn a_live_migration_moves_access_from_the_source_host_to_the_destination()
     let shown = rig.tgtd.targets().into_iter().find(|t| t.iqn == target.iqn).expect("the export stays");
     assert_eq!(shown.initiators, vec![BOB.to_string()]);
     assert_eq!(c.volume_status(&volume).await, "in-use");
+}
+
+/// The hardening issue's item 9: `berth serve --data-dir perf/d2` answered every attach with 502
+/// ("backing store path is not inside perf/d2/volumes"). A relative data directory is resolved
+/// once, at start, against the directory the service was started in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relative_data_dir_serves_attachments() {
+    let tgtd = TgtdProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = berth_tests::pg::free_port();
+    let config = dir.path().join("berth.toml");
+    let cache = berth_tests::drivers::shared_cache();
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\n[runtime]\ncache_dir = \"{}\"\n{}",
+            cache.display(),
+            tgtd.config()
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.path().join("berth.log")).unwrap();
+    let mut child = std::process::Command::new(berth_tests::process::berth_binary())
+        .args(["serve", "--config", "berth.toml", "--data-dir", "perf/d2"])
+        .current_dir(dir.path())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "berth serve did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let c = Client::for_base(&format!("http://127.0.0.1:{port}"), "p1");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let r = c.attach(&volume, Some(connector(ALICE, "alice-host"))).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let r = r.expect(200);
+    let target = Target::from_connection_info(&r.body["attachment"]["connection_info"]);
+    assert!(target.iqn.ends_with(&volume));
+    let file = dir.path().join(format!("perf/d2/volumes/tgt/volume-{volume}.img"));
+    assert!(file.exists(), "the backing file is under the relative data directory: {}", file.display());
 }

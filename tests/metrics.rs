@@ -106,3 +106,44 @@ async fn the_metrics_endpoint_is_valid_openmetrics_and_counts_what_happened() {
     // No raw ids in labels.
     assert!(!text.contains(&volume) && !text.contains(&id));
 }
+
+/// The hardening issue's items 15 and 16: any request, without a token, with a made-up HTTP
+/// method added a series for ever; and the metrics listener had no header or idle timeout. Now a
+/// method outside the known set counts as `other`, and the metrics listener closes a connection
+/// that sends no complete request within the API's header-read timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_methods_add_no_series_and_the_metrics_listener_has_the_apis_bounds() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = free_port();
+    let config = format!(
+        "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[http]\nheader_read_timeout_seconds = 0.5\n\
+         [[backends]]\nname = \"fake\"\ndriver = \"fake\"\n[[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"fake\"\n"
+    );
+    let server = BerthProcess::start(&config);
+    let http = reqwest::Client::new();
+    for i in 0..20 {
+        let method = reqwest::Method::from_bytes(format!("MADEUP{i}").as_bytes()).unwrap();
+        let r = http.request(method, format!("{}/v3/p1/volumes", server.base)).send().await.unwrap();
+        assert!(r.status().is_client_error(), "{}", r.status());
+    }
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.unwrap().text().await.unwrap();
+    assert!(!text.contains("MADEUP"), "a made-up method became a label:\n{text}");
+    assert!(text.contains("method=\"other\""), "{text}");
+
+    // A silent connection and a stalled header, on the metrics listener.
+    for sent in [&b""[..], &b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: "[..]] {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        stream.write_all(sent).await.unwrap();
+        let mut buf = [0u8; 1024];
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue,
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the metrics listener kept a connection that sent {sent:?}");
+    }
+}

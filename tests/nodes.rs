@@ -14,7 +14,7 @@ use berth_tests::cluster::Cluster;
 use berth_tests::history::{self, Workload};
 use berth_tests::server::{Client, Resp, connector};
 use reqwest::Method;
-use serde_json::json;
+use serde_json::{Value, json};
 
 fn env(key: &str, default: u64) -> u64 {
     std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -243,6 +243,183 @@ async fn a_node_that_lost_its_lease_can_no_longer_act() {
     assert_eq!(generation().await, None);
     let log = cluster.nodes[0].berth.log_text();
     assert!(log.contains("the call was not made") || log.contains("taken over"), "{log}");
+}
+
+/// The field report of the hardening issue (item 4): node a attaches a shared multiattach volume
+/// and stalls after its driver calls, holding the driver fields they returned (new CHAP
+/// credentials); it is paused past its lease; node b attaches the same volume (its export gets
+/// credentials of its own). When node a goes on, it must write nothing: not its attachment and
+/// not its credentials over node b's (two hosts of one export with different secrets), and it
+/// answers 503 as docs/operations.md promises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_past_its_lease_writes_no_driver_fields_and_answers_503() {
+    let cluster = Cluster::start(3, 3).await;
+    let (on_a, on_b) = (cluster.nodes[0].client(), cluster.nodes[1].client());
+    let volume = on_a.create_volume(json!({"size": 1, "volume_type": "shared-multiattach"})).await;
+    let store = cluster.store().await;
+    let stored_auth = async || {
+        store
+            .read(async |tx| berth::store::volumes::get(tx, &volume, berth::domain::list::Scope::All).await)
+            .await
+            .unwrap()
+            .unwrap()
+            .fields
+            .provider_auth
+    };
+
+    arm_sleep(&on_a, "attach.connect.initialize-connection", 1500).await;
+    let body = json!({"attachment": {"volume_uuid": volume, "connector": connector("iqn.1993-08.org.debian:01:alice", "alice")}});
+    let stalled = {
+        let on_a = on_a.clone();
+        tokio::spawn(async move { on_a.try_send(Method::POST, "/attachments", Some(body), None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = cluster.nodes[0].berth.pid().expect("node a runs");
+    signal(pid, libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+
+    let made =
+        on_b.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:bob", "bob"))).await.expect(200);
+    let bob_secret =
+        made.body["attachment"]["connection_info"]["auth_password"].as_str().unwrap().to_string();
+    let auth_b = stored_auth().await.expect("node b's export has credentials");
+    assert!(auth_b.ends_with(&bob_secret), "the stored credentials are those node b handed out");
+
+    signal(pid, libc::SIGCONT);
+    let answer = stalled.await.unwrap().expect("node a answers");
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    assert_eq!(stored_auth().await, Some(auth_b), "node a wrote its credentials over node b's");
+    let listed = on_b.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
+    assert_eq!(listed.body["attachments"].as_array().unwrap().len(), 1, "{}", listed.body);
+    // Node c, which took no part, sees the same.
+    let shown = cluster.nodes[2]
+        .client()
+        .at("3.54")
+        .get(&format!("/attachments/{}", made.body["attachment"]["id"].as_str().unwrap()))
+        .await
+        .expect(200);
+    assert_eq!(shown.body["attachment"]["connection_info"]["auth_password"], bob_secret.as_str());
+}
+
+/// The hardening issue's item 5: a second `berth serve` started with a live node's name started
+/// silently and took over its registered URL; once it stopped, the real node's volumes answered
+/// 503 through the other nodes while it was up. Now it refuses to start, naming the other's URL,
+/// and changes nothing. Item 7's clean stop: a node that stops marks itself down at once, and its
+/// name is free for a new process straight away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_with_a_live_nodes_name_refuses_to_start() {
+    let mut cluster = Cluster::start(3, 30).await;
+    let store = cluster.store().await;
+    let volume = cluster.nodes[0].client().create_volume(json!({"size": 1})).await;
+    let before = store.read(async |tx| berth::store::nodes::list(tx).await).await.unwrap();
+
+    let refused = cluster.try_add("node-a", 30, |c| c).err().expect("a second node-a must not start");
+    assert!(refused.contains("another process runs as node node-a"), "{refused}");
+    assert!(
+        refused.contains(&cluster.nodes[0].berth.base),
+        "the message names the live node's URL: {refused}"
+    );
+    let after = store.read(async |tx| berth::store::nodes::list(tx).await).await.unwrap();
+    let url = |nodes: &[berth::store::nodes::Node]| {
+        nodes.iter().find(|n| n.name == "node-a").map(|n| (n.url.clone(), n.incarnation.clone()))
+    };
+    assert_eq!(url(&after), url(&before), "the refused process changed node-a's registration");
+    // Node a's volume is still reached through the others.
+    let via_b = cluster.nodes[1].client();
+    via_b.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:x", "x"))).await.expect(200);
+
+    // A clean stop: down at once (the lease is 30 s), and the others answer 503 for its volume.
+    let stopped = std::time::Instant::now();
+    cluster.nodes[0].berth.stop();
+    let services = via_b.get("/os-services").await.expect(200);
+    let a =
+        services.body["services"].as_array().unwrap().iter().find(|s| s["host"] == "node-a").unwrap().clone();
+    assert_eq!(a["state"], "down", "{services:?}", services = services.body);
+    via_b
+        .attach(&volume, Some(connector("iqn.1993-08.org.debian:01:y", "y")))
+        .await
+        .fault(503, "serviceUnavailable");
+    assert!(stopped.elapsed() < Duration::from_secs(30), "no lease was waited for");
+    // The name is free for another process now.
+    let again =
+        cluster.try_add("node-a", 30, |c| c).expect("node-a starts again elsewhere once the first stopped");
+    drop(again);
+}
+
+/// The hardening issue's item 6: a node whose backend of a shared name is not marked `shared`,
+/// runs another driver, or has another lease started without a word. It refuses to start,
+/// naming the key, the nodes and both values; `os-services` shows what each node runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_disagrees_with_the_cluster_refuses_to_start_naming_what() {
+    let cluster = Cluster::start(3, 30).await;
+    let not_shared =
+        cluster.try_add("node-d", 30, |c| c.replacen("shared = true\n", "", 1)).err().expect("refused");
+    assert!(not_shared.contains("backend array: shared = true on node node-"), "{not_shared}");
+    assert!(not_shared.contains("shared = false on this node (node-d)"), "{not_shared}");
+    let other_lease = cluster.try_add("node-d", 7, |c| c).err().expect("refused");
+    assert!(
+        other_lease.contains("[operations] lease_seconds: node node-")
+            && other_lease.contains("has 30, this node (node-d) has 7"),
+        "{other_lease}"
+    );
+    // The fake driver with one more custom section: the same code, another build (digest).
+    let dir = tempfile::tempdir().unwrap();
+    let rebuilt = dir.path().join("fake-rebuilt.wasm");
+    let mut bytes = std::fs::read(berth_tests::drivers::component("fake")).unwrap();
+    bytes.extend_from_slice(&[0, 6, 5, b'b', b'e', b'r', b't', b'h']);
+    std::fs::write(&rebuilt, bytes).unwrap();
+    let other_driver = cluster
+        .try_add("node-d", 30, |c| {
+            c.replacen(
+                "name = \"array\"\ndriver = \"fake\"",
+                &format!("name = \"array\"\nwasm = \"{}\"", rebuilt.display()),
+                1,
+            )
+        })
+        .err()
+        .expect("refused");
+    assert!(
+        other_driver.contains("backend array (shared): node node-")
+            && other_driver.contains("this node (node-d) runs fake"),
+        "{other_driver}"
+    );
+    // A node that agrees joins.
+    let d = cluster.try_add("node-d", 30, |c| c).expect("an agreeing node starts");
+
+    let services = cluster.nodes[0].client().get("/os-services").await.expect(200);
+    let rows = services.body["services"].as_array().unwrap().clone();
+    let array: Vec<&Value> =
+        rows.iter().filter(|s| s["host"].as_str().unwrap().ends_with("@array")).collect();
+    assert_eq!(array.len(), 4, "{rows:?}");
+    let digests: BTreeSet<&str> = array.iter().map(|s| s["driver_digest"].as_str().unwrap()).collect();
+    assert_eq!(digests.len(), 1, "every node runs the same driver for array");
+    assert!(array.iter().all(|s| s["shared"] == true && s["driver"].as_str().unwrap().starts_with("fake ")));
+    assert!(rows.iter().filter(|s| s["binary"] == "berth-api").all(|s| s["lease_seconds"] == 30));
+    drop(d);
+}
+
+/// The hardening issue's item 7: a request forwarded to a stalled owner waited 300 s, even after
+/// the owner showed down. The forward now ends once the owner is down (503 with `Retry-After`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_forwarded_to_a_stalled_owner_fails_once_the_owner_is_down() {
+    let cluster = Cluster::start(3, 3).await;
+    let volume = cluster.nodes[0].client().create_volume(json!({"size": 1})).await;
+    let pid = cluster.nodes[0].berth.pid().expect("node a runs");
+    signal(pid, libc::SIGSTOP);
+    // Node a still looks up for up to a lease: node b forwards, and node a never answers.
+    let body = json!({"attachment": {"volume_uuid": volume, "connector": connector("iqn.1993-08.org.debian:01:z", "z")}});
+    let asked = std::time::Instant::now();
+    let answer = cluster.nodes[1]
+        .client()
+        .try_send(Method::POST, "/attachments", Some(body), Some(Duration::from_secs(60)))
+        .await;
+    let waited = asked.elapsed();
+    signal(pid, libc::SIGCONT);
+    let answer = answer.expect("node b answers (within a minute, not after the 300 s forward timeout)");
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    assert_eq!(answer.header("retry-after"), Some("1"));
+    assert!(answer.body.to_string().contains("node-a"), "{}", answer.body);
+    eprintln!("node b answered 503 after {waited:?} (lease 3 s)");
 }
 
 fn signal(pid: u32, sig: i32) {

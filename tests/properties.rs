@@ -5,8 +5,8 @@
 //! `PROPTEST_CASES` sets the number of inputs per property (256 by default, what CI runs); the
 //! long mode in BENCHMARKS.md runs 100,000.
 
-use berth::attach::model::Connector;
 use berth::capabilities::iscsi::tgt::{Request, parse_accounts, parse_connections, parse_show};
+use berth::domain::model::Connector;
 use berth::runtime::json::{value_from_json, value_to_json};
 use berth_driver_sdk::names::{MAX_ISCSI_NAME, check_iscsi_name};
 use berth_tests::server::{Db, TestServer};

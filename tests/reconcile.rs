@@ -214,3 +214,104 @@ async fn each_node_reconciles_only_its_own_volumes_on_its_own_tgtd() {
     let target = Target::from_connection_info(&info);
     assert!(Session::login(&target, ALICE).is_ok());
 }
+
+/// The hardening issue's item 8: while a backend was being filled, reconcile passes logged
+/// "re-creating" exports nobody had touched. A pass read tgtd's listing, then the database: an
+/// attach acknowledged in between was in the database and not in the listing, and was
+/// "repaired". Now a pass acts only after comparing again under the volume's lock (the database
+/// first, then the target itself), and an attachment is acknowledged only with its export
+/// verified on tgtd. Passes running back to back during concurrent attaches and detaches of
+/// single and multiattach volumes on a real tgtd make no repair, no revocation and no removal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_during_concurrent_attaches_and_detaches_change_nothing() {
+    let tgtd = berth_tests::tgt::TgtdProcess::start();
+    let config = tgtd.config().replace("interval_seconds = 0.25", "interval_seconds = 0.01");
+    let berth = berth_tests::process::BerthProcess::start(&config);
+    let c = Client::for_base(&berth.base, "p1").at("3.54");
+    let mut volumes = Vec::new();
+    for i in 0..6 {
+        let body =
+            if i % 2 == 0 { json!({"size": 1, "volume_type": "multiattach"}) } else { json!({"size": 1}) };
+        volumes.push(c.create_volume(body).await);
+    }
+    let seconds: u64 =
+        std::env::var("BERTH_RECONCILE_LOAD_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(8);
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut clients = Vec::new();
+    for k in 0..6 {
+        let (c, volumes) = (c.clone(), volumes.clone());
+        clients.push(tokio::spawn(async move {
+            let mut cycles = 0;
+            let mut i = k;
+            while Instant::now() < until {
+                let volume = &volumes[i % volumes.len()];
+                i += 1;
+                let initiator = format!("iqn.1993-08.org.debian:01:client{k}");
+                let r = c.attach(volume, Some(connector(&initiator, &format!("host{k}")))).await;
+                if r.status != 200 {
+                    continue; // a single-attach volume another client holds
+                }
+                let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
+                c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+                c.delete(&format!("/attachments/{id}")).await.expect(200);
+                cycles += 1;
+            }
+            cycles
+        }));
+    }
+    // Listings that take their time, as a listing of thousands of targets does: the flows go on
+    // between a pass's listing and its read of the database.
+    let base = berth.base.clone();
+    let slow = tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        while Instant::now() < until {
+            let body = json!({"name": "reconcile.listed", "nth": 1, "action": "sleep", "millis": 150});
+            let _ = http.post(format!("{base}/_failpoints/arm")).json(&body).send().await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let mut cycles = 0;
+    for t in clients {
+        cycles += t.await.unwrap();
+    }
+    slow.await.unwrap();
+    let log = berth.log_text();
+    let passes = log.matches("reconcile pass finished").count();
+    let repairs = log.matches("re-creating it").count();
+    let revocations = log.matches("revoking an ACL entry").count();
+    let removals = log.matches("removing a target that no connected attachment uses").count();
+    eprintln!(
+        "{cycles} attach cycles, {passes} reconcile passes: {repairs} repairs, {revocations} revocations, {removals} removals"
+    );
+    assert!(
+        cycles > 50 && passes > 20,
+        "too little happened to mean anything: {cycles} cycles, {passes} passes"
+    );
+    assert_eq!((repairs, revocations, removals), (0, 0, 0), "a pass changed what nobody had touched");
+}
+
+/// An attachment is acknowledged only with its export verified on the target service: here the
+/// driver answers initialize-connection with success while the initiator is missing from the ACL
+/// (the `flawed` fixture's `forget-acl`, as if tgtd had dropped part of the export). The attach
+/// answers 502 (an invalid result), is undone, and nothing is left to repair or revoke.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_incomplete_after_the_drivers_calls_is_not_acknowledged() {
+    let flawed = berth_tests::drivers::component("flawed");
+    let rig = Rig::start_with(&format!(
+        "[[backends]]\nname = \"flawed\"\nwasm = \"{}\"\ngrants = [\"iscsi-target\", \"backing-store\"]\n\
+         settings = {{ flaw = \"forget-acl\" }}\n[[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"flawed\"\n",
+        flawed.display()
+    ));
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let answer = c.attach(&volume, Some(connector(ALICE, "alice-host"))).await;
+    let message = answer.fault(502, "computeFault");
+    assert!(message.contains("export is incomplete") && message.contains(ALICE), "{message}");
+    let listed = c.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
+    assert_eq!(listed.body["attachments"], json!([]), "nothing was acknowledged");
+    assert_eq!(c.volume_status(&volume).await, "available");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let log = rig.berth.log_text();
+    assert!(!log.contains("re-creating it") && !log.contains("revoking an ACL entry"), "{log}");
+    assert!(rig.tgtd.targets().iter().all(|t| t.initiators.is_empty()), "no initiator keeps access");
+}

@@ -192,8 +192,8 @@ async fn a_driver_importing_an_ungranted_capability_is_refused_at_load_naming_th
         LoadError::NotGranted { driver, import, grant } => {
             assert_eq!(driver, "tgt-iscsi");
             assert!(
-                import.starts_with("berth:driver/backing-store@0.2")
-                    || import.starts_with("berth:driver/iscsi-target@0.2")
+                import.starts_with("berth:driver/backing-store@0.3")
+                    || import.starts_with("berth:driver/iscsi-target@0.3")
             );
             assert!(grant == "backing-store" || grant == "iscsi-target");
         }
@@ -234,16 +234,37 @@ async fn a_driver_importing_an_ungranted_capability_is_refused_at_load_naming_th
     assert_eq!(driver.info().name, "tgt-iscsi");
 }
 
+/// A driver whose component imports WASI's filesystem is refused whatever capabilities it is
+/// granted; granted `inert-wasi` (for language runtimes that import it), it loads, and what it
+/// imports gives it nothing: no directory is preopened, so the file it reaches for is not there.
 #[tokio::test]
-async fn a_driver_importing_the_filesystem_is_refused_at_load_whatever_it_is_granted() {
+async fn a_driver_importing_the_filesystem_is_refused_and_inert_wasi_gives_it_nothing() {
     let all = with_grants(spec("sneaky"), &Grant::ALL);
     let error = load(all).await.err().expect("must be refused");
     match &error {
-        LoadError::Forbidden { import, reason, .. } => {
+        LoadError::NotGranted { import, grant, .. } => {
             assert!(import.starts_with("wasi:filesystem/"), "{import}");
-            assert!(reason.contains("filesystem"), "{reason}");
+            assert_eq!(grant, "inert-wasi");
         }
-        other => panic!("expected Forbidden, got {other}"),
+        other => panic!("expected NotGranted, got {other}"),
+    }
+    let mut grants = Grant::ALL.to_vec();
+    grants.push(Grant::InertWasi);
+    let sneaky = load(with_grants(spec("sneaky"), &grants)).await.expect("loads with inert-wasi");
+    let call = Request::InitializeConnection(
+        volume("0b0e7c52-1f0e-4a55-9f41-3c2d1e0f9a77", &[]),
+        berth_tests::drivers::connector("iqn.1993-08.org.debian:01:x"),
+    );
+    match sneaky.invoke(&call, &CallOptions::default()).await.result.unwrap() {
+        Response::Connection(c) => {
+            let stolen = c.info.data.iter().find(|(k, _)| k == "stolen").map(|(_, v)| format!("{v:?}"));
+            assert_eq!(
+                stolen.as_deref(),
+                Some("Value::Text(\"\")"),
+                "the driver read a host file: {stolen:?}"
+            );
+        }
+        other => panic!("{other:?}"),
     }
 }
 

@@ -450,3 +450,28 @@ async fn new_chap_credentials_replace_the_old_ones() {
     assert!(Session::login(&rig.target(&target, &old), ALICE).is_err());
     Session::login(&rig.target(&target, &new), ALICE).expect("the new credentials log in");
 }
+
+/// The service refuses a LUN beyond its ceiling itself (whatever a driver does), before tgtd
+/// hears of it, naming the limit; the LUN it already has stays admissible (idempotent), and a
+/// removed LUN makes room.
+#[tokio::test]
+async fn a_lun_beyond_the_ceiling_is_refused_before_tgtd_hears_of_it() {
+    let rig = Rig::start();
+    let t = Tgtd::new(TgtdConfig { max_luns: Some(1), ..rig.config() });
+    assert_eq!(t.lun_capacity().map(|c| (c.held, c.ceiling)), Some((0, 1)));
+    let (first, _) = export(&rig, &t, "c1", ALICE).await;
+    let second = iqn("iqn.2010-10.org.openstack:volume-c2");
+    t.create_target(&second).await.unwrap();
+    let (before, changes) = (rig.tgtd.targets(), t.changes());
+    let e = t.add_lun(&second, Lun::new(1).unwrap(), &rig.image("c2.img")).await.unwrap_err();
+    assert!(matches!(&e, TargetError::Failed(m) if m.contains("[tgt] max_luns = 1")), "{e}");
+    assert_eq!((rig.tgtd.targets(), t.changes()), (before, changes), "tgtd heard nothing");
+    assert!(t.admit_lun().is_err() && t.holds_luns(first.as_str()) && !t.holds_luns(second.as_str()));
+    // The LUN the first target has is admitted again (idempotent); removing it makes room.
+    t.add_lun(&first, Lun::new(1).unwrap(), &rig.dir.path().join("c1.img").display().to_string())
+        .await
+        .unwrap();
+    t.remove_lun(&first, Lun::new(1).unwrap()).await.unwrap();
+    t.add_lun(&second, Lun::new(1).unwrap(), &rig.image("c2.img")).await.unwrap();
+    assert_eq!(t.lun_capacity().map(|c| c.held), Some(1));
+}

@@ -46,6 +46,7 @@ from wit_world.imports.types import (
     Value_Text,
     Value_TextList,
     Volume,
+    VolumeField,
 )
 
 DEFAULT_PREFIX = "iqn.2010-10.org.openstack:"
@@ -165,12 +166,12 @@ def portal_text(p: iscsi.Portal) -> str:
     return f"[{p.address}]:{p.port}" if ":" in p.address else f"{p.address}:{p.port}"
 
 
-def update(location=None, auth=None, set_data=(), remove_data=()) -> ModelUpdate:
+def update(location=None, auth=None, set_data=(), remove_data=(), clear=()) -> ModelUpdate:
     return ModelUpdate(
         provider_location=location,
         provider_auth=auth,
         provider_id=None,
-        clear=[],
+        clear=list(clear),
         set_data=list(set_data),
         remove_data=list(remove_data),
     )
@@ -225,7 +226,9 @@ class Driver(exports.Driver):
 
     def remove_export(self, volume: Volume) -> ModelUpdate:
         attempt("delete target", target_error, iscsi.delete_target, target_iqn(volume))
-        return update(remove_data=mode_keys(volume))
+        # The credentials go with the export: the next export gets new ones, so a detached host
+        # cannot log in with what it was given once the volume is attached elsewhere.
+        return update(remove_data=mode_keys(volume), clear=[VolumeField.PROVIDER_AUTH])
 
     def initialize_connection(self, volume: Volume, connector: Connector) -> Connection:
         initiator = initiator_of(connector)

@@ -41,6 +41,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub metrics: MetricsConfig,
     pub attachments: AttachmentsConfig,
+    pub history: HistoryConfig,
     pub operations: OperationsConfig,
     pub reconcile: ReconcileConfig,
     pub runtime: RuntimeConfig,
@@ -68,6 +69,7 @@ impl Default for Config {
             attachments: AttachmentsConfig::default(),
             operations: OperationsConfig::default(),
             reconcile: ReconcileConfig::default(),
+            history: HistoryConfig::default(),
             runtime: RuntimeConfig::default(),
             tgt: TgtConfig::default(),
             backends: Vec::new(),
@@ -85,6 +87,10 @@ pub struct HttpConfig {
     /// from the end of the previous response (so it is also the idle timeout). The connection is
     /// closed when it expires.
     pub header_read_timeout_seconds: f64,
+    /// How long a request's body may take to arrive once its headers are in; 408 beyond it. The
+    /// body is read only after the caller is authenticated, and before the request takes one of
+    /// `max_requests_in_flight`.
+    pub body_read_timeout_seconds: f64,
     /// Requests handled at once; beyond it, 503 with `Retry-After` (load shedding).
     pub max_requests_in_flight: usize,
     /// How long a request forwarded to the node that serves its volume may take before this node
@@ -96,6 +102,7 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             header_read_timeout_seconds: 60.0,
+            body_read_timeout_seconds: 30.0,
             max_requests_in_flight: 512,
             forward_timeout_seconds: 300.0,
         }
@@ -251,6 +258,16 @@ pub enum ReconcileMode {
     Report,
 }
 
+/// The attach history (`GET /os-attachment-events`, `berth history`).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct HistoryConfig {
+    /// Days an event is kept; older ones are pruned every hour (each volume's chain then starts
+    /// at its first event left, and still verifies). Export and archive them first (`berth history
+    /// export --until`). Default: kept for ever.
+    pub keep_days: Option<u32>,
+}
+
 #[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReconcileConfig {
@@ -301,10 +318,21 @@ pub struct TgtConfig {
     pub tgtd: PathBuf,
     /// Timeout of one request to tgtd.
     pub command_timeout_ms: u64,
-    /// I/O threads tgtd gives each LUN (`tgtd -t`), when Berth starts tgtd. Every attached volume
-    /// costs tgtd that many threads: with the kernel's default `pid_max` of 32,768, 4 threads
-    /// allow about 8,000 attached volumes, 2 about 16,000 (tgtd's own default, 16, about 2,000).
+    /// I/O threads tgtd gives each LUN (`tgtd -t`), when Berth starts tgtd; set it to the running
+    /// tgtd's `-t` otherwise. Every exported volume costs tgtd that many threads for as long as it
+    /// is exported, and the machine's threads are what runs out first: with the kernel's default
+    /// `pid_max` of 32,768 and the default reserve, 2 allow 14,336 exported volumes, 4 allow 7,168
+    /// (tgtd's own default, 16, about 1,800). One or two threads per LUN measured as fast as four
+    /// on a 2-core machine (BENCHMARKS.md, "tgtd's I/O threads").
     pub io_threads: u32,
+    /// Threads always left to the rest of the machine: a new export is refused (413, naming this
+    /// setting) when tgtd's LUNs would leave fewer, counting every thread running on the machine.
+    /// The ceiling of exports is `(min(kernel.pid_max, kernel.threads-max) - reserve_threads) /
+    /// io_threads`, shown in `os-services` and the metrics (`berth_tgt_lun_ceiling`).
+    pub reserve_threads: u64,
+    /// The most LUNs tgtd may hold (all backends of this node together), when lower than the
+    /// ceiling the machine allows. Unset: that ceiling.
+    pub max_luns: Option<u64>,
     /// How long a volume's target and CHAP account stay in tgtd, inert (no LUN, no ACL entry, no
     /// account bound: they expose nothing and admit nobody), after its last attachment goes, so
     /// that attaching the volume again reuses them: tgtd deletes targets and accounts in time
@@ -325,7 +353,9 @@ impl Default for TgtConfig {
             start: true,
             tgtd: "/usr/sbin/tgtd".into(),
             command_timeout_ms: 10_000,
-            io_threads: 4,
+            io_threads: 2,
+            reserve_threads: 4096,
+            max_luns: None,
             keep_exports_seconds: 3600,
             chap_username_length: 20,
             chap_secret_length: 20,
@@ -360,6 +390,10 @@ pub struct BackendConfig {
     /// granted the host's iSCSI target service cannot be shared.
     #[serde(default)]
     pub shared: bool,
+    /// With the `network` grant: where the driver may send requests, and how
+    /// (`capabilities/network`).
+    #[serde(default)]
+    pub network: Option<crate::capabilities::network::NetworkConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
@@ -385,17 +419,40 @@ impl Config {
         toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
-    /// Fills in the embedded default backend and types when none are configured.
+    /// Fills in the embedded default backend and types when none are configured, and makes every
+    /// configured path absolute, once, against the directory `berth serve` was started in: a
+    /// relative `--data-dir` or file named in the configuration means the same for the whole run,
+    /// whatever later compares or opens it.
     pub fn with_defaults(mut self) -> Config {
+        let absolute = |p: &mut PathBuf| {
+            if p.is_relative()
+                && let Ok(abs) = std::path::absolute(&*p)
+            {
+                *p = abs;
+            }
+        };
+        if let Some(dir) = self.data_dir.as_mut() {
+            absolute(dir);
+        }
+        if let Some(dir) = self.runtime.cache_dir.as_mut() {
+            absolute(dir);
+        }
+        for file in [self.auth.tokens_file.as_mut(), self.auth.policy_file.as_mut()].into_iter().flatten() {
+            absolute(file);
+        }
+        for wasm in self.backends.iter_mut().filter_map(|b| b.wasm.as_mut()) {
+            absolute(wasm);
+        }
         if self.backends.is_empty() {
             self.backends.push(BackendConfig {
                 name: "tgt".into(),
                 driver: Some("tgt-iscsi".into()),
                 wasm: None,
-                grants: Grant::ALL.into_iter().collect(),
+                grants: [Grant::IscsiTarget, Grant::BackingStore].into_iter().collect(),
                 settings: BTreeMap::new(),
                 limits: Limits::default(),
                 shared: false,
+                network: None,
             });
         }
         if self.volume_types.is_empty() {
@@ -436,15 +493,7 @@ impl Config {
         if !bound.ip().is_unspecified() {
             return format!("http://{bound}");
         }
-        let mut name = [0u8; 256];
-        // SAFETY: gethostname(2) writes at most `len` bytes into the buffer this function owns.
-        let named = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
-        let host = named
-            .then(|| std::ffi::CStr::from_bytes_until_nul(&name).ok()?.to_str().ok().map(str::to_string))
-            .flatten()
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "localhost".to_string());
-        format!("http://{host}:{}", bound.port())
+        format!("http://{}:{}", hostname(), bound.port())
     }
 
     pub fn database_url(&self) -> String {
@@ -452,6 +501,18 @@ impl Config {
             .clone()
             .unwrap_or_else(|| format!("sqlite://{}", self.data_dir().join("berth.db").display()))
     }
+}
+
+/// This machine's host name (`localhost` when it has none).
+pub fn hostname() -> String {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname(2) writes at most `len` bytes into the buffer this function owns.
+    let named = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
+    named
+        .then(|| std::ffi::CStr::from_bytes_until_nul(&name).ok()?.to_str().ok().map(str::to_string))
+        .flatten()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
 }
 
 /// The configuration reference (`docs/configuration.md`), generated from the `Config` type and
@@ -479,18 +540,39 @@ pub fn reference() -> String {
             _ => out.push_str(&row(key, prop, &defs)),
         }
     }
-    for (title, def) in tables {
+    let mut queue: std::collections::VecDeque<_> = tables.into();
+    while let Some((title, def)) = queue.pop_front() {
         let d = &defs[&def];
         out.push_str(&format!("\n## `{title}`\n\n"));
         if let Some(text) = d["description"].as_str() {
             out.push_str(&format!("{}\n\n", text.replace('\n', " ")));
         }
         out.push_str("| key | type | default | meaning |\n|---|---|---|---|\n");
+        // Tables inside this one (`[backends.network]`) and tables by name
+        // (`[backends.network.secrets.<name>]`) follow it.
+        let inner = title.trim_matches(|c| c == '[' || c == ']');
+        let mut nested = Vec::new();
         for (key, prop) in d["properties"].as_object().into_iter().flatten() {
             out.push_str(&row(key, prop, &defs));
+            if let Some(sub) = table_def(prop, &defs) {
+                nested.push((format!("[{inner}.{key}]"), sub));
+            } else if let Some(sub) = prop.get("additionalProperties").and_then(|p| table_def(p, &defs)) {
+                nested.push((format!("[{inner}.{key}.<name>]"), sub));
+            }
+        }
+        for n in nested.into_iter().rev() {
+            queue.push_front(n);
         }
     }
     out
+}
+
+/// The definition a property refers to, if it is a table (possibly optional).
+fn table_def(prop: &serde_json::Value, defs: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    let refs = std::iter::once(prop).chain(prop["anyOf"].as_array().into_iter().flatten());
+    refs.filter_map(|p| p.get("$ref")?.as_str()?.rsplit('/').next())
+        .find(|def| defs.get(*def).is_some_and(|d| d.get("properties").is_some()))
+        .map(str::to_string)
 }
 
 /// One table row: key, type (or allowed values), default, description.

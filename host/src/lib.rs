@@ -11,6 +11,7 @@ pub mod capabilities;
 pub mod client;
 pub mod config;
 pub mod conformance;
+pub mod domain;
 pub mod failpoint;
 pub mod keystone;
 pub mod metrics;

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use berth::client::ClientError;
 use berth::client::api::{Credentials, Endpoint};
 use berth::client::connector::{ConnectorOptions, connector};
-use berth::client::local::{AttachArgs, DetachArgs, iscsiadm, local_attach, local_detach, require_root};
+use berth::client::local::{AttachArgs, DetachArgs, Tools, local_attach, local_detach, require_root};
 use berth::config::Config;
 use berth::conformance::{Options, TargetMode, VendorConfig};
 
@@ -112,10 +112,100 @@ enum Command {
         #[command(subcommand)]
         command: DriverCommand,
     },
+    /// The attach history, read from the service's database: list it, verify its hash chains,
+    /// export a segment to archive, prune what was archived.
+    History {
+        #[command(subcommand)]
+        command: HistoryCommand,
+    },
     /// Measure a Cinder-compatible endpoint (Berth or Cinder) with the same client.
     Bench {
         #[command(subcommand)]
         command: BenchCommand,
+    },
+}
+
+/// Where the service's database is, as `berth serve` finds it.
+#[derive(clap::Args)]
+struct DatabaseArgs {
+    /// Data directory (default $XDG_STATE_HOME/berth or ~/.local/state/berth).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Database URL: sqlite://PATH or postgres://... (default: SQLite in the data directory).
+    #[arg(long, env = "BERTH_DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// The service's configuration file (TOML), for its database.
+    #[arg(long, env = "BERTH_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+impl DatabaseArgs {
+    async fn open(&self) -> Result<berth::store::Store, String> {
+        let mut cfg = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        if self.data_dir.is_some() {
+            cfg.data_dir = self.data_dir.clone();
+        }
+        if self.database_url.is_some() {
+            cfg.database_url = self.database_url.clone();
+        }
+        let options = berth::store::StoreOptions { max_connections: 2, ..Default::default() };
+        berth::store::Store::open(&cfg.database_url(), &options).await.map_err(|e| e.to_string())
+    }
+}
+
+#[derive(Subcommand)]
+enum HistoryCommand {
+    /// Print events, oldest first, as a table (or JSON lines).
+    List {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[arg(long)]
+        volume: Option<String>,
+        #[arg(long)]
+        attachment: Option<String>,
+        #[arg(long)]
+        instance: Option<String>,
+        /// The connector's host name or initiator.
+        #[arg(long)]
+        host: Option<String>,
+        /// From this ISO 8601 time (UTC without an offset).
+        #[arg(long)]
+        since: Option<String>,
+        /// Up to this ISO 8601 time.
+        #[arg(long)]
+        until: Option<String>,
+        #[arg(long, default_value_t = 1000)]
+        limit: i64,
+        /// One JSON object per line, with every field.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every volume's hash chain (or, with --file, an exported segment). Exit status 1 and
+    /// the first broken event of each chain when one does not verify.
+    Verify {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// An exported segment (JSON lines) instead of the database.
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+    /// Print the events recorded before a time (all without --until) as JSON lines, chain by
+    /// chain: a segment to verify and archive before pruning.
+    Export {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[arg(long)]
+        until: Option<String>,
+    },
+    /// Delete the events recorded before a time (export and archive them first).
+    Prune {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[arg(long)]
+        before: String,
     },
 }
 
@@ -140,6 +230,10 @@ enum DriverCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// A driver configuration (as `berth conformance --config`): its `[network]` table's
+        /// allowed hosts are shown.
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// The compiled-driver cache to look in (default: the serve data directory's `cache/`).
         #[arg(long)]
         cache_dir: Option<PathBuf>,
@@ -230,9 +324,8 @@ fn main() -> ExitCode {
         }),
         Command::LocalAttach { args, credentials } => client(async {
             require_root("local-attach")?;
-            let iscsi = iscsiadm()?;
             let api = Endpoint::resolve(&credentials).await?;
-            let device = local_attach(&api, &iscsi, &args).await?;
+            let device = local_attach(&api, &Tools::find(), &args).await?;
             if args.json {
                 println!("{device}");
             } else {
@@ -242,9 +335,8 @@ fn main() -> ExitCode {
         }),
         Command::LocalDetach { args, credentials } => client(async {
             require_root("local-detach")?;
-            let iscsi = iscsiadm()?;
             let api = Endpoint::resolve(&credentials).await?;
-            let id = local_detach(&api, &iscsi, &args).await?;
+            let id = local_detach(&api, &Tools::find(), &args).await?;
             println!("detached volume {} (attachment {id})", args.volume_id);
             Ok(())
         }),
@@ -270,7 +362,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Driver { command: DriverCommand::Inspect { wasm, json, cache_dir } } => {
+        Command::Driver { command: DriverCommand::Inspect { wasm, json, config, cache_dir } } => {
             let bytes = match std::fs::read(&wasm) {
                 Ok(b) => b,
                 Err(e) => return fail(&format!("cannot read {}: {e}", wasm.display())),
@@ -281,6 +373,12 @@ fn main() -> ExitCode {
             };
             let cache = cache_dir.unwrap_or_else(|| Config::default().data_dir().join("cache"));
             inspection.look_in_cache(&cache);
+            if let Some(path) = config {
+                match berth::conformance::VendorConfig::load(&path) {
+                    Ok(c) => inspection.allowed_hosts = c.network.map(|n| n.allowed_hosts),
+                    Err(e) => return fail(&e),
+                }
+            }
             if json {
                 println!("{}", inspection.json());
             } else {
@@ -288,6 +386,7 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        Command::History { command } => history(command),
         Command::Token { command: TokenCommand::New { user, project, roles } } => {
             match berth::api::auth::new_token(&user, &project, &roles) {
                 Ok((token, entry)) => {
@@ -298,6 +397,125 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// An ISO 8601 time of a `berth history` flag, in microseconds.
+fn history_time(flag: &str, value: &str) -> Result<i64, String> {
+    berth::api::volumes::parse_time(value)
+        .ok_or_else(|| format!("--{flag} {value:?} is not an ISO 8601 time"))
+}
+
+fn history(command: HistoryCommand) -> ExitCode {
+    use berth::attach::history;
+    use berth::domain::history::{AttachEvent, EventFilter, verify_segment};
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let outcome: Result<ExitCode, String> = runtime.block_on(async {
+        match command {
+            HistoryCommand::List { db, volume, attachment, instance, host, since, until, limit, json } => {
+                let filter = EventFilter {
+                    volume_id: volume,
+                    attachment_id: attachment,
+                    instance_uuid: instance,
+                    host,
+                    since: since.map(|t| history_time("since", &t)).transpose()?,
+                    until: until.map(|t| history_time("until", &t)).transpose()?,
+                    ..EventFilter::default()
+                };
+                let store = db.open().await?;
+                let events = store
+                    .read(async |tx| {
+                        berth::store::events::list(tx, berth::domain::list::Scope::All, &filter, None, limit)
+                            .await
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if json {
+                    for e in &events {
+                        println!("{}", serde_json::to_string(e).expect("an event serialises"));
+                    }
+                } else {
+                    print!("{}", history_table(&events));
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            HistoryCommand::Verify { file: Some(path), .. } => {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let events: Vec<AttachEvent> = text
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .enumerate()
+                    .map(|(i, l)| {
+                        serde_json::from_str(l).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))
+                    })
+                    .collect::<Result<_, _>>()?;
+                match verify_segment(&events) {
+                    Ok(chains) => {
+                        println!("verified {} events in {chains} chains", events.len());
+                        Ok(ExitCode::SUCCESS)
+                    }
+                    Err(b) => {
+                        println!("BROKEN {b}");
+                        Ok(ExitCode::from(1))
+                    }
+                }
+            }
+            HistoryCommand::Verify { db, file: None } => {
+                let store = db.open().await?;
+                let found = history::verify(&store).await.map_err(|e| e.to_string())?;
+                for b in &found.breaks {
+                    println!("BROKEN {b}");
+                }
+                println!(
+                    "verified {} events in {} chains: {} broken",
+                    found.events,
+                    found.chains,
+                    found.breaks.len()
+                );
+                Ok(if found.breaks.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            }
+            HistoryCommand::Export { db, until } => {
+                let until = until.map(|t| history_time("until", &t)).transpose()?;
+                let store = db.open().await?;
+                for e in history::export(&store, until).await.map_err(|e| e.to_string())? {
+                    println!("{}", serde_json::to_string(&e).expect("an event serialises"));
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            HistoryCommand::Prune { db, before } => {
+                let before = history_time("before", &before)?;
+                let store = db.open().await?;
+                let n = history::prune(&store, before).await.map_err(|e| e.to_string())?;
+                println!("pruned {n} events");
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    });
+    outcome.unwrap_or_else(|e| fail(&e))
+}
+
+/// Events as a table for people: time, volume, event, access, outcome, host, caller, request.
+fn history_table(events: &[berth::domain::history::AttachEvent]) -> String {
+    let mut out = format!(
+        "{:<26} {:<36} {:<4} {:<22} {:<8} {:<16} {:<20} {:<16} {}\n",
+        "TIME", "VOLUME", "SEQ", "EVENT", "ACCESS", "OUTCOME", "HOST", "USER", "REQUEST"
+    );
+    for e in events {
+        let f = &e.fields;
+        out.push_str(&format!(
+            "{:<26} {:<36} {:<4} {:<22} {:<8} {:<16} {:<20} {:<16} {}\n",
+            berth::api::views::timestamp(f.at),
+            f.volume_id,
+            e.seq,
+            f.event,
+            f.access.as_str(),
+            f.outcome,
+            f.host.as_deref().or(f.initiator.as_deref()).unwrap_or("-"),
+            f.user_id,
+            f.request_id.as_deref().unwrap_or("-"),
+        ));
+    }
+    out
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -1,11 +1,11 @@
 //! Prometheus metrics (the `prometheus-client` crate, OpenMetrics text), served by `berth serve`
 //! on `[metrics] listen` when it is set. One process-wide set: every room records into it where
 //! the thing happens (HTTP in `api/`, driver calls in `runtime/`, capability calls in
-//! `runtime/host.rs`, transactions in `store/`, operations and reconcile passes in `attach/`,
+//! each capability's `glue.rs`, transactions in `store/`, operations and reconcile passes in `attach/`,
 //! token validations in `api/auth/`).
 //! Labels are bounded: routes are templates (`/volumes/{id}`), never raw paths.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -60,6 +60,14 @@ pub struct TxLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    pub backend: String,
+}
+
+/// Reads a backend's LUNs held and its ceiling, when the metrics are rendered.
+type LunSource = Arc<dyn Fn() -> Option<(u64, u64)> + Send + Sync>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: String,
 }
@@ -67,6 +75,14 @@ pub struct OutcomeLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ChangeLabels {
     pub change: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutboundLabels {
+    pub backend: String,
+    pub host: String,
+    pub method: String,
+    pub class: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -101,6 +117,11 @@ pub struct Metrics {
     pub reconcile_changes: Family<ChangeLabels, Counter>,
     pub keystone_validations: Family<OutcomeLabels, Counter>,
     pub forwarded: Family<ForwardLabels, Counter>,
+    pub outbound_requests: Family<OutboundLabels, Counter>,
+    pub outbound_seconds: Family<CallLabels, Histogram, fn() -> Histogram>,
+    pub tgt_luns: Family<BackendLabels, Gauge>,
+    pub tgt_lun_ceiling: Family<BackendLabels, Gauge>,
+    lun_sources: Mutex<Vec<(String, LunSource)>>,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -123,6 +144,11 @@ impl Metrics {
             reconcile_changes: Family::default(),
             keystone_validations: Family::default(),
             forwarded: Family::default(),
+            outbound_requests: Family::default(),
+            outbound_seconds: Family::new_with_constructor(seconds),
+            tgt_luns: Family::default(),
+            tgt_lun_ceiling: Family::default(),
+            lun_sources: Mutex::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -171,20 +197,56 @@ impl Metrics {
             "Requests forwarded to the node that serves their volume, by node and outcome: answered, unanswered",
             m.forwarded.clone(),
         );
+        registry.register(
+            "outbound_requests",
+            "Drivers' requests to their storage, by backend, allowed host, method and status class (2xx.., refused, error)",
+            m.outbound_requests.clone(),
+        );
+        registry.register(
+            "outbound_request_seconds",
+            "Drivers' requests to their storage: latency, by backend and allowed host (label `call`)",
+            m.outbound_seconds.clone(),
+        );
+        registry.register(
+            "tgt_luns",
+            "LUNs the backend's tgtd holds (every backend of a node shares one tgtd)",
+            m.tgt_luns.clone(),
+        );
+        registry.register(
+            "tgt_lun_ceiling",
+            "LUNs the backend's tgtd may hold on this machine: a new export beyond is refused (413)",
+            m.tgt_lun_ceiling.clone(),
+        );
         Metrics { registry, ..m }
     }
 
     /// The OpenMetrics text of every metric.
     pub fn render(&self) -> String {
+        let sources = self.lun_sources.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (backend, read) in sources {
+            if let Some((held, ceiling)) = read() {
+                let labels = BackendLabels { backend };
+                self.tgt_luns.get_or_create(&labels).set(held as i64);
+                self.tgt_lun_ceiling.get_or_create(&labels).set(ceiling as i64);
+            }
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
         out
     }
 }
 
+/// Shows a backend's LUNs and their ceiling (read at each rendering).
+pub fn watch_luns(backend: &str, read: impl Fn() -> Option<(u64, u64)> + Send + Sync + 'static) {
+    let mut sources = METRICS.lun_sources.lock().unwrap_or_else(|p| p.into_inner());
+    sources.retain(|(b, _)| b != backend);
+    sources.push((backend.to_string(), Arc::new(read)));
+}
+
 /// Records an HTTP request.
 pub fn http(method: &str, path: &str, status: u16, took: Duration) {
     let route = route(path);
+    let method = http_method(method);
     METRICS
         .http_requests
         .get_or_create(&HttpLabels { method: method.into(), route: route.clone(), status })
@@ -192,6 +254,32 @@ pub fn http(method: &str, path: &str, status: u16, took: Duration) {
     METRICS
         .http_seconds
         .get_or_create(&RouteLabels { method: method.into(), route })
+        .observe(took.as_secs_f64());
+}
+
+/// An HTTP method as a label: the methods the API knows, and `other` for anything a client made
+/// up (each new value would be a series kept for ever).
+pub fn http_method(method: &str) -> &'static str {
+    const KNOWN: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+    KNOWN.iter().find(|m| **m == method).copied().unwrap_or("other")
+}
+
+/// Records a driver's outbound request: by backend, allowed host (the allow-list's entry, or
+/// `unlisted`: a bounded set), method and status class (`2xx`.., `refused`, `error`).
+pub fn outbound(backend: &str, host: &str, method: &str, class: &str, took: Duration) {
+    let method = http_method(method);
+    METRICS
+        .outbound_requests
+        .get_or_create(&OutboundLabels {
+            backend: backend.into(),
+            host: host.into(),
+            method: method.into(),
+            class: class.into(),
+        })
+        .inc();
+    METRICS
+        .outbound_seconds
+        .get_or_create(&CallLabels { backend: backend.into(), call: host.into() })
         .observe(took.as_secs_f64());
 }
 
@@ -260,6 +348,7 @@ pub fn route(path: &str) -> String {
     const KNOWN: &[&str] = &[
         "",
         "/healthcheck",
+        "/openapi.json",
         "/v3",
         "/v3/volumes",
         "/v3/volumes/detail",
@@ -296,6 +385,15 @@ mod tests {
         assert_eq!(route("/v3/attachments/detail"), "/v3/attachments/detail");
         assert_eq!(route("/"), "/");
         assert_eq!(route("/v3/whatever/you/like"), "other");
+    }
+
+    #[test]
+    fn a_made_up_method_is_counted_as_other() {
+        http("FROBNICATE", "/v3/volumes", 405, Duration::from_millis(1));
+        let text = METRICS.render();
+        assert!(!text.contains("FROBNICATE"), "{text}");
+        assert!(text.contains("method=\"other\",route=\"/v3/volumes\",status=\"405\""), "{text}");
+        assert_eq!(http_method("DELETE"), "DELETE");
     }
 
     #[test]

@@ -142,6 +142,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
                 },
             ),
             backing: Some(stores.clone()).filter(|_| b.grants.contains(&Grant::BackingStore)),
+            network: network_of(b)?,
         };
         let spec = DriverSpec {
             backend: b.name.clone(),
@@ -159,6 +160,9 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             );
         }
         let driver = runtime.load(spec).await?;
+        if let Some(service) = driver.target_service().filter(|_| uses_targets).cloned() {
+            crate::metrics::watch_luns(&b.name, move || service.lun_capacity().map(|c| (c.held, c.ceiling)));
+        }
         backends.push(Backend::new(&node, &b.name, driver, uses_targets, b.shared));
     }
     let types: Vec<VolumeType> = config
@@ -170,19 +174,45 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     let catalog = Catalog::new(types, default_type, backends).map_err(anyhow::Error::msg)?;
     let owner = Owner::new(&node, Duration::from_secs(config.operations.lease_seconds.max(1)));
     let limits = Limits { max_attachments_per_volume: config.attachments.max_per_volume.max(1) };
-    let service = Arc::new(Service::new(store, catalog, owner).with_limits(limits));
+    let targets = iscsi.as_ref().map(|(service, _, _)| service.clone());
+    let service = Arc::new(Service::new(store, catalog, owner).with_limits(limits).with_targets(targets));
     let state = AppState {
         service,
         auth: Arc::new(auth),
         policy: Arc::new(policy),
         in_flight: InFlight::new(config.http.max_requests_in_flight),
         public_endpoint: config.public_endpoint.clone(),
+        body_read_timeout: Duration::from_secs_f64(
+            config.http.body_read_timeout_seconds.clamp(0.01, 86_400.0),
+        ),
         forwarder: Forwarder::new(
             &node,
             Duration::from_secs_f64(config.http.forward_timeout_seconds.clamp(0.1, 86_400.0)),
         ),
     };
     Ok(Assembled { state, targets: iscsi.map(|(service, _, _)| service), config, _lock: lock })
+}
+
+/// A backend's network capability: with the `network` grant, its `[backends.network]` table
+/// (the allow-list is required); a table without the grant is refused, as a likely mistake.
+pub fn network_of(
+    b: &crate::config::BackendConfig,
+) -> anyhow::Result<Option<Arc<crate::capabilities::network::NetworkCapability>>> {
+    match (b.grants.contains(&Grant::Network), &b.network) {
+        (true, Some(config)) => Ok(Some(Arc::new(
+            crate::capabilities::network::NetworkCapability::new(&b.name, config)
+                .map_err(anyhow::Error::msg)?,
+        ))),
+        (true, None) => bail!(
+            "backend {}: the network grant needs a [backends.network] table naming its allowed_hosts",
+            b.name
+        ),
+        (false, Some(_)) => bail!(
+            "backend {}: [backends.network] is set but the backend is not granted \"network\" (add it to grants)",
+            b.name
+        ),
+        (false, None) => Ok(None),
+    }
 }
 
 /// The target service every iSCSI backend shares, with its portals and CHAP policy.
@@ -207,6 +237,8 @@ async fn iscsi_service(config: &Config, volumes: &std::path::Path) -> anyhow::Re
         backing_dir: volumes.to_path_buf(),
         timeout: Duration::from_millis(config.tgt.command_timeout_ms),
         io_threads: config.tgt.io_threads,
+        reserve_threads: config.tgt.reserve_threads,
+        max_luns: config.tgt.max_luns,
         keep_exports: Duration::from_secs(config.tgt.keep_exports_seconds),
         state_file: Some(config.data_dir().join(format!("tgt-kept-{}.json", config.tgt.control_port))),
     });
@@ -280,6 +312,20 @@ impl Assembled {
 }
 
 /// Reconciles at start-up and then every `interval`, in the background.
+/// Deletes the attach history's events older than `days`, at start and every hour
+/// (`[history] keep_days`).
+pub async fn prune_history(service: Arc<crate::attach::Service>, days: u32) {
+    loop {
+        let before = crate::store::now_micros() - i64::from(days) * 86_400_000_000;
+        match crate::attach::history::prune(service.store(), before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(events = n, keep_days = days, "pruned the attach history"),
+            Err(e) => tracing::warn!("could not prune the attach history: {e}"),
+        }
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+}
+
 async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
     let mut pass = 0u64;
     loop {
@@ -348,7 +394,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         assembled.config.volume_types.iter().map(|t| (t.name.as_str(), t.backend.as_str())).collect();
     let service = assembled.state.service.clone();
     let url = assembled.config.advertise_url(listener.local_addr()?);
-    service.register_node(Some(&url)).await.context("cannot register this node")?;
+    let holder = holder(&assembled.config.data_dir());
+    service.register_node(Some(&url), &holder).await.context("cannot register this node")?;
     tracing::info!(
         listen = %listener.local_addr()?, data_dir = %assembled.config.data_dir().display(),
         database = %crate::store::redact_url(&assembled.config.database_url()), node = %service.owner().node,
@@ -358,20 +405,34 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     service.awaiting_first_pass();
     let reconciler = tokio::spawn(reconcile_loop(assembled.clone(), interval));
     let leases = tokio::spawn(service.clone().renew_leases());
+    let pruner =
+        assembled.config.history.keep_days.map(|days| tokio::spawn(prune_history(service.clone(), days)));
     let heartbeat = tokio::spawn(service.clone().keep_alive());
     let app = app(assembled.state.clone());
-    let metrics = match assembled.config.metrics.listen {
-        Some(addr) => Some(serve_metrics(addr).await?),
-        None => None,
-    };
     let limits = ServerLimits {
         header_read_timeout: Duration::from_secs_f64(
             assembled.config.http.header_read_timeout_seconds.clamp(0.01, 86_400.0),
         ),
         shutdown_wait: Duration::from_secs(assembled.config.operations.shutdown_wait_seconds),
     };
-    crate::api::server::serve(listener, app, limits, shutdown()).await?;
+    let metrics = match assembled.config.metrics.listen {
+        Some(addr) => Some(serve_metrics(addr, limits).await?),
+        None => None,
+    };
+    crate::api::server::serve(listener, app, limits, async {
+        shutdown().await;
+        // Down at once, for the other nodes: they answer for this node's volumes with 503 now,
+        // rather than forwarding to a node that is going away.
+        heartbeat.abort();
+        if let Err(e) = service.mark_down().await {
+            tracing::warn!("could not mark this node down: {e}");
+        }
+    })
+    .await?;
     reconciler.abort();
+    if let Some(p) = pruner {
+        p.abort();
+    }
     if let Some(m) = metrics {
         m.abort();
     }
@@ -384,32 +445,44 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         );
     }
     leases.abort();
-    heartbeat.abort();
     service.store().close().await;
     tracing::info!("berth stopped");
     Ok(())
 }
 
-/// `GET /metrics` on its own listener.
-async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+/// Where this process runs, as the nodes table records who holds a node's name: the host and the
+/// data directory (whose lock this process holds).
+pub fn holder(data_dir: &std::path::Path) -> String {
+    let dir = data_dir.canonicalize().unwrap_or_else(|_| data_dir.to_path_buf());
+    format!("{}:{}", crate::config::hostname(), dir.display())
+}
+
+/// `GET /metrics` on its own listener, with the API's bounds: the same header-read and idle
+/// timeout, and a few scrapes in flight at most.
+async fn serve_metrics(
+    addr: SocketAddr,
+    limits: ServerLimits,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} for metrics"))?;
     tracing::info!(listen = %listener.local_addr()?, "metrics at /metrics");
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(|| async {
-            (
-                [(
-                    axum::http::header::CONTENT_TYPE,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                )],
-                crate::metrics::METRICS.render(),
-            )
-        }),
-    );
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(|| async {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    crate::metrics::METRICS.render(),
+                )
+            }),
+        )
+        .layer(axum::middleware::from_fn_with_state(InFlight::new(8), crate::api::server::shed));
     Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
+        if let Err(e) = crate::api::server::serve(listener, app, limits, std::future::pending()).await {
             tracing::warn!("metrics endpoint stopped: {e}");
         }
     }))

@@ -6,9 +6,11 @@ use crate::runtime::WasmSource;
 /// Where `build.rs` put every driver component, test fixtures included: `<name>.wasm`.
 pub const BUILD_DIR: &str = env!("BERTH_DRIVER_DIR");
 
-/// The embedded drivers: `tgt-iscsi` (the product) and `fake` (a scriptable test tool).
+/// The embedded drivers: `tgt-iscsi` and `ceph-rbd` (the products) and `fake` (a scriptable test
+/// tool).
 const SHIPPED: &[(&str, &[u8])] = &[
     ("tgt-iscsi", include_bytes!(concat!(env!("BERTH_DRIVER_DIR"), "/tgt-iscsi.wasm"))),
+    ("ceph-rbd", include_bytes!(concat!(env!("BERTH_DRIVER_DIR"), "/ceph-rbd.wasm"))),
     ("fake", include_bytes!(concat!(env!("BERTH_DRIVER_DIR"), "/fake.wasm"))),
 ];
 

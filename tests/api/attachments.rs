@@ -183,13 +183,21 @@ both_databases! {
         c.get(&format!("/attachments?marker={}", uuid::Uuid::new_v4())).await.fault(404, "itemNotFound");
     }
 
-    async fn complete_needs_a_connected_attachment(s) {
+    /// `os-complete` takes a connected attachment, or a reservation without connector (Nova's
+    /// shelved-offloaded server; `nova.rs`); an attachment whose connect failed beyond undoing
+    /// (`error_attaching`) is not completed.
+    async fn complete_needs_a_connected_attachment_or_a_bare_reservation(s) {
         let c = s.client("p1").at("3.44");
         let volume = c.create_volume(json!({"size": 1})).await;
-        let att = id(&c.attach(&volume, None).await.expect(200));
+        c.post(&format!("/volumes/{volume}/metadata"), json!({"metadata": {
+            "fake.initialize-connection": "backend", "fake.terminate-connection": "backend"}})).await.expect(200);
+        c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:aa", "h"))).await.fault(502, "computeFault");
+        let listed = c.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
+        let att = listed.body["attachments"][0]["id"].as_str().unwrap().to_string();
+        assert_eq!(status(&c, &att).await, "error_attaching");
         let message = c.post(&format!("/attachments/{att}/action"), json!({"os-complete": null})).await.fault(400, "badRequest");
-        assert!(message.contains("reserved"), "{message}");
-        assert_eq!(status(&c, &att).await, "reserved");
+        assert!(message.contains("error_attaching"), "{message}");
+        assert_eq!(status(&c, &att).await, "error_attaching");
         c.post(&format!("/attachments/{att}/action"), json!({"os-bogus": null})).await.fault(400, "badRequest");
         c.post(&format!("/attachments/{}/action", uuid::Uuid::new_v4()), json!({"os-complete": null})).await.fault(404, "itemNotFound");
     }

@@ -81,12 +81,81 @@ both_databases! {
         let volume = c.create_volume(json!({"size": 1})).await;
         let r = c.attach(&volume, None).await.expect(200);
         let att = r.body["attachment"]["id"].as_str().unwrap().to_string();
-        c.post(&format!("/attachments/{att}/action"), json!({"os-complete": null})).await.fault(400, "badRequest");
+        c.post(&format!("/volumes/{volume}/action"), json!({"os-begin_detaching": null})).await.fault(400, "badRequest");
         c.attach(&volume, None).await.fault(400, "badRequest");
         c.delete(&format!("/volumes/{volume}")).await.fault(400, "badRequest");
         assert_eq!(c.volume_status(&volume).await, "reserved");
         c.delete(&format!("/attachments/{att}")).await.expect(200);
         c.delete(&format!("/attachments/{att}")).await.fault(404, "itemNotFound");
         assert_eq!(c.volume_status(&volume).await, "available");
+    }
+
+    /// The hardening issue's item 17: a create took 200 metadata items of 1,000 bytes and a name
+    /// of 200,000 characters that an update would refuse. One set of bounds now, everywhere:
+    /// names and descriptions of 255 characters, 128 metadata items, keys and values of 255.
+    async fn a_volume_create_has_the_bounds_of_an_update(s) {
+        let c = s.client("p1").at("3.54");
+        let before = census(&c).await;
+        let many: serde_json::Map<String, serde_json::Value> =
+            (0..200).map(|i| (format!("k{i}"), json!("v"))).collect();
+        let m = c.post("/volumes", json!({"volume": {"size": 1, "metadata": many}})).await.fault(400, "badRequest");
+        assert!(m.contains("128"), "{m}");
+        let long_value = "x".repeat(1000);
+        let m = c.post("/volumes", json!({"volume": {"size": 1, "metadata": {"k": long_value}}})).await.fault(400, "badRequest");
+        assert!(m.contains("255"), "{m}");
+        let m = c.post("/volumes", json!({"volume": {"size": 1, "name": "n".repeat(200_000)}})).await.fault(400, "badRequest");
+        assert!(m.contains("name") && m.contains("255"), "{m}");
+        c.post("/volumes", json!({"volume": {"size": 1, "description": "d".repeat(256)}})).await.fault(400, "badRequest");
+        c.post("/volumes", json!({"volume": {"size": 1, "display_name": "n".repeat(256)}})).await.fault(400, "badRequest");
+        assert_eq!(census(&c).await, before, "a refused create changed something");
+
+        // At the bounds, accepted; and an update cannot go past them either.
+        let at_most: serde_json::Map<String, serde_json::Value> =
+            (0..128).map(|i| (format!("k{i}"), json!("v".repeat(255)))).collect();
+        let volume = c.create_volume(json!({"size": 1, "name": "é".repeat(255), "description": "d".repeat(255), "metadata": at_most})).await;
+        let m = c.post(&format!("/volumes/{volume}/metadata"), json!({"metadata": {"one-more": "v"}})).await.fault(400, "badRequest");
+        assert!(m.contains("128"), "{m}");
+        c.put(&format!("/volumes/{volume}/metadata"), json!({"metadata": {"k": "x".repeat(256)}})).await.fault(400, "badRequest");
+        let shown = c.get(&format!("/volumes/{volume}/metadata")).await.expect(200);
+        assert_eq!(shown.body["metadata"].as_object().unwrap().len(), 128);
+    }
+
+    /// The hardening issue's item 18: a NUL character was a 500 on PostgreSQL (names,
+    /// descriptions, a connector's host, list filters, a marker), and a failed attachment create
+    /// left an operation behind. It is a 400 at the boundary on both databases, and nothing is
+    /// recorded.
+    async fn a_nul_character_is_a_400_that_changes_nothing(s) {
+        let c = s.client("p1").at("3.54");
+        let volume = c.create_volume(json!({"size": 1})).await;
+        let before = census(&c).await;
+        let nul = "a\u{0}b";
+        for body in [
+            json!({"volume": {"size": 1, "name": nul}}),
+            json!({"volume": {"size": 1, "description": nul}}),
+            json!({"volume": {"size": 1, "metadata": {"k": nul}}}),
+        ] {
+            let m = c.post("/volumes", body).await.fault(400, "badRequest");
+            assert!(m.contains("NUL"), "{m}");
+        }
+        let mut with_nul_host = connector("iqn.1993-08.org.debian:01:nul", "h");
+        with_nul_host["host"] = json!(nul);
+        let m = c.attach(&volume, Some(with_nul_host.clone())).await.fault(400, "badRequest");
+        assert!(m.contains("connector.host") && m.contains("NUL"), "{m}");
+        let reserved = c.attach(&volume, None).await.expect(200).body["attachment"]["id"].as_str().unwrap().to_string();
+        c.put(&format!("/attachments/{reserved}"), json!({"attachment": {"connector": with_nul_host}})).await.fault(400, "badRequest");
+        c.delete(&format!("/attachments/{reserved}")).await.expect(200);
+        for query in ["/volumes?name=a%00b", "/volumes/detail?status=%00", "/attachments?volume_id=%00", "/volumes?marker=a%00b", "/attachments?marker=%00x"] {
+            let m = c.get(query).await.fault(400, "badRequest");
+            assert!(m.contains("NUL"), "{query}: {m}");
+        }
+        c.post(&format!("/volumes/{volume}/metadata"), json!({"metadata": {nul: "v"}})).await.fault(400, "badRequest");
+        assert_eq!(census(&c).await, before, "a refused request changed something");
+        let operations = s
+            .service
+            .store()
+            .read(async |tx| berth::store::operations::all(tx).await)
+            .await
+            .unwrap();
+        assert!(operations.is_empty(), "operations left behind: {operations:?}");
     }
 }

@@ -72,4 +72,26 @@ both_databases! {
         let live = c.at("3.27").get(&format!("/attachments?volume_id={volume}")).await.expect(200);
         assert_eq!(live.body["attachments"], json!([]));
     }
+
+}
+
+/// A transaction whose caller is dropped at any moment, `BEGIN` included, leaves no connection of
+/// the pool inside a transaction (sqlx 0.8 returned a connection whose `BEGIN` was cancelled to the
+/// pool in a transaction it did not know about, and the next write on it failed in a read-only
+/// transaction: the 500s a forwarded request's liveness check caused on three nodes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_dropped_at_any_moment_leave_the_postgres_pool_clean() {
+    let url = berth_tests::pg::fresh_database().await;
+    let options = berth::store::StoreOptions { max_connections: 2, ..Default::default() };
+    let store = berth::store::Store::open(&url, &options).await.unwrap();
+    for i in 0..3000u64 {
+        let read = store.read(async |tx| tx.query("SELECT 1", &[]).await.map(drop));
+        let _ = tokio::time::timeout(std::time::Duration::from_micros(i % 400), read).await;
+        if i % 10 == 0 {
+            let wrote = store
+                .write(async |tx| tx.execute("UPDATE nodes SET name = name WHERE name = 'nobody'", &[]).await)
+                .await;
+            assert!(wrote.is_ok(), "after {i} dropped reads, a write failed: {wrote:?}");
+        }
+    }
 }

@@ -78,19 +78,18 @@ async fn beyond_max_requests_in_flight_the_api_answers_503_with_retry_after() {
     let mut config = fake_config();
     config.http.max_requests_in_flight = 1;
     let s = TestServer::start_with(Db::Sqlite, config).await;
-    let addr = s.base.trim_start_matches("http://").to_string();
-    // A request whose body is still coming holds the only place.
-    let body = json!({"volume": {"size": 1}}).to_string();
-    let mut held = TcpStream::connect(&addr).await.unwrap();
-    let head = format!(
-        "POST /v3/p1/volumes HTTP/1.1\r\nHost: x\r\nX-Auth-Token: u:p1\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n",
-        body.len()
-    );
-    held.write_all(head.as_bytes()).await.unwrap();
-    held.write_all(&body.as_bytes()[..5]).await.unwrap();
-    // Until the held request is inside, the next may still get in: wait for the first 503.
     let c = s.client("p1");
+    // A request that takes its time inside (a slow driver call) holds the only place.
+    let held = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.post(
+                "/volumes",
+                json!({"volume": {"size": 1, "metadata": {"fake.create-volume": "delay:1500"}}}),
+            )
+            .await
+        })
+    };
     let mut refused = None;
     for _ in 0..200 {
         let r = c.get("/volumes").await;
@@ -104,12 +103,78 @@ async fn beyond_max_requests_in_flight_the_api_answers_503_with_retry_after() {
     assert_eq!(refused.header("retry-after"), Some("1"));
     refused.fault(503, "serviceUnavailable");
     // The held request finishes normally, and then there is room again.
-    held.write_all(&body.as_bytes()[5..]).await.unwrap();
-    let mut status = vec![0u8; 12];
-    held.read_exact(&mut status).await.unwrap();
-    assert_eq!(&status, b"HTTP/1.1 202");
-    drop(held);
+    held.await.unwrap().expect(202);
     c.get("/volumes").await.expect(200);
+}
+
+/// Reads a response's status line from a raw connection (within 30 s).
+async fn status_of(stream: &mut TcpStream) -> Option<u16> {
+    let mut buf = vec![0u8; 12];
+    match tokio::time::timeout(Duration::from_secs(30), stream.read_exact(&mut buf)).await {
+        Ok(Ok(_)) => std::str::from_utf8(&buf[9..12]).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+/// The hardening issue's item 12: bodies were read before authentication, holding a place of
+/// `max_requests_in_flight`, and nothing bounded the body's time, so connections that sent
+/// their headers and then a byte a second made every other request a 503. Now a request without
+/// credentials is refused on its headers, a slow body holds no place while it comes and is cut
+/// off after `body_read_timeout_seconds` (408), and authenticated requests are answered
+/// throughout.
+#[tokio::test]
+async fn slow_or_unauthenticated_bodies_take_no_place_and_requests_are_still_answered() {
+    let mut config = fake_config();
+    config.http.max_requests_in_flight = 4;
+    config.http.body_read_timeout_seconds = 2.0;
+    let s = TestServer::start_with(Db::Sqlite, config).await;
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let head = |token: Option<&str>| {
+        let auth = token.map(|t| format!("X-Auth-Token: {t}\r\n")).unwrap_or_default();
+        format!(
+            "POST /v3/p1/volumes HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n\
+             Content-Length: 1000\r\n\r\n{{"
+        )
+    };
+    let mut anonymous = Vec::new();
+    let mut slow = Vec::new();
+    for _ in 0..16 {
+        let mut a = TcpStream::connect(&addr).await.unwrap();
+        a.write_all(head(None).as_bytes()).await.unwrap();
+        anonymous.push(a);
+        let mut b = TcpStream::connect(&addr).await.unwrap();
+        b.write_all(head(Some("u:p1")).as_bytes()).await.unwrap();
+        slow.push(b);
+    }
+    // The slow ones keep trickling while others are answered.
+    let trickle = tokio::spawn(async move {
+        for _ in 0..8 {
+            for b in slow.iter_mut() {
+                let _ = b.write_all(b" ").await;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        slow
+    });
+    let c = s.client("p1");
+    for _ in 0..20 {
+        c.get("/volumes").await.expect(200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.create_volume(json!({"size": 1})).await;
+    for mut a in anonymous {
+        assert_eq!(
+            status_of(&mut a).await,
+            Some(401),
+            "a request without credentials is refused on its headers"
+        );
+    }
+    let mut slow = trickle.await.unwrap();
+    for b in slow.iter_mut() {
+        assert_eq!(status_of(b).await, Some(408), "a body slower than the bound is cut off");
+    }
+    let listed = c.get("/volumes").await.expect(200);
+    assert_eq!(listed.body["volumes"].as_array().unwrap().len(), 1, "no slow request created anything");
 }
 
 #[tokio::test]

@@ -43,6 +43,8 @@ enum Fixture {
     Connected,
     /// A volume with a connected, completed attachment of an instance.
     InstanceAttached,
+    /// A volume with an instance's attachment without connector.
+    InstanceReserved,
     /// Legacy: `os-reserve`.
     LegacyReserved,
     /// Legacy: `os-reserve` + `os-initialize_connection`.
@@ -232,6 +234,50 @@ fn routes() -> Vec<Route> {
                 200,
             )
         },
+        // Moving an instance's access to another host ends it on the instance's host.
+        Route {
+            ends_instance_access: true,
+            ..route(
+                "update an instance's attached attachment with another host's connector",
+                Method::PUT,
+                "/attachments/{a}",
+                Some(
+                    json!({"attachment": {"connector": connector("iqn.1993-08.org.debian:01:elsewhere", "elsewhere")}}),
+                ),
+                InstanceAttached,
+                Member,
+                ById,
+                200,
+            )
+        },
+        route(
+            "update an instance's attached attachment with its own connector again",
+            Method::PUT,
+            "/attachments/{a}",
+            Some(json!({"attachment": {"connector": c.clone()}})),
+            InstanceAttached,
+            Member,
+            ById,
+            200,
+        ),
+        route(
+            "complete an instance's reservation without connector (shelved-offloaded)",
+            Method::POST,
+            "/attachments/{a}/action",
+            Some(json!({"os-complete": null})),
+            InstanceReserved,
+            Member,
+            ById,
+            204,
+        ),
+        action(
+            "os-terminate_connection of an instance's new-style attachment",
+            json!({"os-terminate_connection": {"connector": c.clone()}}),
+            InstanceAttached,
+            Member,
+            true,
+            202,
+        ),
         action("os-reserve", json!({"os-reserve": null}), Volume, Member, false, 202),
         action("os-unreserve", json!({"os-unreserve": null}), LegacyReserved, Member, false, 202),
         action(
@@ -341,6 +387,13 @@ async fn build(owner: &Client, fixture: Fixture) -> (String, String) {
             owner.post(&format!("/attachments/{a}/action"), json!({"os-complete": null})).await.expect(204);
             a
         }
+        Fixture::InstanceReserved => {
+            let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": INSTANCE}});
+            owner.post("/attachments", body).await.expect(200).body["attachment"]["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
         Fixture::LegacyReserved
         | Fixture::LegacyConnected
         | Fixture::LegacyAttached
@@ -442,6 +495,30 @@ async fn a_refused_detach_of_an_instances_attachment_changes_nothing() {
     assert_eq!(owner.volume_status(&volume).await, "available");
 }
 
+/// The hardening issue's item 11: a plain member gave an instance's connected attachment another
+/// host's connector and got 200: the instance's host lost access, another host got it. Now it is
+/// the 409 of a delete, with a message that says why, and nothing changes (the stored connector
+/// and connection stay the instance host's).
+#[tokio::test]
+async fn a_refused_move_of_an_instances_attachment_changes_nothing() {
+    let s = TestServer::start(Db::Sqlite).await;
+    let owner = s.client("p1").at("3.54");
+    let (volume, attachment) = build(&owner, Fixture::InstanceAttached).await;
+    let before = owner.get(&format!("/attachments/{attachment}")).await.expect(200).body;
+    let member = caller(&s, Who::Member, Whose::Own);
+    let other = json!({"attachment": {"connector": connector("iqn.1993-08.org.debian:01:thief", "thief")}});
+    let message = member
+        .put(&format!("/attachments/{attachment}"), other.clone())
+        .await
+        .fault(409, "conflictingRequest");
+    assert!(message.contains(INSTANCE) && message.contains("service token"), "{message}");
+    let after = owner.get(&format!("/attachments/{attachment}")).await.expect(200).body;
+    assert_eq!(after, before, "the refused move changed the attachment");
+    assert_eq!(owner.volume_status(&volume).await, "in-use");
+    // Nova (live migration of the host's connector, for example) may.
+    caller(&s, Who::Service, Whose::Own).put(&format!("/attachments/{attachment}"), other).await.expect(200);
+}
+
 #[tokio::test]
 async fn a_policy_file_overrides_the_defaults() {
     let dir = tempfile::tempdir().unwrap();
@@ -456,4 +533,36 @@ async fn a_policy_file_overrides_the_defaults() {
     s.client("p1").with_roles("admin").post("/volumes", json!({"volume": {"size": 1}})).await.expect(202);
     s.client("p1").with_roles("auditor").get("/volumes").await.expect(200);
     member.get("/volumes").await.fault(403, "forbidden");
+}
+
+/// The hardening issue's item 14: Cinder shows an attachment's connection info, CHAP password
+/// included, to anyone who can read it. Here only who may use the attachment (its project's
+/// members, services, admins) sees the secrets; a reader sees the rest of the connection.
+#[tokio::test]
+async fn readers_see_connection_info_without_its_secrets() {
+    let s = TestServer::start(Db::Sqlite).await;
+    let owner = s.client("p1").at("3.54");
+    let (volume, attachment) = build(&owner, Fixture::InstanceAttached).await;
+    let shown = |who: Who| {
+        let c = caller(&s, who, Whose::Own);
+        let path = format!("/attachments/{attachment}");
+        async move { c.get(&path).await.expect(200).body["attachment"]["connection_info"].clone() }
+    };
+    let full = shown(Who::Member).await;
+    assert!(full["auth_password"].as_str().is_some_and(|p| p.len() >= 12), "{full}");
+    assert_eq!(shown(Who::Admin).await, full);
+    assert_eq!(shown(Who::Service).await, full);
+    let read = shown(Who::Reader).await;
+    assert!(read.get("auth_password").is_none(), "a reader sees the CHAP password: {read}");
+    assert_eq!(read["target_iqn"], full["target_iqn"]);
+    assert_eq!(read["auth_username"], full["auth_username"]);
+    let mut without = full.as_object().unwrap().clone();
+    without.remove("auth_password");
+    assert_eq!(read.as_object().unwrap(), &without, "only the secret is removed");
+    // The same in the detail list.
+    let reader = caller(&s, Who::Reader, Whose::Own);
+    let listed = reader.get(&format!("/attachments/detail?volume_id={volume}")).await.expect(200);
+    let text = listed.body.to_string();
+    assert!(!text.contains(full["auth_password"].as_str().unwrap()), "{text}");
+    assert!(text.contains(full["target_iqn"].as_str().unwrap()));
 }

@@ -138,9 +138,13 @@ async fn a_node_that_does_not_answer_makes_its_volumes_unavailable_and_nothing_i
     let registration = berth::store::nodes::Registration {
         name: "node-a",
         backends: &["fake".to_string()],
+        shared_backends: &[],
         url: Some("http://127.0.0.1:9"),
         version: "test",
-        ..Default::default()
+        incarnation: "test",
+        holder: "elsewhere",
+        lease_seconds: 0,
+        backend_info: &Default::default(),
     };
     store.write(async |tx| berth::store::nodes::register(tx, &registration).await).await.unwrap();
     attempts("forwarded to Berth node node-a, which serves its volume, and got no answer").await;
@@ -150,7 +154,7 @@ async fn a_node_that_does_not_answer_makes_its_volumes_unavailable_and_nothing_i
 
     let (status, live, ops) = store
         .read(async |tx| {
-            let v = berth::store::volumes::get(tx, &volume, berth::attach::list::Scope::All).await?.unwrap();
+            let v = berth::store::volumes::get(tx, &volume, berth::domain::list::Scope::All).await?.unwrap();
             let live = berth::store::attachments::of_volume(tx, &volume).await?;
             let ops = berth::store::operations::all(tx).await?;
             Ok::<_, berth::store::StoreError>((v.status, live, ops))

@@ -117,4 +117,51 @@ both_databases! {
         c.delete(&format!("/volumes/{id}/metadata/c")).await.fault(404, "itemNotFound");
         assert_eq!(c.get(&format!("/volumes/{id}/metadata")).await.expect(200).body, json!({"metadata": {}}));
     }
+
+    /// `os-extend` grows an available volume through its driver: the new size is shown once the
+    /// driver grew it; a size that is not larger, an attached volume and a bad argument are
+    /// refused with Cinder's 400s and change nothing; a driver that fails (or cannot grow
+    /// volumes: 501) leaves the volume available at its old size, and the extend succeeds when
+    /// tried again.
+    async fn os_extend_grows_an_available_volume_and_a_failed_one_stays_as_it_was(s) {
+        let c = s.client("p1").at("3.54");
+        let volume = c.create_volume(json!({"size": 1})).await;
+        let extend = |size: serde_json::Value| json!({"os-extend": {"new_size": size}});
+        c.post(&format!("/volumes/{volume}/action"), extend(json!(3))).await.expect(202);
+        let shown = c.get(&format!("/volumes/{volume}")).await.expect(200);
+        assert_eq!((shown.body["volume"]["size"].as_i64(), shown.body["volume"]["status"].as_str()), (Some(3), Some("available")));
+        // Cinder's string form.
+        c.post(&format!("/volumes/{volume}/action"), extend(json!("4"))).await.expect(202);
+        assert_eq!(c.get(&format!("/volumes/{volume}")).await.body["volume"]["size"], 4);
+
+        let message = c.post(&format!("/volumes/{volume}/action"), extend(json!(4))).await.fault(400, "badRequest");
+        assert!(message.contains("must be greater than current size"), "{message}");
+        for bad in [json!(0), json!(-1), json!("x"), json!(1.5), json!(null)] {
+            c.post(&format!("/volumes/{volume}/action"), extend(bad)).await.fault(400, "badRequest");
+        }
+
+        // A driver failure: available again at the old size; tried again, it works.
+        c.post(&format!("/volumes/{volume}/metadata"), json!({"metadata": {"fake.extend-volume": "backend:no room"}})).await.expect(200);
+        c.post(&format!("/volumes/{volume}/action"), extend(json!(8))).await.fault(502, "computeFault");
+        let shown = c.get(&format!("/volumes/{volume}")).await.expect(200);
+        assert_eq!((shown.body["volume"]["size"].as_i64(), shown.body["volume"]["status"].as_str()), (Some(4), Some("available")));
+        // A driver that cannot grow volumes (as every 0.1.0 and 0.2.0 driver): 501, unchanged.
+        c.post(&format!("/volumes/{volume}/metadata"), json!({"metadata": {"fake.extend-volume": "unsupported"}})).await.expect(200);
+        c.post(&format!("/volumes/{volume}/action"), extend(json!(8))).await.fault(501, "notImplemented");
+        let shown = c.get(&format!("/volumes/{volume}")).await.expect(200);
+        assert_eq!((shown.body["volume"]["size"].as_i64(), shown.body["volume"]["status"].as_str()), (Some(4), Some("available")));
+        c.post(&format!("/volumes/{volume}/metadata"), json!({"metadata": {"fake.extend-volume": "ok"}})).await.expect(200);
+        c.post(&format!("/volumes/{volume}/action"), extend(json!(8))).await.expect(202);
+        assert_eq!(c.get(&format!("/volumes/{volume}")).await.body["volume"]["size"], 8);
+
+        // Attached: refused (Cinder before 3.42), and nothing changes.
+        c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:ext", "ext"))).await.expect(200);
+        let message = c.post(&format!("/volumes/{volume}/action"), extend(json!(9))).await.fault(400, "badRequest");
+        assert!(message.contains("must be available to extend"), "{message}");
+        assert_eq!(c.get(&format!("/volumes/{volume}")).await.body["volume"]["size"], 8);
+
+        // Another project's volume does not exist for its members.
+        let other = s.client("p2").at("3.54").with_roles("member");
+        other.post(&format!("/volumes/{volume}/action"), extend(json!(9))).await.fault(404, "itemNotFound");
+    }
 }

@@ -109,12 +109,17 @@ async fn breakdown() {
     config.sqlite_synchronous = Synchronous::Normal;
     let server = TestServer::start_on(Db::Sqlite, None, config).await;
     let volume = server.client("bench").at("3.54").create_volume(serde_json::json!({"size": 1})).await;
-    let caller =
-        Caller { user_id: "bench".into(), project_id: "bench".into(), roles: vec![], is_service: false };
+    let caller = Caller {
+        user_id: "bench".into(),
+        project_id: "bench".into(),
+        roles: vec![],
+        is_service: false,
+        request: Default::default(),
+    };
     let connector = connector("iqn.1993-08.org.debian:01:bench", "bench-host")
         .as_object()
         .cloned()
-        .map(|c| berth::attach::model::Connector::parse(c).unwrap());
+        .map(|c| berth::domain::model::Connector::parse(c).unwrap());
     let service = &server.service;
     let (mut cycles, mut parts) = (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]);
     let deadline = Instant::now() + seconds();
@@ -126,11 +131,11 @@ async fn breakdown() {
             mode: Some(berth::runtime::contract::AccessMode::Rw),
             ..Default::default()
         };
-        let row = service.create_attachment(&caller, request).await.unwrap();
+        let row = service.commands().create_attachment(caller.clone(), request).await.unwrap();
         let created = Instant::now();
-        service.complete_attachment(&caller, &row.id).await.unwrap();
+        service.commands().complete_attachment(caller.clone(), row.id.clone()).await.unwrap();
         let completed = Instant::now();
-        service.delete_attachment(&caller, &row.id).await.unwrap();
+        service.commands().delete_attachment(caller.clone(), row.id.clone()).await.unwrap();
         let deleted = Instant::now();
         parts[0].push(created - started);
         parts[1].push(completed - created);

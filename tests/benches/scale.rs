@@ -35,6 +35,7 @@ fn args(clients: usize, fill: usize) -> AttachBench {
         duration: env("BERTH_BENCH_SECONDS", 5) as f64,
         warmup: 1.0,
         legacy: false,
+        service_token: false,
         fill,
         fill_clients: 8,
         volume_type: None,

@@ -45,6 +45,16 @@ pub async fn workers_on(endpoints: &[Client], clients: usize, volume: serde_json
     workers
 }
 
+/// Workers from clients, volumes and initiators made by the caller, each warmed up with one cycle.
+pub async fn workers_from(made: Vec<(Client, String, String)>) -> Vec<Worker> {
+    let mut workers = Vec::new();
+    for (client, volume, initiator) in made {
+        attach_cycle(&client, &volume, &initiator).await;
+        workers.push(Worker { client, volume, initiator });
+    }
+    workers
+}
+
 /// Every worker cycles, each as soon as its last cycle ended, for `seconds()`. Returns the
 /// latency of every cycle and the wall time of the run.
 pub async fn closed_loop(workers: Vec<Worker>) -> (Vec<Duration>, Duration) {

@@ -41,7 +41,7 @@ pub struct Cluster {
 }
 
 /// The configuration of a node (after the lines the process harness writes).
-fn config(tgtd: &TgtdProcess, lease_seconds: u64) -> String {
+pub fn node_config(tgtd: &TgtdProcess, lease_seconds: u64) -> String {
     format!(
         r#"{tgt}
 [operations]
@@ -94,11 +94,25 @@ impl Cluster {
                 let name = format!("node-{}", (b'a' + i as u8) as char);
                 let tgtd = TgtdProcess::start();
                 let top = format!("node = \"{name}\"\ndatabase_url = \"{url}\"");
-                let berth = BerthProcess::start_full(&top, &config(&tgtd, lease_seconds));
+                let berth = BerthProcess::start_full(&top, &node_config(&tgtd, lease_seconds));
                 Node { name, tgtd, berth }
             })
             .collect();
         Cluster { url, nodes }
+    }
+
+    /// Starts one more node named `name` on the cluster's database, its configuration being
+    /// [`node_config`] changed by `edit`; the log of a node that refused to start.
+    pub fn try_add(
+        &self,
+        name: &str,
+        lease_seconds: u64,
+        edit: impl Fn(String) -> String,
+    ) -> Result<Node, String> {
+        let tgtd = TgtdProcess::start();
+        let top = format!("node = \"{name}\"\ndatabase_url = \"{}\"", self.url);
+        let berth = BerthProcess::try_start(&top, &edit(node_config(&tgtd, lease_seconds)), &[])?;
+        Ok(Node { name: name.to_string(), tgtd, berth })
     }
 
     /// A client of every node.

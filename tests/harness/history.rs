@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use berth::attach::state::{AttachStatus, VolumeStatus, as_seen, settle};
+use berth::domain::state::{AttachStatus, VolumeStatus, as_seen, settle};
 use berth::store::Store;
 use reqwest::Method;
 use serde_json::{Value, json};

@@ -1,10 +1,13 @@
 //! The invariants every fault test checks after the dust settles, read from the database file
 //! and from tgtd (`tgtadm --op show`), independently of the service's API:
 //!
-//! - no operation is left unfinished, and no volume is `creating` or `deleting`;
+//! - no operation is left unfinished, and no volume is `creating`, `deleting` or `extending`;
 //! - every volume's status is what its live attachments make it;
 //! - every connected attachment (`attaching`/`attached` with a connector) has its export: the
 //!   volume's target, a LUN, one CHAP account, and the initiator in the ACL;
+//! - the attach history agrees with the attachments: every chain verifies, a connected
+//!   attachment's last access event is `granted`, and an attachment whose last one is `granted`
+//!   is connected (or in an error status, whose access is unknown: the conservative answer);
 //! - nothing on tgtd that no connected attachment needs: every target was created by the
 //!   service for a volume with a connected attachment, every ACL entry is a connected
 //!   attachment's initiator. (By design an export may be kept bare for a while after its volume's
@@ -15,8 +18,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use berth::attach::state::{AttachStatus, VolumeStatus, as_seen, settle};
 use berth::capabilities::iscsi::TargetState;
+use berth::domain::state::{AttachStatus, VolumeStatus, as_seen, settle};
 use berth::store::{Store, StoreOptions};
 use serde_json::Value;
 
@@ -28,6 +31,7 @@ pub struct StoredVolume {
     pub id: String,
     pub status: String,
     pub multiattach: bool,
+    pub size_gib: i64,
     /// The backend (and node) that serves it.
     pub service_uuid: Option<String>,
 }
@@ -60,6 +64,10 @@ pub struct World {
     pub operations: Vec<(String, String)>,
     pub targets: Vec<TargetState>,
     pub accounts: Vec<String>,
+    /// The attach history: each attachment's last access event (`granted` or `revoked`).
+    pub last_access: BTreeMap<String, String>,
+    /// What `berth history verify` finds wrong.
+    pub history_breaks: Vec<String>,
 }
 
 impl World {
@@ -84,11 +92,22 @@ pub async fn open(url: &str) -> Store {
 
 /// Reads the world.
 pub async fn snapshot(store: &Store, tgtd: &TgtdProcess) -> World {
+    let mut world = snapshot_database(store).await;
+    world.targets = tgtd.targets();
+    world.accounts = tgtd.accounts();
+    world
+}
+
+/// Reads the database's side of the world (for backends without a tgtd).
+pub async fn snapshot_database(store: &Store) -> World {
     let mut world = store
         .read(async |tx| {
             let mut w = World::default();
             for r in tx
-                .query("SELECT id, status, multiattach, service_uuid FROM volumes WHERE deleted = 0", &[])
+                .query(
+                    "SELECT id, status, multiattach, service_uuid, size_gib FROM volumes WHERE deleted = 0",
+                    &[],
+                )
                 .await?
             {
                 let v = StoredVolume {
@@ -96,6 +115,7 @@ pub async fn snapshot(store: &Store, tgtd: &TgtdProcess) -> World {
                     status: r.text(1)?,
                     multiattach: r.flag(2)?,
                     service_uuid: r.opt_text(3)?,
+                    size_gib: r.int(4)?,
                 };
                 w.volumes.insert(v.id.clone(), v);
             }
@@ -131,12 +151,22 @@ pub async fn snapshot(store: &Store, tgtd: &TgtdProcess) -> World {
             for r in tx.query("SELECT kind, volume_id FROM operations", &[]).await? {
                 w.operations.push((r.text(0)?, r.text(1)?));
             }
+            for r in tx
+                .query(
+                    "SELECT attachment_id, access FROM attach_events WHERE access <> 'none' \
+                     AND attachment_id IS NOT NULL ORDER BY volume_id, seq",
+                    &[],
+                )
+                .await?
+            {
+                w.last_access.insert(r.text(0)?, r.text(1)?);
+            }
             Ok::<_, berth::store::StoreError>(w)
         })
         .await
         .expect("read the service's database");
-    world.targets = tgtd.targets();
-    world.accounts = tgtd.accounts();
+    let verified = berth::attach::history::verify(store).await.expect("verify the attach history");
+    world.history_breaks = verified.breaks.iter().map(|b| b.to_string()).collect();
     world
 }
 
@@ -153,9 +183,33 @@ pub fn violations_with(w: &World, exported: impl Fn(&StoredVolume) -> bool) -> V
     for (kind, volume) in &w.operations {
         out.push(format!("operation {kind} on volume {volume} is unfinished"));
     }
+    out.extend(w.history_breaks.iter().map(|b| format!("attach history: {b}")));
+    for a in &w.attachments {
+        let last = w.last_access.get(&a.id).map(String::as_str);
+        if a.is_connected() && last != Some("granted") {
+            out.push(format!(
+                "attachment {} is connected but its history's last access event is {last:?}",
+                a.id
+            ));
+        }
+        if last == Some("granted")
+            && !a.is_connected()
+            && !["error_attaching", "error_detaching"].contains(&a.status.as_str())
+        {
+            out.push(format!(
+                "attachment {} is {} without connection but its history says granted",
+                a.id, a.status
+            ));
+        }
+    }
+    for (id, last) in &w.last_access {
+        if last == "granted" && w.attachment(id).is_none() {
+            out.push(format!("attachment {id} is gone but its history's last access event is granted"));
+        }
+    }
     for v in w.volumes.values() {
         let live: Vec<&StoredAttachment> = w.live_of(&v.id).collect();
-        if v.status == "creating" || v.status == "deleting" {
+        if ["creating", "deleting", "extending"].contains(&v.status.as_str()) {
             out.push(format!("volume {} is stuck in {}", v.id, v.status));
         }
         if live.is_empty() {

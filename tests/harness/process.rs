@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 
 use crate::pg::free_port;
 
+/// What `berth serve` logs once it is registered and about to serve.
+const SERVING: &str = "berth is serving";
+
 /// The `berth` binary of this build: `berth-under-test`, which this package builds from the
 /// binary's own source (see Cargo.toml), next to the test executable's directory.
 pub fn berth_binary() -> PathBuf {
@@ -52,6 +55,15 @@ impl BerthProcess {
 
     /// The same with environment variables for the process (e.g. `BERTH_FAILPOINTS`).
     pub fn start_with_env(top: &str, config_body: &str, env: &[(&str, &str)]) -> BerthProcess {
+        match Self::try_start(top, config_body, env) {
+            Ok(p) => p,
+            Err(log) => panic!("berth serve exited:\n{log}"),
+        }
+    }
+
+    /// The same, for a start that may be refused: the log of a process that exited instead of
+    /// listening.
+    pub fn try_start(top: &str, config_body: &str, env: &[(&str, &str)]) -> Result<BerthProcess, String> {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let config = dir.path().join("berth.toml");
@@ -75,11 +87,18 @@ impl BerthProcess {
             log,
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
-        p.spawn();
-        p
+        p.try_spawn()?;
+        Ok(p)
     }
 
     fn spawn(&mut self) {
+        if let Err(log) = self.try_spawn() {
+            panic!("berth serve exited:\n{log}");
+        }
+    }
+
+    fn try_spawn(&mut self) -> Result<(), String> {
+        let served_before = self.log_text().matches(SERVING).count();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         let child = Command::new(berth_binary())
             .args(["serve", "--config"])
@@ -87,7 +106,11 @@ impl BerthProcess {
             .env(
                 "BERTH_LOG",
                 std::env::var("BERTH_TEST_SERVER_LOG")
-                    .unwrap_or_else(|_| "debug,sqlx=warn,hyper=info,reqwest=info".into()),
+                    // Cranelift and wasmtime at debug write lines per compiled function: a cold
+                    // compile of the JavaScript driver then took minutes on a loaded machine.
+                    .unwrap_or_else(|_| {
+                        "debug,sqlx=warn,hyper=info,reqwest=info,cranelift_codegen=info,wasmtime=info".into()
+                    }),
             )
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
@@ -96,21 +119,29 @@ impl BerthProcess {
             .spawn()
             .expect("spawn berth serve");
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready(served_before)
     }
 
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
+    /// Ready: this run logged that it serves (it registered as a node: a refused node never
+    /// does) and its port answers. The port alone is not enough: a port found free may be taken
+    /// by another test's process before this one binds it, and then a refused start would look
+    /// ready. (With `BERTH_TEST_SERVER_LOG` set, the log may not say it: the port decides.)
+    fn wait_ready(&mut self, served_before: usize) -> Result<(), String> {
+        let log_says = std::env::var_os("BERTH_TEST_SERVER_LOG").is_none();
+        // A cold start compiles every driver (the JavaScript one is 13 MB).
+        let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
-                panic!("berth serve exited with {status}:\n{}", self.log_text());
+                self.child = None;
+                return Err(format!("berth serve exited with {status}:\n{}", self.log_text()));
             }
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+            let serving = !log_says || self.log_text().matches(SERVING).count() > served_before;
+            if serving && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
             }
             assert!(
                 Instant::now() < deadline,
-                "berth serve did not listen within 60 s:\n{}",
+                "berth serve did not listen within 120 s:\n{}",
                 self.log_text()
             );
             std::thread::sleep(Duration::from_millis(50));

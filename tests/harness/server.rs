@@ -45,6 +45,7 @@ pub fn fake_config() -> Config {
             settings: Default::default(),
             limits: Default::default(),
             shared: false,
+            network: None,
         }],
         volume_types: vec![
             VolumeTypeConfig {
@@ -88,7 +89,8 @@ impl TestServer {
         let service = assembled.state.service.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        service.register_node(Some(&base)).await.expect("register the node");
+        let holder = berth::serve::holder(&assembled.config.data_dir());
+        service.register_node(Some(&base), &holder).await.expect("register the node");
         let heartbeat = tokio::spawn(service.clone().keep_alive());
         let app = berth::api::app(assembled.state);
         // The server `berth serve` runs (header-read timeout, load shedding), until the test ends.
@@ -360,11 +362,12 @@ pub fn connector(initiator: &str, host: &str) -> Value {
 /// Runs each test once on SQLite and once on PostgreSQL.
 #[macro_export]
 macro_rules! both_databases {
-    ($(async fn $name:ident($server:ident) $body:block)*) => {
+    ($($(#[$meta:meta])* async fn $name:ident($server:ident) $body:block)*) => {
         mod sqlite {
             #[allow(unused_imports)]
             use super::*;
             $(
+                $(#[$meta])*
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     let $server = &$crate::server::TestServer::start($crate::server::Db::Sqlite).await;
@@ -376,6 +379,7 @@ macro_rules! both_databases {
             #[allow(unused_imports)]
             use super::*;
             $(
+                $(#[$meta])*
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     let $server = &$crate::server::TestServer::start($crate::server::Db::Postgres).await;

@@ -23,8 +23,9 @@ pub struct TgtdProcess {
 }
 
 impl TgtdProcess {
+    /// With Berth's default I/O threads per LUN (`[tgt] io_threads`).
     pub fn start() -> TgtdProcess {
-        Self::start_with_threads(4)
+        Self::start_with_threads(2)
     }
 
     pub fn start_with_threads(io_threads: u32) -> TgtdProcess {
@@ -161,11 +162,22 @@ impl Rig {
         Self::start_on(Some(url.to_string()), "")
     }
 
+    /// With more keys in the `[tgt]` section (e.g. `max_luns = 2`), and more configuration after
+    /// it.
+    pub fn start_with_tgt(tgt_keys: &str, more: &str) -> Rig {
+        Self::start_full(None, tgt_keys, more)
+    }
+
     fn start_on(database_url: Option<String>, more: &str) -> Rig {
+        Self::start_full(database_url, "", more)
+    }
+
+    fn start_full(database_url: Option<String>, tgt_keys: &str, more: &str) -> Rig {
         let tgtd = TgtdProcess::start();
         let dir = tempfile::tempdir().unwrap();
         let top = database_url.as_ref().map(|u| format!("database_url = \"{u}\"")).unwrap_or_default();
-        let berth = BerthProcess::start_full(&top, &format!("{}{more}", tgtd.config()));
+        let tgt = tgtd.config().replacen("[tgt]\n", &format!("[tgt]\n{tgt_keys}"), 1);
+        let berth = BerthProcess::start_full(&top, &format!("{tgt}{more}"));
         Rig { tgtd, berth, database_url, _dir: dir }
     }
 

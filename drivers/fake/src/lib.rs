@@ -13,6 +13,8 @@
 //!
 //! `validate-connector`, which has no volume, reads only the settings.
 //!
+//! The setting `shared_targets = "true"` makes it advertise targets shared between volumes.
+//!
 //! The setting `protocol` (`iscsi` by default, or `iser`, `fibre_channel`, `nvmeof`, `rbd`,
 //! `nfs`) chooses what it advertises, what it requires of a connector and the connection data it
 //! answers with, shaped as Cinder's drivers of that kind shape it; the conformance suite's tests
@@ -134,7 +136,10 @@ impl Driver for Fake {
             description: "Scriptable test driver; answers like an iSCSI backend without touching anything"
                 .into(),
             protocols: vec![protocol()],
-            capabilities: Capabilities { multiattach: true, shared_targets: false },
+            capabilities: Capabilities {
+                multiattach: true,
+                shared_targets: config::get_or("shared_targets", "false") == "true",
+            },
         }
     }
 
@@ -151,6 +156,12 @@ impl Driver for Fake {
 
     fn delete_volume(volume: &Volume) -> DriverResult<()> {
         script("delete-volume", Some(volume))
+    }
+
+    fn extend_volume(volume: &Volume, new_size_gib: u64) -> DriverResult<ModelUpdate> {
+        script("extend-volume", Some(volume))?;
+        log::debug(&format!("fake: extended volume {} to {new_size_gib} GiB", volume.id));
+        Ok(ModelUpdate::none())
     }
 
     fn create_export(volume: &Volume, _connector: Option<&Connector>) -> DriverResult<ModelUpdate> {

@@ -114,7 +114,7 @@ function update(fields = {}) {
     providerLocation: fields.providerLocation,
     providerAuth: fields.providerAuth,
     providerId: undefined,
-    clear: [],
+    clear: fields.clear ?? [],
     setData: fields.setData ?? [],
     removeData: fields.removeData ?? [],
   };
@@ -175,7 +175,12 @@ export const driver = {
 
   removeExport(volume) {
     attempt(() => iscsi.deleteTarget(targetIqn(volume)), (e) => targetError('delete target', e));
-    return update({ removeData: volume.driverData.map(([k]) => k).filter((k) => k.startsWith('mode.')) });
+    // The credentials go with the export: the next export gets new ones, so a detached host
+    // cannot log in with what it was given once the volume is attached elsewhere.
+    return update({
+      removeData: volume.driverData.map(([k]) => k).filter((k) => k.startsWith('mode.')),
+      clear: ['provider-auth'],
+    });
   },
 
   initializeConnection(volume, connector) {

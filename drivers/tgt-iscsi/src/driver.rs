@@ -113,6 +113,14 @@ impl Driver for TgtIscsi {
         Ok(ModelUpdate::none())
     }
 
+    /// Grows the backing store (sparse: no data is written). An available volume has no LUN in
+    /// tgtd (its export goes with its last attachment), so the next export sees the new size.
+    fn extend_volume(volume: &Volume, new_size_gib: u64) -> DriverResult<ModelUpdate> {
+        backing_store::resize(&volume.name, new_size_gib << 30)
+            .map_err(|e| store_error("grow backing store", e))?;
+        Ok(ModelUpdate::none())
+    }
+
     fn delete_volume(volume: &Volume) -> DriverResult<()> {
         let iqn = target_iqn(volume)?;
         iscsi::delete_target(&iqn).map_err(|e| target_error("delete target", e))?;
@@ -147,7 +155,10 @@ impl Driver for TgtIscsi {
     fn remove_export(volume: &Volume) -> DriverResult<ModelUpdate> {
         let iqn = target_iqn(volume)?;
         iscsi::delete_target(&iqn).map_err(|e| target_error("delete target", e))?;
-        let mut update = ModelUpdate::none();
+        // The credentials go with the export: the next one gets new ones, so that a host that
+        // was detached cannot log in with what it was given, under any initiator name, once the
+        // volume is attached elsewhere (a single-attach volume included).
+        let mut update = ModelUpdate::none().clear(VolumeField::ProviderAuth);
         for (key, _) in volume.driver_data.iter().filter(|(k, _)| k.starts_with("mode.")) {
             update = update.remove(key.clone());
         }

@@ -3,7 +3,7 @@
 //! `admin_actions.py`, `cinder/api/schemas/volume_actions.py`). Available from 3.0. The rules
 //! are the attachments API's: see `attach/legacy.rs`.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -15,12 +15,15 @@ use serde_json::{Map, Value, json};
 use super::attachments::connector as parse_connector;
 use super::body::JsonBody;
 use super::error::ApiError;
+use super::microversion::{EXTEND_VOLUME_COMPLETION, MIN, REIMAGE, Version};
 use super::openapi::{Endpoint, SchemaFn};
+use super::path::VolumeId;
 use super::policy::Rule;
 use super::{AppState, uuid_param};
 use crate::attach::Caller;
 use crate::attach::legacy::LegacyAttach;
-use crate::attach::model::{AttachMode, Connector};
+use crate::domain::model::{AttachMode, Connector};
+use crate::runtime::contract::AccessMode;
 
 pub fn endpoints() -> Vec<Endpoint> {
     vec![
@@ -32,17 +35,24 @@ pub fn endpoints() -> Vec<Endpoint> {
     ]
 }
 
-/// The actions this endpoint knows: each one's name, policy rule and argument.
-const ACTIONS: &[(&str, Rule, SchemaFn)] = &[
-    ("os-reserve", Rule::Reserve, no_argument),
-    ("os-unreserve", Rule::Unreserve, no_argument),
-    ("os-initialize_connection", Rule::InitializeConnection, |g| g.subschema_for::<Initialize>()),
-    ("os-attach", Rule::Attach, |g| g.subschema_for::<Attach>()),
-    ("os-begin_detaching", Rule::BeginDetaching, no_argument),
-    ("os-roll_detaching", Rule::RollDetaching, no_argument),
-    ("os-terminate_connection", Rule::TerminateConnection, |g| g.subschema_for::<Terminate>()),
-    ("os-detach", Rule::Detach, |g| g.subschema_for::<Option<Detach>>()),
-    ("os-force_detach", Rule::ForceDetach, |g| g.subschema_for::<Option<ForceDetach>>()),
+/// The actions this endpoint knows: each one's name, lowest microversion, policy rule and
+/// argument. Below its microversion an action is unknown (404, as Cinder answers a method that
+/// its version does not have).
+const ACTIONS: &[(&str, Version, Rule, SchemaFn)] = &[
+    ("os-reserve", MIN, Rule::Reserve, no_argument),
+    ("os-unreserve", MIN, Rule::Unreserve, no_argument),
+    ("os-initialize_connection", MIN, Rule::InitializeConnection, |g| g.subschema_for::<Initialize>()),
+    ("os-attach", MIN, Rule::Attach, |g| g.subschema_for::<Attach>()),
+    ("os-begin_detaching", MIN, Rule::BeginDetaching, no_argument),
+    ("os-roll_detaching", MIN, Rule::RollDetaching, no_argument),
+    ("os-terminate_connection", MIN, Rule::TerminateConnection, |g| g.subschema_for::<Terminate>()),
+    ("os-detach", MIN, Rule::Detach, |g| g.subschema_for::<Option<Detach>>()),
+    ("os-force_detach", MIN, Rule::ForceDetach, |g| g.subschema_for::<Option<ForceDetach>>()),
+    ("os-extend", MIN, Rule::Extend, |g| g.subschema_for::<Extend>()),
+    ("os-reimage", REIMAGE, Rule::Reimage, |g| g.subschema_for::<Reimage>()),
+    ("os-extend_volume_completion", EXTEND_VOLUME_COMPLETION, Rule::ExtendVolumeCompletion, |g| {
+        g.subschema_for::<ExtendCompletion>()
+    }),
 ];
 
 fn no_argument(_: &mut SchemaGenerator) -> Schema {
@@ -53,7 +63,7 @@ fn no_argument(_: &mut SchemaGenerator) -> Schema {
 fn body_schema(g: &mut SchemaGenerator) -> Schema {
     let one_of: Vec<Value> = ACTIONS
         .iter()
-        .map(|(name, _, argument)| {
+        .map(|(name, _, _, argument)| {
             json!({
                 "type": "object",
                 "properties": { *name: argument(g) },
@@ -123,6 +133,37 @@ struct ForceDetach {
     attachment_id: Option<String>,
 }
 
+/// `os-extend`'s argument.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Extend {
+    /// The new size in GiB, larger than the current one (an integer, or a string of digits).
+    #[schemars(extend("type" = ["integer", "string"], "pattern" = "^[0-9]+$", "minimum" = 1))]
+    new_size: Value,
+}
+
+/// `os-reimage`'s argument (3.68).
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Reimage {
+    /// The image to write onto the volume.
+    #[schemars(extend("format" = "uuid"))]
+    image_id: String,
+    /// Whether a `reserved` volume may be re-imaged (Nova's rebuild reserves it first).
+    #[serde(default)]
+    reimage_reserved: bool,
+}
+
+/// `os-extend_volume_completion`'s argument (3.71).
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ExtendCompletion {
+    /// Whether the compute service failed to extend.
+    #[serde(default)]
+    #[allow(dead_code)] // Parsed for its schema; no extend here waits on a compute service.
+    error: bool,
+}
+
 /// `os-initialize_connection`'s answer.
 #[derive(Serialize, JsonSchema)]
 struct ConnectionInfoBody {
@@ -181,10 +222,10 @@ fn attachment_id(value: Option<String>) -> Result<Option<String>, ApiError> {
 async fn action(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    Extension(version): Extension<Version>,
+    VolumeId(volume): VolumeId,
     JsonBody(body): JsonBody<Map<String, Value>>,
 ) -> Result<Response, ApiError> {
-    let volume = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let mut entries = body.into_iter();
     let (name, value) = match (entries.next(), entries.next()) {
         (Some(entry), None) => entry,
@@ -194,48 +235,23 @@ async fn action(
             ));
         }
     };
-    let Some((_, rule, _)) = ACTIONS.iter().find(|(n, _, _)| *n == name) else {
+    let Some((_, since, rule, _)) = ACTIONS.iter().find(|(n, _, _, _)| *n == name) else {
         return Err(ApiError::bad_request(format!("There is no such action: {name}")));
     };
+    if version < *since {
+        return Err(ApiError::no_such_resource());
+    }
     state.authorize(&caller, *rule)?;
     let service = &state.service;
     match name.as_str() {
-        "os-reserve" => {
-            service
-                .owned((caller, volume), |s, (caller, volume)| async move {
-                    s.legacy_reserve(&caller, &volume).await
-                })
-                .await?
-        }
-        "os-unreserve" => {
-            service
-                .owned((caller, volume), |s, (caller, volume)| async move {
-                    s.legacy_unreserve(&caller, &volume).await
-                })
-                .await?
-        }
-        "os-begin_detaching" => {
-            service
-                .owned((caller, volume), |s, (caller, volume)| async move {
-                    s.legacy_begin_detaching(&caller, &volume).await
-                })
-                .await?
-        }
-        "os-roll_detaching" => {
-            service
-                .owned((caller, volume), |s, (caller, volume)| async move {
-                    s.legacy_roll_detaching(&caller, &volume).await
-                })
-                .await?
-        }
+        "os-reserve" => service.commands().legacy_reserve(caller, volume).await?,
+        "os-unreserve" => service.commands().legacy_unreserve(caller, volume).await?,
+        "os-begin_detaching" => service.commands().legacy_begin_detaching(caller, volume).await?,
+        "os-roll_detaching" => service.commands().legacy_roll_detaching(caller, volume).await?,
         "os-initialize_connection" => {
             let arg: Initialize = argument(&name, value, None)?;
             let c = connector(arg.connector)?;
-            let info = service
-                .owned((caller, volume, c), |s, (caller, volume, c)| async move {
-                    s.legacy_initialize(&caller, &volume, c).await
-                })
-                .await?;
+            let info = service.commands().legacy_initialize(caller, volume, c).await?;
             return Ok(
                 (StatusCode::OK, Json(ConnectionInfoBody { connection_info: nested(info) })).into_response()
             );
@@ -243,39 +259,48 @@ async fn action(
         "os-attach" => {
             let arg: Attach = argument(&name, value, None)?;
             let req = attach_request(arg)?;
-            service
-                .owned((caller, volume, req), |s, (caller, volume, req)| async move {
-                    s.legacy_attach(&caller, &volume, req).await
-                })
-                .await?;
+            service.commands().legacy_attach(caller, volume, req).await?;
         }
         "os-terminate_connection" => {
             let arg: Terminate = argument(&name, value, None)?;
             let c = optional_connector(Some(arg.connector))?;
-            service
-                .owned((caller, volume, c), |s, (caller, volume, c)| async move {
-                    s.legacy_terminate(&caller, &volume, c).await
-                })
-                .await?;
+            service.commands().legacy_terminate(caller, volume, c).await?;
         }
         "os-detach" => {
             let arg: Detach = argument(&name, value, Some(Detach::default()))?;
             let id = attachment_id(arg.attachment_id)?;
-            service
-                .owned((caller, volume, id), |s, (caller, volume, id)| async move {
-                    s.legacy_detach(&caller, &volume, id.as_deref()).await
-                })
-                .await?;
+            service.commands().legacy_detach(caller, volume, id).await?;
         }
         "os-force_detach" => {
             let arg: ForceDetach = argument(&name, value, Some(ForceDetach::default()))?;
             let c = optional_connector(arg.connector)?;
             let id = attachment_id(arg.attachment_id)?;
-            service
-                .owned((caller, volume, c, id), |s, (caller, volume, c, id)| async move {
-                    s.force_detach(&caller, &volume, c, id.as_deref()).await
-                })
-                .await?;
+            service.commands().force_detach(caller, volume, c, id).await?;
+        }
+        "os-extend" => {
+            let arg: Extend = argument(&name, value, None)?;
+            let size = match &arg.new_size {
+                Value::Number(n) => n.as_i64(),
+                Value::String(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => s.parse().ok(),
+                _ => None,
+            }
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "Invalid input for field/attribute new_size. Value: {}. It must be an integer of 1 or more",
+                    arg.new_size
+                ))
+            })?;
+            service.commands().extend_volume(caller, volume, size).await.map(drop)?;
+        }
+        "os-reimage" => {
+            let arg: Reimage = argument(&name, value, None)?;
+            uuid_param("image_id", &arg.image_id)?;
+            service.reimage(&caller, &volume, arg.reimage_reserved).await?;
+        }
+        "os-extend_volume_completion" => {
+            let _: ExtendCompletion = argument(&name, value, None)?;
+            service.extend_volume_completion(&caller, &volume).await?;
         }
         _ => unreachable!("every name in ACTIONS has a branch"),
     }
@@ -300,14 +325,9 @@ fn attach_request(arg: Attach) -> Result<LegacyAttach, ApiError> {
             "Invalid input for field/attribute host_name: it must be 1 to 255 characters",
         ));
     }
-    let mode = match arg.mode.as_deref().unwrap_or("rw") {
-        "rw" => AttachMode::Rw,
-        "ro" => AttachMode::Ro,
-        mode => {
-            return Err(ApiError::bad_request(format!(
-                "Invalid input for field/attribute mode. Value: {mode}. '{mode}' is not one of ['rw', 'ro']"
-            )));
-        }
+    let mode = match super::mode_param(arg.mode.as_deref().unwrap_or("rw"))? {
+        AccessMode::Rw => AttachMode::Rw,
+        AccessMode::Ro => AttachMode::Ro,
     };
     Ok(LegacyAttach {
         instance_uuid: arg.instance_uuid.as_deref().map(|i| uuid_param("instance_uuid", i)).transpose()?,

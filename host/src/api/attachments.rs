@@ -2,7 +2,7 @@
 //! wrappers and status codes as Cinder has them (`cinder/api/v3/attachments.py`,
 //! `cinder/api/schemas/attachments.py`).
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -14,18 +14,18 @@ use super::body::JsonBody;
 use super::error::ApiError;
 use super::microversion::{ATTACHMENT_CREATE_MODE, NEW_ATTACH, NEW_ATTACH_COMPLETION, Version};
 use super::openapi::Endpoint;
+use super::path::AttachmentId;
 use super::policy::Rule;
 use super::query::{ListSpec, parse};
 use super::views::{
-    AttachmentBody, AttachmentDetail, AttachmentDetailList, AttachmentList, attachment_detail,
+    AttachmentBody, AttachmentDetail, AttachmentDetailList, AttachmentList, Secrets, attachment_detail,
     attachment_summary,
 };
 use super::{AppState, uuid_param};
 use crate::attach::attachments::NewAttachment;
-use crate::attach::list::{ATTACHMENT_SORT_KEYS, AttachmentFilter, Scope};
-use crate::attach::model::{Attachment, Connector};
 use crate::attach::{AttachError, Caller};
-use crate::runtime::contract::AccessMode;
+use crate::domain::list::{ATTACHMENT_SORT_KEYS, AttachmentFilter, Scope};
+use crate::domain::model::{Attachment, Connector};
 
 pub fn endpoints() -> Vec<Endpoint> {
     const TAG: &str = "attachments";
@@ -118,7 +118,6 @@ async fn create(
     Extension(version): Extension<Version>,
     JsonBody(body): JsonBody<CreateAttachmentBody>,
 ) -> Result<Response, ApiError> {
-    version.require(NEW_ATTACH)?;
     state.authorize(&caller, Rule::AttachmentCreate)?;
     let a = body.attachment;
     if a.mode.is_some() && version < ATTACHMENT_CREATE_MODE {
@@ -126,28 +125,16 @@ async fn create(
             "Invalid input for field/attribute attachment: Additional properties are not allowed ('mode' was unexpected)",
         ));
     }
-    if let Some(mode) = &a.mode
-        && mode != "rw"
-        && mode != "ro"
-    {
-        return Err(ApiError::bad_request(format!(
-            "Invalid input for field/attribute mode. Value: {mode}. '{mode}' is not one of ['rw', 'ro']"
-        )));
-    }
+    let mode = a.mode.as_deref().map(super::mode_param).transpose()?;
     let request = NewAttachment {
         volume_id: uuid_param("volume_uuid", &a.volume_uuid)?,
         instance_uuid: a.instance_uuid.as_deref().map(|i| uuid_param("instance_uuid", i)).transpose()?,
         connector: a.connector.filter(|c| !c.is_empty()).map(connector).transpose()?,
-        mode: a.mode.map(|m| if m == "ro" { AccessMode::Ro } else { AccessMode::Rw }),
+        mode,
         legacy: false,
     };
-    let row = state
-        .service
-        .owned((caller, request), |s, (caller, request)| async move {
-            s.create_attachment(&caller, request).await
-        })
-        .await?;
-    Ok(Json(AttachmentBody { attachment: attachment_detail(&row) }).into_response())
+    let row = state.service.commands().create_attachment(caller, request).await?;
+    Ok(Json(AttachmentBody { attachment: attachment_detail(&row, Secrets::Shown) }).into_response())
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -203,40 +190,32 @@ pub(super) struct ConnectorDoc {
 async fn update(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Extension(version): Extension<Version>,
-    Path(id): Path<String>,
+    AttachmentId(id): AttachmentId,
     JsonBody(body): JsonBody<UpdateAttachmentBody>,
 ) -> Result<Response, ApiError> {
-    version.require(NEW_ATTACH)?;
     state.authorize(&caller, Rule::AttachmentUpdate)?;
     if body.attachment.connector.is_empty() {
         return Err(ApiError::bad_request(
             "Invalid input for field/attribute connector. Value: {}. {} does not have enough properties",
         ));
     }
-    let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
     let c = connector(body.attachment.connector)?;
-    let row = state
-        .service
-        .owned(
-            (caller, id, c),
-            |s, (caller, id, c)| async move { s.update_attachment(&caller, &id, c).await },
-        )
-        .await?;
-    Ok(Json(AttachmentBody { attachment: attachment_detail(&row) }).into_response())
+    let row = state.service.commands().update_attachment(caller, id, c).await?;
+    Ok(Json(AttachmentBody { attachment: attachment_detail(&row, Secrets::Shown) }).into_response())
 }
 
 async fn show(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Extension(version): Extension<Version>,
-    Path(id): Path<String>,
+    AttachmentId(id): AttachmentId,
 ) -> Result<Response, ApiError> {
-    version.require(NEW_ATTACH)?;
     state.authorize(&caller, Rule::AttachmentGet)?;
-    let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
     let (row, shared) = state.service.show_attachment(&caller, &id).await?;
-    let view = AttachmentDetail { shared_connections_by_attachment: Some(shared), ..attachment_detail(&row) };
+    let secrets = state.secrets_for(&caller);
+    let view = AttachmentDetail {
+        shared_connections_by_attachment: Some(shared),
+        ..attachment_detail(&row, secrets)
+    };
     Ok(Json(AttachmentBody { attachment: view }).into_response())
 }
 
@@ -264,7 +243,6 @@ async fn list(
     version: Version,
     raw: Option<String>,
 ) -> Result<Vec<Attachment>, ApiError> {
-    version.require(NEW_ATTACH)?;
     state.authorize(caller, Rule::AttachmentGetAll)?;
     let q = parse(raw.as_deref(), &LIST, version)?;
     let project_filter = q.filters.get("project_id").cloned();
@@ -298,23 +276,20 @@ async fn detail(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let rows = list(&state, &caller, version, raw).await?;
-    Ok(Json(AttachmentDetailList { attachments: rows.iter().map(attachment_detail).collect() })
-        .into_response())
+    let secrets = state.secrets_for(&caller);
+    Ok(Json(AttachmentDetailList {
+        attachments: rows.iter().map(|a| attachment_detail(a, secrets)).collect(),
+    })
+    .into_response())
 }
 
 async fn remove(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Extension(version): Extension<Version>,
-    Path(id): Path<String>,
+    AttachmentId(id): AttachmentId,
 ) -> Result<Response, ApiError> {
-    version.require(NEW_ATTACH)?;
     state.authorize(&caller, Rule::AttachmentDelete)?;
-    let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
-    let remaining = state
-        .service
-        .owned((caller, id), |s, (caller, id)| async move { s.delete_attachment(&caller, &id).await })
-        .await?;
+    let remaining = state.service.commands().delete_attachment(caller, id).await?;
     Ok(Json(AttachmentList { attachments: remaining.iter().map(attachment_summary).collect() })
         .into_response())
 }
@@ -322,11 +297,9 @@ async fn remove(
 async fn action(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Extension(version): Extension<Version>,
-    Path(id): Path<String>,
+    AttachmentId(id): AttachmentId,
     JsonBody(body): JsonBody<Map<String, Value>>,
 ) -> Result<Response, ApiError> {
-    version.require(NEW_ATTACH_COMPLETION)?;
     state.authorize(&caller, Rule::AttachmentComplete)?;
     if body.len() != 1 || !body.contains_key("os-complete") {
         let keys: Vec<&String> = body.keys().collect();
@@ -334,10 +307,6 @@ async fn action(
             "Invalid input: the only attachment action is 'os-complete' (got {keys:?})"
         )));
     }
-    let id = uuid_param("attachment_id", &id).map_err(|_| crate::attach::attachment_not_found(&id))?;
-    state
-        .service
-        .owned((caller, id), |s, (caller, id)| async move { s.complete_attachment(&caller, &id).await })
-        .await?;
+    state.service.commands().complete_attachment(caller, id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

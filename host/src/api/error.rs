@@ -14,6 +14,9 @@
 //! | not made (the operation lost its lease)          | 503    | serviceUnavailable  |
 //! | `backend`, crash, limit hit, invalid result      | 502    | computeFault        |
 //! | wall-time limit hit                              | 504    | computeFault        |
+//!
+//! A new export beyond the target service's ceiling on this machine is refused before any driver
+//! call with 413 `overLimit`, as a limit on attachments per volume is.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -154,11 +157,12 @@ impl From<AttachError> for ApiError {
             e @ (AttachError::InvalidVolume(_)
             | AttachError::InvalidAttachment(_)
             | AttachError::InvalidInput(_)) => ApiError::bad_request(e.to_string()),
-            e @ (AttachError::Conflict(_) | AttachError::InstanceUsing(_) | AttachError::Busy(_)) => {
-                ApiError::new(StatusCode::CONFLICT, e.to_string())
-            }
+            e @ (AttachError::Conflict(_)
+            | AttachError::InstanceUsing(_)
+            | AttachError::InstanceMoving(_)
+            | AttachError::Busy(_)) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
             AttachError::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, m),
-            e @ AttachError::TooManyAttachments { .. } => {
+            e @ (AttachError::TooManyAttachments { .. } | AttachError::ExportCeiling { .. }) => {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
             }
             e @ (AttachError::BackendUnavailable(_) | AttachError::Unavailable(_)) => {
@@ -170,6 +174,7 @@ impl From<AttachError> for ApiError {
                 error.forward = forward;
                 error
             }
+            AttachError::NotImplemented(m) => ApiError::new(StatusCode::NOT_IMPLEMENTED, m),
             AttachError::Internal(detail) => ApiError::internal(detail),
             AttachError::Driver(call) => call.into(),
             AttachError::Store(e) => e.into(),
@@ -180,7 +185,7 @@ impl From<AttachError> for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match &e {
-            StoreError::Db(sqlx::Error::PoolTimedOut) | StoreError::Db(sqlx::Error::PoolClosed) => {
+            e if e.is_unavailable() => {
                 tracing::warn!("database unavailable: {e}");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,

@@ -33,7 +33,7 @@ fn one() -> u32 {
     1
 }
 
-pub fn routes() -> Router<AppState> {
+pub(super) fn routes() -> Router<AppState> {
     Router::new()
         .route(
             "/_failpoints/reset",

@@ -10,7 +10,8 @@
 //! and runs the operation as its own: the forwarded call is authenticated by the caller, not by
 //! trust between nodes, and an operation goes on there even if this node or the client goes away
 //! (`attach/ops.rs`). A request is forwarded once at most: one that arrives forwarded is answered
-//! where it lands. When the other node does not answer, the caller gets 503 with `Retry-After`.
+//! where it lands. When the other node does not answer, or goes down (no heartbeat for a lease,
+//! or a clean stop) while it has the request, the caller gets 503 with `Retry-After` at once.
 //!
 //! [`AttachError::Elsewhere`]: crate::attach::AttachError::Elsewhere
 
@@ -23,7 +24,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use super::body::{MAX_BODY, too_large};
+use super::body::{MAX_BODY, is_too_large, too_large};
 use super::error::ApiError;
 use crate::attach::nodes::Forward;
 
@@ -135,19 +136,26 @@ pub async fn forward(State(state): State<AppState>, request: Request, next: Next
         Some(to) if !arrived_forwarded => {
             let to = to.clone();
             tracing::debug!(node = %to.node, "forwarding the request to the node that serves its volume");
-            state.forwarder.send(&to, &kept, body).await
+            // Bounded by the owner's liveness: once it shows down (no heartbeat for a lease, or
+            // stopped), waiting on it is pointless.
+            tokio::select! {
+                answer = state.forwarder.send(&to, &kept, body) => answer,
+                () = state.service.until_down(&to.node) => {
+                    crate::metrics::forwarded(&to.node, "owner-down");
+                    tracing::warn!(node = %to.node, "the node a request was forwarded to went down before it answered");
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "The request was forwarded to Berth node {}, which serves its volume, and that node went \
+                             down before it answered; it may or may not have been carried out there. Retry when \
+                             the node is back.",
+                            to.node
+                        ),
+                    )
+                    .into_response()
+                }
+            }
         }
         _ => response,
     }
-}
-
-fn is_too_large(e: &axum::Error) -> bool {
-    let mut source: Option<&dyn std::error::Error> = Some(e);
-    while let Some(s) = source {
-        if s.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        source = s.source();
-    }
-    false
 }

@@ -35,10 +35,15 @@ impl fmt::Display for Version {
 
 /// The lowest version served.
 pub const MIN: Version = Version::new(3, 0);
-/// The highest version whose behaviour Berth implements for volumes and attachments: the
-/// attachments API (3.27), `os-complete` (3.44), `shared_targets`/`service_uuid` (3.48) and the
-/// attachment `mode` (3.54).
-pub const MAX: Version = Version::new(3, 54);
+/// The highest version, Cinder 29's: every change up to it that concerns volumes and
+/// attachments is implemented (the attachments API 3.27, `os-complete` 3.44,
+/// `shared_targets`/`service_uuid` 3.48, the attachment `mode` 3.54, time filters 3.60,
+/// `cluster_name` 3.61, `volume_type_id` 3.63, `consumes_quota` 3.65, a `null` `shared_targets`
+/// 3.69), and the actions of resources Berth does not have (`os-reimage` 3.68,
+/// `os-extend_volume_completion` 3.71) answer as Cinder does for a backend without them.
+/// Versions that change only resources Berth does not serve (snapshots, backups, groups,
+/// transfers, default types) change nothing here.
+pub const MAX: Version = Version::new(3, 71);
 
 /// Versions where behaviour changes.
 pub const NEW_ATTACH: Version = Version::new(3, 27);
@@ -47,6 +52,13 @@ pub const NEW_ATTACH_COMPLETION: Version = Version::new(3, 44);
 pub const VOLUME_LIST_COUNT: Version = Version::new(3, 45);
 pub const SHARED_TARGETS: Version = Version::new(3, 48);
 pub const ATTACHMENT_CREATE_MODE: Version = Version::new(3, 54);
+pub const TIME_COMPARISON_FILTERS: Version = Version::new(3, 60);
+pub const CLUSTER_NAME: Version = Version::new(3, 61);
+pub const VOLUME_TYPE_ID: Version = Version::new(3, 63);
+pub const CONSUMES_QUOTA: Version = Version::new(3, 65);
+pub const REIMAGE: Version = Version::new(3, 68);
+pub const SHARED_TARGETS_TRISTATE: Version = Version::new(3, 69);
+pub const EXTEND_VOLUME_COMPLETION: Version = Version::new(3, 71);
 pub const GROUP_ID: Version = Version::new(3, 13);
 pub const PROVIDER_ID: Version = Version::new(3, 21);
 
@@ -120,10 +132,16 @@ fn stamp(response: &mut Response, version: Version) {
     headers.insert(header::VARY, HeaderValue::from_static("OpenStack-API-Version"));
 }
 
-impl Version {
-    /// Fails with a 404 when the request's version is below `min` (the call does not exist).
-    pub fn require(self, min: Version) -> Result<(), ApiError> {
-        if self < min { Err(ApiError::no_such_resource()) } else { Ok(()) }
+/// The router's check of a route's lowest microversion (`Endpoint::since`): below it, the route
+/// does not exist, as in Cinder (404), before its handler reads anything.
+pub async fn at_least(
+    axum::extract::State(since): axum::extract::State<Version>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match request.extensions().get::<Version>() {
+        Some(version) if *version < since => ApiError::no_such_resource().into_response(),
+        _ => next.run(request).await,
     }
 }
 

@@ -10,8 +10,10 @@ pub mod error;
 #[cfg(feature = "failpoints")]
 mod failpoints;
 pub mod forward;
+pub mod history;
 pub mod microversion;
 pub mod openapi;
+pub mod path;
 pub mod policy;
 pub mod query;
 pub mod server;
@@ -49,12 +51,25 @@ pub struct AppState {
     pub public_endpoint: Option<String>,
     /// Sends requests this node cannot answer to the node that can (`forward.rs`).
     pub forwarder: forward::Forwarder,
+    /// How long a request's body may take to arrive once its headers are in (`body.rs`).
+    pub body_read_timeout: std::time::Duration,
 }
 
 impl AppState {
     /// Checks a policy rule for the caller: Cinder's 403 when it does not pass.
     pub fn authorize(&self, caller: &crate::attach::Caller, rule: policy::Rule) -> Result<(), ApiError> {
         self.policy.authorize(caller, rule)
+    }
+
+    /// Whether the caller sees the secrets of connection info: only those who may use an
+    /// attachment (who may update one: members of its project, admins) and services; a reader
+    /// gets the rest (Cinder shows them to every reader).
+    pub fn secrets_for(&self, caller: &crate::attach::Caller) -> views::Secrets {
+        if caller.is_service || self.policy.allows(caller, policy::Rule::AttachmentUpdate) {
+            views::Secrets::Shown
+        } else {
+            views::Secrets::Removed
+        }
     }
 }
 
@@ -67,6 +82,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         volumes::endpoints(),
         actions::endpoints(),
         attachments::endpoints(),
+        history::endpoints(),
         types::endpoints(),
         services::endpoints(),
     ]
@@ -100,13 +116,22 @@ pub fn router(state: AppState) -> Router {
     let mut root: Router<AppState> = Router::new();
     for e in endpoints() {
         match e.doc.since {
-            Some(_) => v3 = v3.route(e.path, e.route),
+            // The route table is the truth: below the version the document names, the route
+            // does not exist (Cinder's 404), whatever its handler does.
+            Some(since) => {
+                let route =
+                    e.route.route_layer(middleware::from_fn_with_state(since, microversion::at_least));
+                v3 = v3.route(e.path, route)
+            }
             None => root = root.route(e.path, e.route),
         }
     }
-    let v3 = v3.route_layer(middleware::from_fn_with_state(state.auth.clone(), auth::authenticate));
     #[cfg(feature = "failpoints")]
     let root = root.merge(failpoints::routes());
+    // The order a request meets them, from the outside in (the last layer is the outermost): its
+    // log line; authentication, on the headers alone, before a byte of the body is read; the
+    // whole body, bounded in size and time; only then a slot of the bound on requests in flight,
+    // so that neither a client without credentials nor a slow one can hold every slot.
     root.nest("/v3", v3)
         .fallback(|| async { ApiError::no_such_resource() })
         .method_not_allowed_fallback(|| async {
@@ -119,6 +144,8 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), forward::forward))
         .layer(DefaultBodyLimit::max(body::MAX_BODY))
         .layer(middleware::from_fn_with_state(state.in_flight.clone(), server::shed))
+        .layer(middleware::from_fn_with_state(state.body_read_timeout, body::read_whole))
+        .layer(middleware::from_fn_with_state(state.auth.clone(), auth::authenticate))
         .layer(middleware::from_fn(request_log))
         .with_state(state)
 }
@@ -141,6 +168,10 @@ pub const REQUEST_ID: &str = "x-openstack-request-id";
 #[derive(Debug, Clone)]
 pub struct RequestId(pub String);
 
+/// The caller's global request id, when it sent a valid one.
+#[derive(Debug, Clone)]
+pub struct GlobalRequestId(pub String);
+
 /// Adds `x-openstack-request-id` and logs each request (method, path, status, time; never
 /// headers or bodies, which carry tokens and CHAP secrets). Everything logged while the request
 /// is handled, the operation it starts and its driver calls included, is in a span that carries
@@ -156,6 +187,9 @@ async fn request_log(mut request: Request, next: Next) -> Response {
         .and_then(|v| v.to_str().ok())
         .filter(|v| is_request_id(v))
         .map(str::to_string);
+    if let Some(g) = &global {
+        request.extensions_mut().insert(GlobalRequestId(g.clone()));
+    }
     let span = match &global {
         Some(g) => tracing::info_span!("request", request_id = %id, global_request_id = %g),
         None => tracing::info_span!("request", request_id = %id),
@@ -183,6 +217,15 @@ fn is_request_id(value: &str) -> bool {
 }
 
 /// Parses a UUID path or body value (any form `uuid` accepts), as lower-case hyphenated text.
+/// A request's `mode`: `rw` or `ro`, or Cinder's 400.
+pub fn mode_param(mode: &str) -> Result<crate::runtime::contract::AccessMode, ApiError> {
+    crate::runtime::contract::AccessMode::parse(mode).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "Invalid input for field/attribute mode. Value: {mode}. '{mode}' is not one of ['rw', 'ro']"
+        ))
+    })
+}
+
 pub fn uuid_param(field: &str, value: &str) -> Result<String, ApiError> {
     uuid::Uuid::parse_str(value).map(|u| u.hyphenated().to_string()).map_err(|_| {
         ApiError::bad_request(format!(

@@ -262,7 +262,15 @@ fn list_parameters(spec: &ListSpec) -> Vec<Value> {
         out.push(query(key, format!("Only items whose `{key}` is this."), json!({"type": "string"})));
     }
     for flag in spec.flags {
-        out.push(query(flag, format!("`{flag}`."), json!({"type": "string"})));
+        let description = match *flag {
+            "created_at" | "updated_at" => format!(
+                "From microversion 3.60: `<op>:<ISO 8601 time>`, `op` one of `gt`, `gte`, `eq`, `neq`, `lt`, \
+                 `lte`; only volumes whose `{flag}` compares so."
+            ),
+            "consumes_quota" => "From microversion 3.65: `true` or `false`.".into(),
+            _ => format!("`{flag}`."),
+        };
+        out.push(query(flag, description, json!({"type": "string"})));
     }
     out
 }

@@ -54,7 +54,11 @@ pub enum Rule {
     TerminateConnection,
     Detach,
     ForceDetach,
+    Reimage,
+    Extend,
+    ExtendVolumeCompletion,
     ServiceIndex,
+    AttachmentEventGetAll,
 }
 
 /// The least role a rule needs by default.
@@ -66,7 +70,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 27] = [
+    pub const ALL: [Rule; 31] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -93,7 +97,11 @@ impl Rule {
         Rule::TerminateConnection,
         Rule::Detach,
         Rule::ForceDetach,
+        Rule::Reimage,
+        Rule::Extend,
+        Rule::ExtendVolumeCompletion,
         Rule::ServiceIndex,
+        Rule::AttachmentEventGetAll,
     ];
 
     /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
@@ -126,7 +134,12 @@ impl Rule {
             Rule::TerminateConnection => "volume_extension:volume_actions:terminate_connection",
             Rule::Detach => "volume_extension:volume_actions:detach",
             Rule::ForceDetach => "volume_extension:volume_admin_actions:force_detach",
+            Rule::Reimage => "volume:reimage",
+            Rule::Extend => "volume:extend",
+            Rule::ExtendVolumeCompletion => "volume_extension:volume_admin_actions:extend_volume_completion",
             Rule::ServiceIndex => "volume_extension:services:index",
+            // Berth's: the attach history (members read their projects' events).
+            Rule::AttachmentEventGetAll => "volume:attachment_event_get_all",
         }
     }
 
@@ -138,8 +151,12 @@ impl Rule {
             | Rule::TypeGet
             | Rule::TypeGetAll
             | Rule::AttachmentGet
-            | Rule::AttachmentGetAll => Least::Reader,
-            Rule::VolumeForceDelete | Rule::ForceDetach | Rule::ServiceIndex => Least::Admin,
+            | Rule::AttachmentGetAll
+            | Rule::AttachmentEventGetAll => Least::Reader,
+            Rule::VolumeForceDelete
+            | Rule::ForceDetach
+            | Rule::ExtendVolumeCompletion
+            | Rule::ServiceIndex => Least::Admin,
             _ => Least::Member,
         }
     }
@@ -236,6 +253,7 @@ mod tests {
             project_id: "p".into(),
             roles: roles.iter().map(|r| r.to_string()).collect(),
             is_service: false,
+            request: Default::default(),
         }
     }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use super::error::ApiError;
 use super::microversion::{RESOURCE_FILTER, Version};
-use crate::attach::list::{MAX_PAGE, Page};
+use crate::domain::list::{MAX_PAGE, Page};
 
 /// A parsed list query.
 #[derive(Debug, Clone, Default)]
@@ -34,6 +34,9 @@ pub fn parse(raw: Option<&str>, spec: &ListSpec, version: Version) -> Result<Lis
     let pairs: Vec<(String, String)> = form_urlencoded::parse(raw.unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
+    if let Some((key, _)) = pairs.iter().find(|(k, v)| k.contains('\0') || v.contains('\0')) {
+        return Err(super::body::nul_refused(&format!("query parameter {key:?}")));
+    }
     let mut q = ListQuery::default();
     let mut sort: Option<String> = None;
     let (mut sort_key, mut sort_dir): (Option<String>, Option<String>) = (None, None);

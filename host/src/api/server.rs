@@ -1,5 +1,5 @@
-//! The HTTP server around the API: header-read (and idle) timeouts, a bound on requests in flight
-//! with 503 and `Retry-After` beyond it, and a graceful stop.
+//! The HTTP server around the API (and the metrics endpoint): header-read (and idle) timeouts, a
+//! bound on requests in flight with 503 and `Retry-After` beyond it, and a graceful stop.
 //!
 //! `axum::serve` sets no timer, so a client could hold a connection open forever without sending
 //! a request; here hyper's header-read timeout runs from the moment a connection is ready for a
@@ -21,7 +21,6 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
-use super::App;
 use super::error::ApiError;
 
 /// How the server protects itself.
@@ -34,12 +33,19 @@ pub struct ServerLimits {
 
 /// Serves `app` on `listener` until `stop` resolves, then lets requests in flight finish (for at
 /// most `shutdown_wait`).
-pub async fn serve(
+pub async fn serve<S>(
     listener: TcpListener,
-    app: App,
+    app: S,
     limits: ServerLimits,
     stop: impl Future<Output = ()>,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    S: tower::Service<Request, Response = Response, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);

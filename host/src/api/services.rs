@@ -49,6 +49,27 @@ struct ServiceView {
     replication_status: String,
     active_backend_id: Option<String>,
     frozen: bool,
+    /// Berth's: a backend's driver (name and version) and the sha256 of its `.wasm`, as the node
+    /// that serves it runs it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    driver: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    driver_digest: Option<String>,
+    /// Berth's: whether the backend is shared between nodes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shared: Option<bool>,
+    /// Berth's: a node's operations lease, in seconds, and its version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_seconds: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<String>,
+    /// Berth's: for a backend with an iSCSI target service, the LUNs it holds now (known for the
+    /// node that answers) and how many it may hold on its node's machine; a new export beyond
+    /// is refused with 413.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    luns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lun_ceiling: Option<u64>,
 }
 
 async fn index(
@@ -73,6 +94,13 @@ async fn index(
             replication_status: "disabled".into(),
             active_backend_id: None,
             frozen: false,
+            driver: s.runs.as_ref().map(|r| format!("{} {}", r.driver, r.version)),
+            driver_digest: s.runs.as_ref().map(|r| r.digest.clone()),
+            shared: s.runs.as_ref().map(|r| r.shared),
+            lease_seconds: s.lease_seconds,
+            version: s.version,
+            luns: s.luns,
+            lun_ceiling: s.runs.as_ref().and_then(|r| r.lun_ceiling),
         })
         .collect();
     Ok(Json(ServiceList { services }).into_response())

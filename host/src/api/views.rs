@@ -14,11 +14,15 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::{Map, Value as Json};
 
-use super::microversion::{GROUP_ID, PROVIDER_ID, SHARED_TARGETS, Version};
-use crate::attach::model::{Attachment, Volume};
+use super::microversion::{
+    CLUSTER_NAME, CONSUMES_QUOTA, GROUP_ID, PROVIDER_ID, SHARED_TARGETS, SHARED_TARGETS_TRISTATE,
+    VOLUME_TYPE_ID, Version,
+};
+use crate::attach::catalog::{cluster_of, type_id};
 use crate::attach::nodes::Hosts;
-use crate::attach::state::AttachStatus;
 use crate::attach::{Caller, VolumeType};
+use crate::domain::model::{Attachment, Volume};
+use crate::domain::state::AttachStatus;
 
 /// Cinder's timestamp format: naive UTC, `%Y-%m-%dT%H:%M:%S.%f`.
 pub fn timestamp(micros: i64) -> String {
@@ -75,17 +79,39 @@ pub fn attachment_summary(a: &Attachment) -> AttachmentSummary {
     }
 }
 
+/// Whether a caller sees the secrets in an attachment's connection info.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Secrets {
+    /// A caller who may use the attachment (its project's members, services, admins: who may
+    /// update it).
+    Shown,
+    /// A reader: the connection info without its secrets (Cinder shows them to anyone who can
+    /// read the attachment).
+    Removed,
+}
+
+/// Whether a connection-info key holds a secret: CHAP passwords (`auth_password`,
+/// `discovery_auth_password`, any `*password`), a Ceph `keyring`, anything named `secret`.
+pub fn is_secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key.contains("password") || key == "keyring" || key == "secret" || key.ends_with("_secret")
+}
+
 /// The detail view: show, detail lists, create, update.
-pub fn attachment_detail(a: &Attachment) -> AttachmentDetail {
+pub fn attachment_detail(a: &Attachment, secrets: Secrets) -> AttachmentDetail {
+    let mut connection_info = match &a.connection_info {
+        Some(Json::Object(map)) => map.clone(),
+        _ => Map::new(),
+    };
+    if secrets == Secrets::Removed {
+        connection_info.retain(|k, _| !is_secret_key(k));
+    }
     AttachmentDetail {
         summary: attachment_summary(a),
         attached_at: optional_time(a.attach_time),
         detached_at: optional_time(a.detach_time),
         attach_mode: a.attach_mode.as_str().to_string(),
-        connection_info: match &a.connection_info {
-            Some(Json::Object(map)) => map.clone(),
-            _ => Map::new(),
-        },
+        connection_info,
         shared_connections_by_attachment: None,
     }
 }
@@ -205,12 +231,23 @@ pub struct VolumeDetail {
     /// From microversion 3.21, admins only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_id: Option<Option<String>>,
-    /// From microversion 3.48: whether the backend shares targets between volumes.
+    /// From microversion 3.48: whether the backend shares targets between volumes (from 3.69,
+    /// `null` means "always lock", as for NVMe-oF; before it, such a volume shows `true`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub shared_targets: Option<bool>,
+    pub shared_targets: Option<Option<bool>>,
     /// From microversion 3.48: the backend (and node) that serves the volume.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_uuid: Option<Option<String>>,
+    /// From microversion 3.61, admins only: `berth@<backend>` for a backend shared between nodes
+    /// (its cluster, in Cinder's words), `null` otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<Option<String>>,
+    /// From microversion 3.63: the volume type's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_type_id: Option<String>,
+    /// From microversion 3.65: whether the volume counts against quota (every user volume does).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consumes_quota: Option<bool>,
 }
 
 /// The volume detail view at a microversion, for a caller. `hosts` (admins only) names the node
@@ -267,8 +304,17 @@ pub fn volume_detail(
         host,
         group_id: (version >= GROUP_ID).then_some(None),
         provider_id: (version >= PROVIDER_ID && admin).then(|| v.fields.provider_id.clone()),
-        shared_targets: (version >= SHARED_TARGETS).then(|| v.shared_targets.unwrap_or(true)),
+        // Before 3.69 a `null` (lock always) is shown as `true` (Cinder's view).
+        shared_targets: match version {
+            v2 if v2 >= SHARED_TARGETS_TRISTATE => Some(v.shared_targets),
+            v2 if v2 >= SHARED_TARGETS => Some(Some(v.shared_targets.unwrap_or(true))),
+            _ => None,
+        },
         service_uuid: (version >= SHARED_TARGETS).then(|| v.service_uuid.clone()),
+        cluster_name: (version >= CLUSTER_NAME && admin)
+            .then(|| cluster_of(&v.backend, v.service_uuid.as_deref())),
+        volume_type_id: (version >= VOLUME_TYPE_ID).then(|| type_id(&v.volume_type)),
+        consumes_quota: (version >= CONSUMES_QUOTA).then_some(true),
     }
 }
 
@@ -360,9 +406,9 @@ mod tests {
             instance_uuid: Some("i".into()),
             attached_host: None,
             mountpoint: None,
-            attach_mode: crate::attach::model::AttachMode::Null,
+            attach_mode: crate::domain::model::AttachMode::Null,
             status: AttachStatus::Reserved,
-            slot: crate::attach::state::Slot::Exclusive,
+            slot: crate::domain::state::Slot::Exclusive,
             connection_info: None,
             attach_time: None,
             detach_time: None,
@@ -371,7 +417,7 @@ mod tests {
             legacy: false,
         };
         assert_eq!(
-            serde_json::to_value(attachment_detail(&a)).unwrap(),
+            serde_json::to_value(attachment_detail(&a, Secrets::Shown)).unwrap(),
             serde_json::json!({"id": "a", "status": "reserved", "instance": "i", "volume_id": "v", "attached_at": "",
                    "detached_at": "", "attach_mode": "null", "connection_info": {}})
         );

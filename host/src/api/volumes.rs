@@ -11,18 +11,21 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::AppState;
 use super::body::JsonBody;
 use super::error::ApiError;
-use super::microversion::{VOLUME_LIST_COUNT, Version};
+use super::microversion::{
+    CONSUMES_QUOTA, RESOURCE_FILTER, TIME_COMPARISON_FILTERS, VOLUME_LIST_COUNT, Version,
+};
 use super::openapi::Endpoint;
+use super::path::VolumeId;
 use super::policy::Rule;
 use super::query::{ListSpec, parse};
 use super::views::{Links, VolumeBody, VolumeDetailList, VolumeList, volume_detail, volume_summary};
-use super::{AppState, uuid_param};
 use crate::attach::Caller;
-use crate::attach::list::{Scope, VOLUME_SORT_KEYS, VolumeFilter};
 use crate::attach::nodes::Hosts;
 use crate::attach::volumes::{MAX_SIZE_GIB, NewVolume};
+use crate::domain::list::{Compare, Scope, VOLUME_SORT_KEYS, VolumeFilter};
 
 pub fn endpoints() -> Vec<Endpoint> {
     const TAG: &str = "volumes";
@@ -78,6 +81,11 @@ pub fn endpoints() -> Vec<Endpoint> {
 #[derive(Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct MetadataBody {
+    /// Keys of 1 to 255 characters, values of at most 255; a volume has at most 128 items.
+    #[schemars(extend(
+        "propertyNames" = {"minLength": 1, "maxLength": 255},
+        "additionalProperties" = {"type": "string", "maxLength": 255}
+    ))]
     metadata: BTreeMap<String, String>,
 }
 
@@ -90,10 +98,9 @@ struct MetaItem {
 async fn metadata_show(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    VolumeId(id): VolumeId,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::MetadataGet)?;
-    let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let (volume, _) = state.service.show_volume(&caller, &id).await?;
     Ok(Json(MetadataBody { metadata: volume.metadata }).into_response())
 }
@@ -106,20 +113,14 @@ async fn metadata_change(
     replace: bool,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, if replace { Rule::MetadataUpdate } else { Rule::MetadataCreate })?;
-    let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
-    let metadata = state
-        .service
-        .owned((caller, id, changes), move |s, (caller, id, changes)| async move {
-            s.update_metadata(&caller, &id, changes, replace, None).await
-        })
-        .await?;
+    let metadata = state.service.commands().update_metadata(caller, id, changes, replace, None).await?;
     Ok(Json(MetadataBody { metadata }).into_response())
 }
 
 async fn metadata_merge(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    VolumeId(id): VolumeId,
     JsonBody(body): JsonBody<MetadataBody>,
 ) -> Result<Response, ApiError> {
     metadata_change(state, caller, id, body.metadata, false).await
@@ -128,7 +129,7 @@ async fn metadata_merge(
 async fn metadata_replace(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    VolumeId(id): VolumeId,
     JsonBody(body): JsonBody<MetadataBody>,
 ) -> Result<Response, ApiError> {
     metadata_change(state, caller, id, body.metadata, true).await
@@ -137,10 +138,10 @@ async fn metadata_replace(
 async fn metadata_item(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((id, key)): Path<(String, String)>,
+    VolumeId(id): VolumeId,
+    Path((_, key)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::MetadataGet)?;
-    let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let (volume, _) = state.service.show_volume(&caller, &id).await?;
     let value = volume
         .metadata
@@ -152,16 +153,11 @@ async fn metadata_item(
 async fn metadata_delete(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((id, key)): Path<(String, String)>,
+    VolumeId(id): VolumeId,
+    Path((_, key)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::MetadataDelete)?;
-    let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
-    state
-        .service
-        .owned((caller, id, key), |s, (caller, id, key)| async move {
-            s.update_metadata(&caller, &id, BTreeMap::new(), false, Some(&key)).await
-        })
-        .await?;
+    state.service.commands().update_metadata(caller, id, BTreeMap::new(), false, Some(key)).await?;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -184,20 +180,32 @@ struct CreateVolume {
         {"type": "string", "pattern": "^ *0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-6]) *$"}
     ]))]
     size: Option<Value>,
+    /// At most 255 characters.
     #[serde(default)]
+    #[schemars(length(max = 255))]
     name: Option<String>,
+    /// At most 255 characters.
     #[serde(default)]
+    #[schemars(length(max = 255))]
     display_name: Option<String>,
+    /// At most 255 characters.
     #[serde(default)]
+    #[schemars(length(max = 255))]
     description: Option<String>,
+    /// At most 255 characters.
     #[serde(default)]
+    #[schemars(length(max = 255))]
     display_description: Option<String>,
     /// The type's name or id (the configured types; the default type when absent).
     #[serde(default)]
     volume_type: Option<String>,
-    /// Keys of 1 to 255 characters.
+    /// At most 128 items; keys of 1 to 255 characters, values of at most 255.
     #[serde(default)]
-    #[schemars(extend("propertyNames" = {"minLength": 1, "maxLength": 255}))]
+    #[schemars(extend(
+        "propertyNames" = {"minLength": 1, "maxLength": 255},
+        "maxProperties" = 128,
+        "additionalProperties" = {"type": "string", "maxLength": 255}
+    ))]
     metadata: Option<BTreeMap<String, String>>,
     /// `nova`, the only zone.
     #[serde(default)]
@@ -292,11 +300,6 @@ async fn create(
         volume_type: v.volume_type,
         metadata: v.metadata.unwrap_or_default(),
     };
-    if let Some(key) = request.metadata.keys().find(|k| k.is_empty() || k.len() > 255) {
-        return Err(ApiError::bad_request(format!(
-            "Invalid input received: metadata key {key:?} must be 1 to 255 characters"
-        )));
-    }
     if v.multiattach == Some(true) {
         let multiattach = state
             .service
@@ -311,13 +314,7 @@ async fn create(
         }
     }
     let view_caller = caller.clone();
-    let row = state
-        .service
-        .owned(
-            (caller, request),
-            |s, (caller, request)| async move { s.create_volume(&caller, request).await },
-        )
-        .await?;
+    let row = state.service.commands().create_volume(caller, request).await?;
     let (caller, links) = (view_caller, links(&state, &headers));
     let hosts = hosts(&state, &caller).await?;
     let view = volume_detail(&row, &[], &caller, version, &links, hosts.as_ref());
@@ -329,10 +326,9 @@ async fn show(
     Extension(caller): Extension<Caller>,
     Extension(version): Extension<Version>,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    VolumeId(id): VolumeId,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::VolumeGet)?;
-    let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let (volume, attachments) = state.service.show_volume(&caller, &id).await?;
     let hosts = hosts(&state, &caller).await?;
     let view =
@@ -356,8 +352,48 @@ const LIST: ListSpec = ListSpec {
         ("volume_type", "volume_type"),
         ("multiattach", "multiattach"),
     ],
-    flags: &["with_count", "is_public"],
+    // Filters that appear at a microversion (checked in `list`).
+    flags: &["with_count", "is_public", "created_at", "updated_at", "consumes_quota"],
 };
+
+/// A time filter's value, `<op>:<ISO 8601 time>` (microversion 3.60; Cinder's
+/// `_process_volume_filters`): `gt`, `gte`, `eq`, `neq`, `lt` or `lte`, and a time with or
+/// without its offset (UTC when it has none), or a date.
+fn time_filter(key: &str, value: &str) -> Result<(Compare, i64), ApiError> {
+    let bad = || {
+        ApiError::bad_request(format!(
+            "Invalid input received: {key}={value:?}: use <op>:<time>, op one of gt, gte, eq, neq, lt, lte, \
+             and an ISO 8601 time"
+        ))
+    };
+    let (op, at) = value.split_once(':').ok_or_else(bad)?;
+    let op = Compare::parse(op).ok_or_else(bad)?;
+    Ok((op, parse_time(at).ok_or_else(bad)?))
+}
+
+/// An ISO 8601 time with or without its offset (UTC when it has none), or a date, in
+/// microseconds since the epoch.
+pub fn parse_time(at: &str) -> Option<i64> {
+    let at = at.trim();
+    let parsed = time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .or_else(|| {
+            let naive = time::macros::format_description!(
+                version = 2,
+                "[year]-[month]-[day][optional [T[hour]:[minute][optional [:[second][optional [.[subsecond]]]]]]]"
+            );
+            time::PrimitiveDateTime::parse(at, naive)
+                .ok()
+                .or_else(|| {
+                    time::Date::parse(at, time::macros::format_description!("[year]-[month]-[day]"))
+                        .ok()
+                        .map(|d| d.midnight())
+                })
+                .map(|t| t.assume_utc())
+        })
+    ;
+    parsed.map(|t| (t.unix_timestamp_nanos() / 1000) as i64)
+}
 
 async fn list(
     state: &AppState,
@@ -380,11 +416,46 @@ async fn list(
             )));
         }
     };
+    // Filters that came with a microversion are unknown below it: 400 from 3.31 on, as any
+    // unknown filter; ignored before, as Cinder ignored unknown filters.
+    let mut too_new: Vec<&str> = Vec::new();
+    let mut since = |key: &'static str, at: Version| -> Option<&String> {
+        let value = q.flags.get(key)?;
+        if version >= at {
+            Some(value)
+        } else {
+            too_new.push(key);
+            None
+        }
+    };
+    let created_at =
+        since("created_at", TIME_COMPARISON_FILTERS).map(|v| time_filter("created_at", v)).transpose()?;
+    let updated_at =
+        since("updated_at", TIME_COMPARISON_FILTERS).map(|v| time_filter("updated_at", v)).transpose()?;
+    let consumes_quota = match since("consumes_quota", CONSUMES_QUOTA).map(|s| s.to_ascii_lowercase()) {
+        None => None,
+        Some(s) if ["true", "1", "yes"].contains(&s.as_str()) => Some(true),
+        Some(s) if ["false", "0", "no"].contains(&s.as_str()) => Some(false),
+        Some(s) => {
+            return Err(ApiError::bad_request(format!(
+                "Invalid input received: consumes_quota={s:?} is not a boolean"
+            )));
+        }
+    };
+    if !too_new.is_empty() && version >= RESOURCE_FILTER {
+        return Err(ApiError::bad_request(format!(
+            "Invalid filters {} are found in query options.",
+            too_new.join(",")
+        )));
+    }
     let filter = VolumeFilter {
         name: q.filters.get("name").cloned(),
         status: q.filters.get("status").cloned(),
         volume_type: q.filters.get("volume_type").cloned(),
         multiattach,
+        created_at,
+        updated_at,
+        consumes_quota,
     };
     let rows = state.service.list_volumes(scope, &filter, &q.page).await?;
     let links = links(state, headers);
@@ -429,17 +500,13 @@ async fn detail(
 async fn remove(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    VolumeId(id): VolumeId,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    let id = uuid_param("volume_id", &id).map_err(|_| crate::attach::volume_not_found(&id))?;
     let force = form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes())
         .any(|(k, v)| k == "force" && matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"));
     state.authorize(&caller, if force { Rule::VolumeForceDelete } else { Rule::VolumeDelete })?;
-    state
-        .service
-        .owned((caller, id), move |s, (caller, id)| async move { s.delete_volume(&caller, &id, force).await })
-        .await?;
+    state.service.commands().delete_volume(caller, id, force).await?;
     Ok(StatusCode::ACCEPTED.into_response())
 }
 

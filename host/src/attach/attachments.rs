@@ -16,11 +16,13 @@
 
 use serde_json::Value as Json;
 
+use super::history::Change;
 use super::list::{AttachmentFilter, Page, Scope};
 use super::model::{AfterDisconnect, AttachMode, Attachment, ConnectOrigin, Connector, Live, OpKind, Volume};
 use super::ops::Op;
-use super::state::{AttachStatus, Event, Slot, transition};
+use super::state::{AttachStatus, Event, Slot, is_connected, transition};
 use super::{AttachError, Caller, Service, attachment_not_found, conclude, names, volume_not_found};
+use crate::domain::history::Access;
 use crate::failpoint;
 use crate::runtime::contract::{self, Attachment as DriverAttachment};
 use crate::runtime::json::connection_data_to_json;
@@ -44,7 +46,7 @@ pub struct NewAttachment {
 }
 
 impl Service {
-    pub async fn create_attachment(
+    pub(super) async fn create_attachment(
         &self,
         caller: &Caller,
         req: NewAttachment,
@@ -131,6 +133,9 @@ impl Service {
                     op.begin(tx).await?;
                 }
                 conclude(tx, &locked, t).await?;
+                let change =
+                    Change { connector: req.connector.as_ref(), ..Change::of(t.event, Access::None, &row) };
+                self.record(tx, &locked, change).await?;
                 Ok(Some(row))
             })
             .await?;
@@ -140,7 +145,7 @@ impl Service {
         }
     }
 
-    pub async fn update_attachment(
+    pub(super) async fn update_attachment(
         &self,
         caller: &Caller,
         id: &str,
@@ -183,6 +188,16 @@ impl Service {
                 Ok::<_, AttachError>((row, stored))
             })
             .await?;
+        // OSSA-2023-003, for moves: a new connector on an instance's connected attachment takes
+        // the instance's host off the volume and gives another host access behind the compute
+        // service's back. The same connector again (a replay) moves nothing.
+        if let (Some(instance), Some(old)) = (&row.instance_uuid, &stored)
+            && old.json() != connector.json()
+            && is_connected(row.status)
+            && !(caller.is_service || caller.is_admin())
+        {
+            return Err(AttachError::InstanceMoving(instance.clone()));
+        }
         let t = transition(Event::Connect);
         if !t.allows_attachment(row.status) {
             return Err(AttachError::InvalidAttachment(format!(
@@ -191,24 +206,49 @@ impl Service {
                 names(t.attachment_from())
             )));
         }
+        // An attachment completed without a connection (a shelved-offloaded server) gets one now;
+        // undone, it is left as it was.
+        let origin = if row.status == AttachStatus::Attached && stored.is_none() {
+            ConnectOrigin::UpdateUnconnected
+        } else {
+            ConnectOrigin::Update
+        };
         let replaced = stored.filter(|old| old.json() != connector.json());
         let op = self.operation(
-            OpKind::Connect {
-                origin: ConnectOrigin::Update,
-                revoke: replaced.as_ref().map(|c| c.json().clone()),
-            },
+            OpKind::Connect { origin, revoke: replaced.as_ref().map(|c| c.json().clone()) },
             &row.volume_id,
             Some(id),
             Some(&connector),
         );
+        let refresh = transition(Event::Refresh);
         self.store
             .write(async |tx| {
+                // The volume row first, as every write does (an `os-complete` that looks for a
+                // connector waits for this one).
+                volumes::lock(tx, &row.volume_id, refresh, None).await?;
                 rows::put_connector(tx, id, Some(&connector)).await?;
                 op.begin(tx).await
             })
             .await?;
         failpoint::hit("attach.update.intent");
-        self.connect(&op, row, &connector, ConnectOrigin::Update, replaced.into_iter().collect()).await
+        self.connect(&op, row, &connector, origin, replaced.into_iter().collect()).await
+    }
+
+    /// Refuses, before any driver call, a connection that needs a new LUN (the volume has none
+    /// in the backend's target service) while the service is at its ceiling on this machine:
+    /// the host and tgtd are never pushed past what they can hold.
+    async fn admit_export(
+        &self,
+        backend: &super::catalog::Backend,
+        volume: &Volume,
+    ) -> Result<(), AttachError> {
+        let Some(service) = backend.driver.target_service() else { return Ok(()) };
+        let Err(why) = service.admit_lun() else { return Ok(()) };
+        let recorded = self.store.read(async |tx| targets::of_volume(tx, &volume.id).await).await?;
+        if recorded.iter().any(|t| service.holds_luns(&t.iqn)) {
+            return Ok(());
+        }
+        Err(AttachError::ExportCeiling { backend: backend.name.clone(), why })
     }
 
     /// Connects an attachment whose connector and operation are recorded: revokes the connectors
@@ -229,6 +269,7 @@ impl Service {
         let conn = connector.for_mode(mode);
         let mut fields = volume.fields.clone();
         let connected = async {
+            self.admit_export(backend, &volume).await?;
             if !revoke.is_empty() {
                 let others = self.other_attachments(&volume.id, &row.id).await?;
                 for old in &revoke {
@@ -247,7 +288,11 @@ impl Service {
                 calls.initialize_connection(&volume.with_fields(&fields).contract(), &conn).await?;
             backend.driver.apply(Call::InitializeConnection, &mut fields, &connection.update)?;
             failpoint::hit("attach.connect.initialize-connection");
-            Ok::<_, AttachError>(flatten(&calls, &connection.info, &row.id, &conn)?)
+            let info = flatten(&calls, &connection.info, &row.id, &conn)?;
+            if backend.uses_targets {
+                self.verify_export(&calls, &info, &conn).await?;
+            }
+            Ok::<_, AttachError>(info)
         }
         .await;
         let info = match connected {
@@ -267,31 +312,81 @@ impl Service {
             mountpoint: Some(connector.mountpoint().unwrap_or("na").to_string()),
         };
         failpoint::hit("attach.connect.commit");
-        let finished = self
-            .store
+        // One transaction, all or nothing: the merged driver fields commit only with the
+        // connection, and only while the operation is still this process's (`Op::write`).
+        let finished = op
             .write(async |tx| {
                 let Some(locked) = volumes::lock(tx, &volume.id, t, Some((&volume.fields, &fields))).await?
                 else {
-                    return Ok(Err(AttachError::InvalidVolume(format!(
+                    return Err(AttachError::InvalidVolume(format!(
                         "volume {} changed state during the attach",
                         volume.id
-                    ))));
+                    )));
                 };
                 let Some(written) = rows::transition(tx, &row.id, t, Some(&done)).await? else {
-                    return Ok(Err(attachment_not_found(&row.id)));
+                    return Err(attachment_not_found(&row.id));
                 };
                 conclude(tx, &locked, t).await?;
+                for old in &revoke {
+                    let change = Change {
+                        connector: Some(old),
+                        outcome: Some("replaced"),
+                        ..Change::of(t.event, Access::Revoked, &written)
+                    };
+                    self.record(tx, &locked, change).await?;
+                }
+                let change =
+                    Change { connector: Some(connector), ..Change::of(t.event, Access::Granted, &written) };
+                self.record(tx, &locked, change).await?;
                 targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
                 op.finish(tx).await?;
-                Ok::<_, AttachError>(Ok(written))
+                Ok(written)
             })
-            .await?;
+            .await;
         match finished {
             Ok(written) => Ok(written),
             Err(error) => {
                 let revoke = vec![connector.clone()];
                 Err(self.undo_connect(op, calls, &volume, fields, &row, revoke, origin, error).await)
             }
+        }
+    }
+
+    /// Checks, on the target service itself, that the export a connection names is complete
+    /// before the connection is acknowledged: the target exists with a LUN, and admits the
+    /// connector's initiator. A driver that answered success without it fails the call (an
+    /// invalid result, 502), and the connect is undone.
+    async fn verify_export(
+        &self,
+        calls: &DriverCalls<'_>,
+        info: &Json,
+        conn: &contract::Connector,
+    ) -> Result<(), AttachError> {
+        let (Some(targets), Some(iqn), Some(initiator)) =
+            (&self.targets, info.get("target_iqn").and_then(Json::as_str), conn.initiator.as_deref())
+        else {
+            return Ok(());
+        };
+        let name = crate::capabilities::iscsi::Iqn::parse(iqn).map_err(|e| {
+            calls.driver().invalid(Call::InitializeConnection, format!("target_iqn {iqn:?}: {e}"))
+        })?;
+        let state = targets.show(&name).await.map_err(|e| {
+            AttachError::Unavailable(format!("cannot verify the export of target {iqn}: {e}"))
+        })?;
+        let missing = match state {
+            None => Some("does not exist".to_string()),
+            Some(t) if t.luns.is_empty() => Some("has no LUN".to_string()),
+            Some(t) if !t.initiators.iter().any(|i| i == initiator) => {
+                Some(format!("does not admit initiator {initiator}"))
+            }
+            Some(_) => None,
+        };
+        match missing {
+            Some(what) => Err(calls
+                .driver()
+                .invalid(Call::InitializeConnection, format!("the export is incomplete: target {iqn} {what}"))
+                .into()),
+            None => Ok(()),
         }
     }
 
@@ -324,11 +419,11 @@ impl Service {
         let event = match (&cleaned, origin) {
             (Ok(()), ConnectOrigin::Create) => Event::Remove,
             (Ok(()), ConnectOrigin::Update) => Event::UndoConnect,
+            (Ok(()), ConnectOrigin::UpdateUnconnected) => Event::UndoConnectUnconnected,
             (Err(_), _) => Event::FailAttach,
         };
         let t = transition(event);
-        let recorded: Result<(), AttachError> = self
-            .store
+        let recorded: Result<(), AttachError> = op
             .write(async |tx| {
                 let change = cleaned.is_ok().then_some((&volume.fields, &fields));
                 let locked = volumes::lock(tx, &volume.id, t, change).await?;
@@ -337,13 +432,15 @@ impl Service {
                         rows::remove(tx, &row.id, t).await?;
                         rows::promote_migration(tx, &volume.id).await?;
                         conclude(tx, &locked, t).await?;
+                        self.record_undone(tx, &locked, event, row, &revoke, cleaned.is_ok()).await?;
                     }
                     (Some(locked), _) => {
-                        if event == Event::UndoConnect {
+                        if matches!(event, Event::UndoConnect | Event::UndoConnectUnconnected) {
                             rows::put_connector(tx, &row.id, None).await?;
                         }
                         rows::transition(tx, &row.id, t, None).await?;
                         conclude(tx, &locked, t).await?;
+                        self.record_undone(tx, &locked, event, row, &revoke, cleaned.is_ok()).await?;
                     }
                     // The attachment or volume is gone already: nothing to roll back.
                     (None, _) => {}
@@ -361,6 +458,33 @@ impl Service {
         error
     }
 
+    /// Records a connect that failed: its connection was never handed over. When the cleanup
+    /// revoked every connector it was given (the new one, and those it replaced), each is
+    /// recorded as revoked: the connector may have held access before (a connect replayed with
+    /// the connector an attachment already had, or a replaced one), and has none now. When the
+    /// cleanup failed, what each holds is unknown: the attachment is `error_attaching`, and the
+    /// history keeps what it said before.
+    async fn record_undone(
+        &self,
+        tx: &mut Tx,
+        locked: &Volume,
+        event: Event,
+        row: &Attachment,
+        revoke: &[Connector],
+        revoked: bool,
+    ) -> Result<(), AttachError> {
+        let access = if revoked { Access::Revoked } else { Access::None };
+        for connector in revoke {
+            let change = Change {
+                connector: Some(connector),
+                outcome: Some("failed"),
+                ..Change::of(event, access, row)
+            };
+            self.record(tx, locked, change).await?;
+        }
+        Ok(())
+    }
+
     /// The volume's live attachments other than `except`, as the driver sees them.
     pub(super) async fn other_attachments(
         &self,
@@ -371,7 +495,11 @@ impl Service {
         Ok(live.iter().filter(|l| l.attachment.id != except).map(Live::contract).collect())
     }
 
-    pub async fn complete_attachment(&self, caller: &Caller, id: &str) -> Result<(), AttachError> {
+    /// `os-complete`: a connected attachment is attached; so is a reservation that has no
+    /// connector (Nova's shelved-offloaded server, whose connector comes later with an update),
+    /// without a connection. A reservation whose connect is under way has its connector already,
+    /// and is refused.
+    pub(super) async fn complete_attachment(&self, caller: &Caller, id: &str) -> Result<(), AttachError> {
         let t = transition(Event::Complete);
         self.store
             .write(async |tx| {
@@ -387,25 +515,43 @@ impl Service {
                         names(t.volume_from(volume.multiattach))
                     )));
                 };
-                if rows::transition(tx, id, t, None).await?.is_none() {
+                // Read again under the volume's lock: a connect stores its connector first.
+                let row = rows::get(tx, id, Scope::All).await?.ok_or_else(|| attachment_not_found(id))?;
+                let unconnected = row.status == AttachStatus::Reserved
+                    && !rows::connectors(tx, &[id]).await?.contains_key(id);
+                let t = if unconnected { transition(Event::CompleteUnconnected) } else { t };
+                let Some(written) = rows::transition(tx, id, t, None).await? else {
                     return Err(AttachError::InvalidAttachment(format!(
-                        "attachment {id} is {}; only a connected attachment ({}) can be completed",
-                        row.status,
+                        "attachment {id} is {}; only a connected attachment ({}), or a reservation without \
+                         connector, can be completed",
+                        if row.status == AttachStatus::Reserved {
+                            "reserved and being connected".to_string()
+                        } else {
+                            row.status.to_string()
+                        },
                         names(t.attachment_from())
                     )));
-                }
+                };
                 conclude(tx, &locked, t).await?;
+                self.record(tx, &locked, Change::of(t.event, Access::None, &written)).await?;
                 Ok(())
             })
             .await
     }
 
     /// Removes an attachment: revokes its connector's access (and the export, when unused), then
-    /// deletes it. Returns the volume's remaining live attachments.
-    pub async fn delete_attachment(&self, caller: &Caller, id: &str) -> Result<Vec<Attachment>, AttachError> {
+    /// deletes it. Returns the volume's remaining live attachments. As Cinder's
+    /// `attachment_delete`, the volume's status is derived afresh from what remains: a detach lock
+    /// (`os-begin_detaching`, which Nova sends before this delete) goes with it, so a multiattach
+    /// volume that other attachments keep is `in-use` again.
+    pub(super) async fn delete_attachment(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<Vec<Attachment>, AttachError> {
         let row = self.attachment(caller, id).await?;
         let _held = self.hold(&row.volume_id).await?;
-        self.remove_locked(caller, id, AfterDisconnect::Remove).await
+        self.remove_locked(caller, id, AfterDisconnect::Detach).await
     }
 
     /// Revokes an attachment's access and then removes it (`Remove`, `Detach`) or keeps it
@@ -447,7 +593,7 @@ impl Service {
         }
         let Some(connector) = this.connector.clone() else {
             // Only reserved: nothing was exported for it, so no driver call and no operation.
-            return self.store.write(async |tx| apply_after(tx, &volume, id, then, None).await).await;
+            return self.store.write(async |tx| self.apply_after(tx, &volume, id, then, None).await).await;
         };
         let others: Vec<DriverAttachment> =
             live.iter().filter(|l| l.attachment.id != id).map(Live::contract).collect();
@@ -460,14 +606,13 @@ impl Service {
         match disconnect(&mut calls, &volume, &others, Some(&conn)).await {
             Ok(fields) => {
                 failpoint::hit("attach.remove.commit");
-                self.store
-                    .write(async |tx| {
-                        let remaining = apply_after(tx, &volume, id, then, Some(&fields)).await?;
-                        targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
-                        op.finish(tx).await?;
-                        Ok(remaining)
-                    })
-                    .await
+                op.write(async |tx| {
+                    let remaining = self.apply_after(tx, &volume, id, then, Some(&fields)).await?;
+                    targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
+                    op.finish(tx).await?;
+                    Ok(remaining)
+                })
+                .await
             }
             Err(error) => {
                 self.fail_detach(&op, &volume, &[id.to_string()], &calls).await;
@@ -485,14 +630,17 @@ impl Service {
         calls: &DriverCalls<'_>,
     ) {
         let t = transition(Event::FailDetach);
-        let recorded: Result<(), AttachError> = self
-            .store
+        let recorded: Result<(), AttachError> = op
             .write(async |tx| {
                 if let Some(locked) = volumes::lock(tx, &volume.id, t, None).await? {
+                    let mut failed = Vec::new();
                     for id in ids {
-                        rows::transition(tx, id, t, None).await?;
+                        failed.extend(rows::transition(tx, id, t, None).await?);
                     }
                     conclude(tx, &locked, t).await?;
+                    for a in &failed {
+                        self.record(tx, &locked, Change::of(t.event, Access::None, a)).await?;
+                    }
                 }
                 targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
                 op.finish(tx).await
@@ -615,45 +763,65 @@ pub(super) fn after_event(then: AfterDisconnect) -> Event {
     }
 }
 
-/// In a write transaction: what a disconnect does to its attachment once access is revoked, with
-/// the driver's fields afterwards (`volume` is as the disconnect read it). Returns the volume's
-/// remaining live attachments.
-pub(super) async fn apply_after(
-    tx: &mut Tx,
-    volume: &Volume,
-    id: &str,
-    then: AfterDisconnect,
-    fields: Option<&VolumeFields>,
-) -> Result<Vec<Attachment>, AttachError> {
-    let t = transition(after_event(then));
-    let Some(locked) = volumes::lock(tx, &volume.id, t, fields.map(|f| (&volume.fields, f))).await? else {
-        let now =
-            volumes::get(tx, &volume.id, Scope::All).await?.ok_or_else(|| volume_not_found(&volume.id))?;
-        return Err(AttachError::InvalidVolume(format!(
-            "volume {} is {}; attachments can be removed only when it is {}",
-            now.id,
-            now.status,
-            names(t.volume_from(now.multiattach))
-        )));
-    };
-    match then {
-        AfterDisconnect::Terminate => {
-            if rows::get(tx, id, Scope::All).await?.is_none_or(|a| !t.allows_attachment(a.status)) {
-                return Err(attachment_not_found(id));
+impl Service {
+    /// In a write transaction: what a disconnect does to its attachment once access is revoked, with
+    /// the driver's fields afterwards (`volume` is as the disconnect read it). Returns the volume's
+    /// remaining live attachments.
+    pub(super) async fn apply_after(
+        &self,
+        tx: &mut Tx,
+        volume: &Volume,
+        id: &str,
+        then: AfterDisconnect,
+        fields: Option<&VolumeFields>,
+    ) -> Result<Vec<Attachment>, AttachError> {
+        let t = transition(after_event(then));
+        let Some(locked) = volumes::lock(tx, &volume.id, t, fields.map(|f| (&volume.fields, f))).await?
+        else {
+            let now = volumes::get(tx, &volume.id, Scope::All)
+                .await?
+                .ok_or_else(|| volume_not_found(&volume.id))?;
+            return Err(AttachError::InvalidVolume(format!(
+                "volume {} is {}; attachments can be removed only when it is {}",
+                now.id,
+                now.status,
+                names(t.volume_from(now.multiattach))
+            )));
+        };
+        let before = rows::get(tx, id, Scope::All).await?;
+        let connector = rows::connectors(tx, &[id]).await?.remove(id);
+        match then {
+            AfterDisconnect::Terminate => {
+                if before.as_ref().is_none_or(|a| !t.allows_attachment(a.status)) {
+                    return Err(attachment_not_found(id));
+                }
+                // Access is revoked: the connector and the connection info (with its credentials) go.
+                rows::put_connector(tx, id, None).await?;
+                rows::clear_connection_info(tx, id).await?;
             }
-            // Access is revoked: the connector and the connection info (with its credentials) go.
-            rows::put_connector(tx, id, None).await?;
-            rows::clear_connection_info(tx, id).await?;
-        }
-        AfterDisconnect::Remove | AfterDisconnect::Detach => {
-            if !rows::remove(tx, id, t).await? {
-                return Err(attachment_not_found(id));
+            AfterDisconnect::Remove | AfterDisconnect::Detach => {
+                if !rows::remove(tx, id, t).await? {
+                    return Err(attachment_not_found(id));
+                }
+                rows::promote_migration(tx, &volume.id).await?;
             }
-            rows::promote_migration(tx, &volume.id).await?;
         }
+        conclude(tx, &locked, t).await?;
+        if let Some(a) = &before {
+            let access = if connector.is_some() { Access::Revoked } else { Access::None };
+            let outcome = match then {
+                AfterDisconnect::Terminate => t.attachment_to().map_or("terminated", |s| s.as_str()),
+                AfterDisconnect::Remove | AfterDisconnect::Detach => AttachStatus::Detached.as_str(),
+            };
+            let change = Change {
+                connector: connector.as_ref(),
+                outcome: Some(outcome),
+                ..Change::of(t.event, access, a)
+            };
+            self.record(tx, &locked, change).await?;
+        }
+        Ok(rows::of_volume(tx, &volume.id).await?)
     }
-    conclude(tx, &locked, t).await?;
-    Ok(rows::of_volume(tx, &volume.id).await?)
 }
 
 /// Revokes a connector's access through the driver (none: every access, a force detach), and

@@ -27,7 +27,7 @@ impl VolumeType {
         extra_specs: BTreeMap<String, String>,
     ) -> Self {
         VolumeType {
-            id: uuid::Uuid::new_v5(&NAMESPACE, format!("volume-type:{name}").as_bytes()).to_string(),
+            id: type_id(name),
             name: name.to_string(),
             description,
             backend: backend.to_string(),
@@ -63,6 +63,18 @@ impl Backend {
         let service_uuid = if shared { shared_service_uuid(name) } else { service_uuid(node, name) };
         Backend { name: name.to_string(), service_uuid, driver, uses_targets, shared }
     }
+}
+
+/// The id of the volume type named `name`: stable, the same on every node.
+pub fn type_id(name: &str) -> String {
+    uuid::Uuid::new_v5(&NAMESPACE, format!("volume-type:{name}").as_bytes()).to_string()
+}
+
+/// The cluster (Cinder's `cluster_name`) of a volume's backend when it is shared between nodes:
+/// `berth@<backend>`; none for a node-local backend.
+pub fn cluster_of(backend: &str, service_uuid: Option<&str>) -> Option<String> {
+    (service_uuid == Some(shared_service_uuid(backend).as_str()))
+        .then(|| format!("{}@{backend}", super::nodes::CLUSTER))
 }
 
 /// Cinder's `service_uuid` of backend `backend` on node `node`: stable, and different for the same

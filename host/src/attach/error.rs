@@ -26,9 +26,21 @@ pub enum AttachError {
     /// (OSSA-2023-003; Cinder's `ConflictNovaUsingAttachment`).
     #[error("ConflictNovaUsingAttachment: Detach volume from instance {0} using the Compute API")]
     InstanceUsing(String),
+    /// A plain user gave a new connector to an instance's connected attachment: that moves the
+    /// instance's access to another host, which only the compute service (with a service token)
+    /// or an admin may do (the same attack OSSA-2023-003 closed for delete).
+    #[error(
+        "ConflictNovaUsingAttachment: The attachment of instance {0} is connected; its connector can be \
+         changed only through the Compute API (a request with a service token) or by an admin"
+    )]
+    InstanceMoving(String),
     /// The volume has as many live attachments as `[attachments] max_per_volume` allows.
     #[error("Maximum number of attachments ({max}) reached for volume {volume}")]
     TooManyAttachments { volume: String, max: u32 },
+    /// The volume needs a new export and the backend's target service holds as many LUNs as this
+    /// machine allows (`[tgt] io_threads`, `reserve_threads`, `max_luns`).
+    #[error("Backend {backend} cannot export another volume: {why}")]
+    ExportCeiling { backend: String, why: String },
     /// No driver serves the volume's backend (a configuration change removed it).
     #[error("backend {0} is not available")]
     BackendUnavailable(String),
@@ -44,6 +56,9 @@ pub enum AttachError {
     /// the flow may run again (`Service::owned` does, for a while).
     #[error("Resource conflict: another operation on volume {0} is in progress; retry")]
     Busy(String),
+    /// Something Berth does not do (re-imaging a volume: it has no image service).
+    #[error("{0}")]
+    NotImplemented(String),
     /// A bug: an operation's task stopped without an answer.
     #[error("internal error: {0}")]
     Internal(String),

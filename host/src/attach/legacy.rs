@@ -26,9 +26,12 @@
 use serde_json::Value as Json;
 
 use super::attachments::{NewAttachment, disconnect, flatten};
+use super::history::Change;
+use super::list::Scope;
 use super::model::{AfterDisconnect, AttachMode, Attachment, Connector, Live, OpKind};
 use super::state::{AttachStatus, Event, transition};
 use super::{AttachError, Caller, Service, attachment_not_found, conclude, names, record_fields};
+use crate::domain::history::Access;
 use crate::failpoint;
 use crate::runtime::Call;
 use crate::runtime::contract::Attachment as DriverAttachment;
@@ -83,14 +86,14 @@ impl Service {
     }
 
     /// `os-reserve`.
-    pub async fn legacy_reserve(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
+    pub(super) async fn legacy_reserve(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
         let request = NewAttachment { volume_id: volume_id.to_string(), legacy: true, ..Default::default() };
         self.create_attachment(caller, request).await.map(drop)
     }
 
     /// `os-unreserve`: removes the newest pending legacy reservation, revoking any access it was
     /// given. Nothing to do is not an error.
-    pub async fn legacy_unreserve(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
+    pub(super) async fn legacy_unreserve(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
         self.volume(caller, volume_id).await?;
         let _held = self.hold(volume_id).await?;
         let volume = self.legacy_volume(volume_id).await?;
@@ -102,7 +105,7 @@ impl Service {
 
     /// `os-initialize_connection`: Cinder's flattened connection info of the connector's
     /// attachment (see the module's notes).
-    pub async fn legacy_initialize(
+    pub(super) async fn legacy_initialize(
         &self,
         caller: &Caller,
         volume_id: &str,
@@ -162,22 +165,21 @@ impl Service {
         }
         .await;
         failpoint::hit("legacy.reinitialize.commit");
-        self.store
-            .write(async |tx| {
-                if replayed.is_ok() {
-                    record_fields(tx, &volume, &fields).await?;
-                }
-                targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
-                op.finish(tx).await
-            })
-            .await?;
+        op.write(async |tx| {
+            if replayed.is_ok() {
+                record_fields(tx, &volume, &fields).await?;
+            }
+            targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
+            op.finish(tx).await
+        })
+        .await?;
         Ok(replayed?)
     }
 
     /// `os-attach`: completes the connected legacy reservation (the one whose connector names
     /// `host_name`, else the oldest). Repeating it for an instance or host that is attached
     /// changes nothing.
-    pub async fn legacy_attach(
+    pub(super) async fn legacy_attach(
         &self,
         caller: &Caller,
         volume_id: &str,
@@ -242,6 +244,9 @@ impl Service {
                 )
                 .await?;
                 conclude(tx, &locked, t).await?;
+                let written =
+                    rows::get(tx, &id, Scope::All).await?.ok_or_else(|| attachment_not_found(&id))?;
+                self.record(tx, &locked, Change::of(t.event, Access::None, &written)).await?;
                 Ok(())
             })
             .await
@@ -249,7 +254,11 @@ impl Service {
 
     /// `os-begin_detaching`: an `in-use` volume becomes `detaching` until it is detached or the
     /// detach is rolled back.
-    pub async fn legacy_begin_detaching(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
+    pub(super) async fn legacy_begin_detaching(
+        &self,
+        caller: &Caller,
+        volume_id: &str,
+    ) -> Result<(), AttachError> {
         let volume = self.volume(caller, volume_id).await?;
         let t = transition(Event::BeginDetaching);
         self.store
@@ -268,7 +277,11 @@ impl Service {
     }
 
     /// `os-roll_detaching`: releases the `detaching` lock. Nothing to do is not an error.
-    pub async fn legacy_roll_detaching(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
+    pub(super) async fn legacy_roll_detaching(
+        &self,
+        caller: &Caller,
+        volume_id: &str,
+    ) -> Result<(), AttachError> {
         self.volume(caller, volume_id).await?;
         let t = transition(Event::RollDetaching);
         self.store
@@ -286,7 +299,7 @@ impl Service {
     /// `os-detach`. With no connector, the volume's one connection (several need an admin, or a
     /// connector, or `os-detach` with an attachment id). An unknown connector is not an error: the
     /// driver is still asked to revoke whatever access it may have.
-    pub async fn legacy_terminate(
+    pub(super) async fn legacy_terminate(
         &self,
         caller: &Caller,
         volume_id: &str,
@@ -337,21 +350,20 @@ impl Service {
         let conn = connector.for_mode(AttachMode::Null.effective(Some(connector)));
         let revoked = disconnect(&mut calls, &volume, others, Some(&conn)).await;
         failpoint::hit("attach.revoke.commit");
-        self.store
-            .write(async |tx| {
-                if let Ok(fields) = &revoked {
-                    record_fields(tx, &volume, fields).await?;
-                }
-                targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
-                op.finish(tx).await
-            })
-            .await?;
+        op.write(async |tx| {
+            if let Ok(fields) = &revoked {
+                record_fields(tx, &volume, fields).await?;
+            }
+            targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
+            op.finish(tx).await
+        })
+        .await?;
         revoked.map(drop)
     }
 
     /// `os-detach`: removes the attachment (the volume's only one when no id is given), revoking
     /// its access if `os-terminate_connection` did not, and releases the `detaching` lock.
-    pub async fn legacy_detach(
+    pub(super) async fn legacy_detach(
         &self,
         caller: &Caller,
         volume_id: &str,
@@ -397,7 +409,7 @@ impl Service {
     /// `os-force_detach` (admins): revokes access on the backend (the attachment's, the
     /// connector's, or, with neither, all of the volume's), then removes the attachments
     /// concerned. A backend failure changes nothing in the database.
-    pub async fn force_detach(
+    pub(super) async fn force_detach(
         &self,
         caller: &Caller,
         volume_id: &str,
@@ -441,8 +453,7 @@ impl Service {
             match disconnect(&mut calls, &volume, &live.except(&id_refs), conn.as_ref()).await {
                 Ok(f) => fields = f,
                 Err(error) => {
-                    let ended = self
-                        .store
+                    let ended = op
                         .write(async |tx| {
                             targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
                             op.finish(tx).await
@@ -456,7 +467,7 @@ impl Service {
             }
         }
         failpoint::hit("legacy.force-detach.commit");
-        finish_force_detach(self, &op, &volume, &ids, &fields, &calls).await?;
+        finish_force_detach(&op, &volume, &ids, &fields, &calls).await?;
         tracing::info!(volume = %volume_id, attachments = ?ids, admin = %caller.user_id, "force-detached");
         Ok(())
     }
@@ -464,7 +475,6 @@ impl Service {
 
 /// The transaction that ends a force detach: the attachments are removed.
 pub(super) async fn finish_force_detach(
-    service: &Service,
     op: &super::ops::Op<'_>,
     volume: &super::model::Volume,
     ids: &[String],
@@ -472,20 +482,34 @@ pub(super) async fn finish_force_detach(
     calls: &crate::runtime::DriverCalls<'_>,
 ) -> Result<(), AttachError> {
     let t = transition(Event::ForceDetach);
-    service
-        .store
-        .write(async |tx| {
-            if let Some(locked) = volumes::lock(tx, &volume.id, t, Some((&volume.fields, fields))).await? {
-                for id in ids {
-                    rows::remove(tx, id, t).await?;
+    op.write(async |tx| {
+        if let Some(locked) = volumes::lock(tx, &volume.id, t, Some((&volume.fields, fields))).await? {
+            let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+            let mut connectors = rows::connectors(tx, &id_refs).await?;
+            let mut removed = Vec::new();
+            for id in ids {
+                let before = rows::get(tx, id, Scope::All).await?;
+                if rows::remove(tx, id, t).await? {
+                    removed.extend(before);
                 }
-                rows::promote_migration(tx, &volume.id).await?;
-                conclude(tx, &locked, t).await?;
             }
-            targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
-            op.finish(tx).await
-        })
-        .await
+            rows::promote_migration(tx, &volume.id).await?;
+            conclude(tx, &locked, t).await?;
+            for a in &removed {
+                let connector = connectors.remove(&a.id);
+                let access = if connector.is_some() { Access::Revoked } else { Access::None };
+                let change = Change {
+                    connector: connector.as_ref(),
+                    outcome: Some("detached"),
+                    ..Change::of(t.event, access, a)
+                };
+                op.service().record(tx, &locked, change).await?;
+            }
+        }
+        targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
+        op.finish(tx).await
+    })
+    .await
 }
 
 /// The flattened connection info a connect stored on the attachment.

@@ -1,9 +1,11 @@
-//! The attach room: the state machine (`state.rs`, pure), the records it works on (`model.rs`),
-//! and the only orchestration of it. Both the attachments API (`attachments.rs`) and the legacy
+//! The attach room, the floor above `store/`: the only orchestration of the state machine, whose
+//! statuses, transition table and records are the domain's (`crate::domain`, re-exported here as
+//! `state`, `model` and `list` for the flows). Both the attachments API (`attachments.rs`) and the legacy
 //! volume actions (`legacy.rs`) go through here, as do volume create and delete (`volumes.rs`).
 //! Nothing here knows HTTP.
 //!
-//! Every flow that changes a backend is an operation the service owns (`ops.rs`): it runs as a
+//! Every flow that changes a backend is an operation the service owns (`ops.rs`), entered only
+//! through [`commands::Commands`] (the flows are visible to this room alone): it runs as a
 //! task of its own, so a client that goes away changes nothing about how far it goes; its intent
 //! is recorded in the transaction that starts it, and its outcome in the transaction that ends
 //! it. What a killed process leaves behind is driven to a safe end (`recover.rs`), and the
@@ -11,17 +13,18 @@
 
 pub mod attachments;
 pub mod catalog;
+pub mod commands;
 pub mod error;
+pub mod history;
 pub mod legacy;
-pub mod list;
 pub mod locks;
-pub mod model;
 pub mod nodes;
 pub mod ops;
 pub mod reconcile;
 pub mod recover;
-pub mod state;
 pub mod volumes;
+
+pub use crate::domain::{list, model, state};
 
 use std::sync::Arc;
 
@@ -46,6 +49,16 @@ pub struct Caller {
     /// Service callers (e.g. an orchestrator with a service token) may delete attachments that an
     /// instance still uses.
     pub is_service: bool,
+    /// The request that asked, for the attach history.
+    pub request: RequestIds,
+}
+
+/// A request's ids: this service's (`x-openstack-request-id` of the answer) and the caller's
+/// global request id, when it sent one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestIds {
+    pub id: Option<String>,
+    pub global: Option<String>,
 }
 
 impl Caller {
@@ -71,6 +84,7 @@ impl Caller {
             project_id: String::new(),
             roles: vec!["admin".into()],
             is_service: true,
+            request: RequestIds::default(),
         }
     }
 }
@@ -85,6 +99,9 @@ pub struct Service {
     /// What the reconciler has noticed between passes (`reconcile.rs`).
     reconciler: reconcile::Memory,
     limits: Limits,
+    /// The target service of the backends granted it, to verify an export before a connection
+    /// is acknowledged.
+    targets: Option<Arc<dyn crate::capabilities::iscsi::TargetService>>,
 }
 
 /// Bounds the service enforces.
@@ -109,7 +126,18 @@ impl Service {
             owner,
             reconciler: Default::default(),
             limits: Limits::default(),
+            targets: None,
         }
+    }
+
+    /// The same service, verifying exports on this target service (`berth serve` gives it the
+    /// one its iSCSI backends are granted).
+    pub fn with_targets(
+        mut self,
+        targets: Option<Arc<dyn crate::capabilities::iscsi::TargetService>>,
+    ) -> Self {
+        self.targets = targets;
+        self
     }
 
     /// The same service with other bounds.

@@ -10,16 +10,71 @@
 //! A request that needs another node is forwarded there by the API (`api/forward.rs`); when that
 //! node is down, it is refused with 503 and `Retry-After`, and no other node touches its targets.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::catalog::{service_uuid, shared_service_uuid};
 use super::model::Volume;
 use super::{AttachError, Service};
-use crate::store::nodes::{self, Node, Registration};
+use crate::store::nodes::{self, BackendInfo, Node, Registration};
 use crate::store::sql::Tx;
 use crate::store::{now_micros, volumes};
+
+/// Why a node may not start as `me`, given the registered `nodes` (`None`: it may). A node is
+/// live when its heartbeat is younger than its lease.
+///
+/// - Its name is held by another live process that runs elsewhere (another host or data
+///   directory; a restart from the same data directory holds that directory's lock, so its
+///   predecessor is gone).
+/// - A live node disagrees on what the guarantees depend on: the operations' lease (fencing
+///   margins are a quarter of it on every node), and, for a backend both serve, whether it is
+///   shared, and for a shared one, the driver (by digest) that runs its volumes' calls.
+pub fn refusal(me: &Registration<'_>, nodes: &[Node], lease: Duration, now: i64) -> Option<String> {
+    let live = |n: &Node| {
+        let lease = if n.lease_seconds > 0 { n.lease_seconds * 1_000_000 } else { lease.as_micros() as i64 };
+        n.heartbeat_at > 0 && now - n.heartbeat_at <= lease
+    };
+    let silent = |n: &Node| (now - n.heartbeat_at) / 1_000_000;
+    let mut why = Vec::new();
+    for n in nodes.iter().filter(|n| live(n)) {
+        if n.name == me.name {
+            if n.incarnation != me.incarnation && n.holder != me.holder {
+                why.push(format!(
+                    "another process runs as node {} (at {}, from {}, last heartbeat {} s ago): give this one \
+                     another `node` name, or stop that one first",
+                    n.name,
+                    n.url.as_deref().unwrap_or("no address"),
+                    if n.holder.is_empty() { "an unknown place" } else { n.holder.as_str() },
+                    silent(n)
+                ));
+            }
+            continue;
+        }
+        if n.lease_seconds > 0 && n.lease_seconds != me.lease_seconds {
+            why.push(format!(
+                "[operations] lease_seconds: node {} has {}, this node ({}) has {}",
+                n.name, n.lease_seconds, me.name, me.lease_seconds
+            ));
+        }
+        for (backend, mine) in me.backend_info {
+            let Some(theirs) = n.backend_info.get(backend) else { continue };
+            if theirs.shared != mine.shared {
+                why.push(format!(
+                    "backend {backend}: shared = {} on node {}, shared = {} on this node ({})",
+                    theirs.shared, n.name, mine.shared, me.name
+                ));
+            } else if mine.shared && theirs.digest != mine.digest {
+                why.push(format!(
+                    "backend {backend} (shared): node {} runs driver {} {} (sha256 {}), this node ({}) runs {} {} \
+                     (sha256 {})",
+                    n.name, theirs.driver, theirs.version, theirs.digest, me.name, mine.driver, mine.version, mine.digest
+                ));
+            }
+        }
+    }
+    (!why.is_empty()).then(|| format!("node {} refuses to start: {}", me.name, why.join("; ")))
+}
 
 /// How a shared backend is named in `os-vol-host-attr:host` (Cinder names an active-active
 /// backend by its cluster): every node that serves it may run its volumes.
@@ -37,6 +92,13 @@ pub struct ServiceState {
     pub cluster: Option<String>,
     pub up: bool,
     pub updated_at: i64,
+    /// A backend's driver, as the node that serves it registered it.
+    pub runs: Option<BackendInfo>,
+    /// A node's operations lease, in seconds, and its version.
+    pub lease_seconds: Option<i64>,
+    pub version: Option<String>,
+    /// A backend's LUNs in its target service now (this node's backends only).
+    pub luns: Option<u64>,
 }
 
 /// The `service_uuid` of each backend of a node.
@@ -198,32 +260,105 @@ impl Service {
         }
     }
 
-    /// Registers this node, its backends and the URL other nodes forward requests to.
-    pub async fn register_node(&self, url: Option<&str>) -> Result<(), AttachError> {
+    /// The LUNs a backend of this node holds in its target service, and its ceiling.
+    fn luns_of(&self, b: &super::Backend) -> Option<crate::capabilities::iscsi::LunCapacity> {
+        b.driver.target_service().filter(|_| b.uses_targets).and_then(|s| s.lun_capacity())
+    }
+
+    /// What this node runs, by backend, as the other nodes compare it.
+    pub fn backend_info(&self) -> BTreeMap<String, BackendInfo> {
+        self.catalog
+            .backends
+            .values()
+            .map(|b| {
+                let info = b.driver.info();
+                let run = BackendInfo {
+                    shared: b.shared,
+                    driver: info.name.clone(),
+                    version: info.version.clone(),
+                    digest: b.driver.digest().to_string(),
+                    lun_ceiling: self.luns_of(b).map(|c| c.ceiling),
+                };
+                (b.name.clone(), run)
+            })
+            .collect()
+    }
+
+    /// Registers this node, its backends and the URL other nodes forward requests to, as the
+    /// process that holds the node's name (`holder`: where it runs). Refused, with a message that
+    /// names what and whom, when another live process holds the name, or when this node's
+    /// configuration disagrees with a live node's where the guarantees depend on agreement
+    /// ([`refusal`]).
+    pub async fn register_node(&self, url: Option<&str>, holder: &str) -> Result<(), AttachError> {
         let mut backends: Vec<String> = self.catalog.backends.keys().cloned().collect();
         backends.sort();
         let shared: Vec<String> =
             backends.iter().filter(|b| self.catalog.backends[*b].shared).cloned().collect();
+        let info = self.backend_info();
         let registration = Registration {
             name: &self.owner.node,
             backends: &backends,
             shared_backends: &shared,
             url,
             version: env!("CARGO_PKG_VERSION"),
+            incarnation: &self.owner.incarnation,
+            holder,
+            lease_seconds: self.owner.lease.as_secs() as i64,
+            backend_info: &info,
         };
-        self.store.write(async |tx| nodes::register(tx, &registration).await).await?;
-        Ok(())
+        let lease = self.owner.lease;
+        self.store
+            .write(async |tx| {
+                let nodes = nodes::list(tx).await?;
+                if let Some(why) = refusal(&registration, &nodes, lease, now_micros()) {
+                    return Err(AttachError::Conflict(why));
+                }
+                Ok(nodes::register(tx, &registration).await?)
+            })
+            .await
     }
 
-    /// Beats this node's heart until the task is dropped.
+    /// Beats this node's heart until the task is dropped. A heartbeat that finds the name held
+    /// by another process says so, loudly, every time.
     pub async fn keep_alive(self: Arc<Self>) {
         let every = (self.owner.lease / 3).max(Duration::from_millis(100));
         loop {
             tokio::time::sleep(every).await;
-            let node = self.owner.node.clone();
-            if let Err(e) = self.store.write(async |tx| nodes::heartbeat(tx, &node).await).await {
-                tracing::warn!("could not record this node's heartbeat: {e}");
+            let (node, incarnation) = (self.owner.node.clone(), self.owner.incarnation.clone());
+            match self.store.write(async |tx| nodes::heartbeat(tx, &node, &incarnation).await).await {
+                Ok(true) => {}
+                Ok(false) => tracing::error!(
+                    %node,
+                    "another process has registered as node {node} since this one started; this process no \
+                     longer counts as the node (stop one of them)"
+                ),
+                Err(e) => tracing::warn!("could not record this node's heartbeat: {e}"),
             }
+        }
+    }
+
+    /// Marks this node down at once, for a clean stop: the other nodes answer for its volumes
+    /// with 503 straight away instead of waiting a lease.
+    pub async fn mark_down(&self) -> Result<(), AttachError> {
+        let (node, incarnation) = (&self.owner.node, &self.owner.incarnation);
+        Ok(self.store.write(async |tx| nodes::mark_down(tx, node, incarnation).await).await?)
+    }
+
+    /// Whether a node is down now (no heartbeat for a lease, or stopped).
+    pub async fn is_down(&self, node: &str) -> Result<bool, AttachError> {
+        let nodes = self.store.read(async |tx| nodes::list(tx).await).await?;
+        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
+        Ok(nodes.iter().find(|n| n.name == node).is_none_or(|n| now_micros() - n.heartbeat_at > lease))
+    }
+
+    /// Returns once `node` is down, checking a few times a lease.
+    pub async fn until_down(&self, node: &str) {
+        let every = (self.owner.lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        loop {
+            if self.is_down(node).await.unwrap_or(false) {
+                return;
+            }
+            tokio::time::sleep(every).await;
         }
     }
 
@@ -241,6 +376,10 @@ impl Service {
                 cluster: None,
                 up,
                 updated_at: n.heartbeat_at,
+                runs: None,
+                lease_seconds: Some(n.lease_seconds),
+                version: Some(n.version.clone()),
+                luns: None,
             });
             for (_, b, shared) in backends_of(n) {
                 out.push(ServiceState {
@@ -249,6 +388,14 @@ impl Service {
                     cluster: shared.then(|| format!("{CLUSTER}@{b}")),
                     up,
                     updated_at: n.heartbeat_at,
+                    runs: n.backend_info.get(b).cloned(),
+                    lease_seconds: None,
+                    version: None,
+                    // Known live for this node's own backends only.
+                    luns: (n.name == self.owner.node)
+                        .then(|| self.catalog.backends.get(b.as_str()).and_then(|b| self.luns_of(b)))
+                        .flatten()
+                        .map(|c| c.held),
                 });
             }
         }
@@ -269,7 +416,98 @@ mod tests {
             version: "0".into(),
             started_at: 0,
             heartbeat_at,
+            incarnation: format!("{name}-1"),
+            holder: format!("host:/var/lib/{name}"),
+            lease_seconds: 30,
+            backend_info: backends
+                .iter()
+                .map(|b| {
+                    let run = BackendInfo {
+                        shared: shared.contains(b),
+                        driver: "fake".into(),
+                        version: "1".into(),
+                        digest: "d1".into(),
+                        lun_ceiling: None,
+                    };
+                    (b.to_string(), run)
+                })
+                .collect(),
         }
+    }
+
+    const NOW: i64 = 1_000_000_000_000;
+
+    /// A registration of `name` from `holder`, like [`node`]'s.
+    fn me<'a>(
+        name: &'a str,
+        holder: &'a str,
+        info: &'a BTreeMap<String, BackendInfo>,
+        lease: i64,
+    ) -> Registration<'a> {
+        Registration {
+            name,
+            backends: &[],
+            shared_backends: &[],
+            url: None,
+            version: "0",
+            incarnation: "me-2",
+            holder,
+            lease_seconds: lease,
+            backend_info: info,
+        }
+    }
+
+    #[test]
+    fn a_live_nodes_name_is_refused_to_a_process_elsewhere_but_not_to_its_own_restart() {
+        let live = node("a", &["tgt"], &[], NOW - 1_000_000);
+        let info = live.backend_info.clone();
+        let lease = Duration::from_secs(30);
+        let why = refusal(&me("a", "other:/srv/berth", &info, 30), std::slice::from_ref(&live), lease, NOW)
+            .unwrap();
+        assert!(why.contains("another process runs as node a") && why.contains("http://a:8776"), "{why}");
+        // The same data directory: this process holds its lock, so the other is gone.
+        assert_eq!(
+            refusal(&me("a", "host:/var/lib/a", &info, 30), std::slice::from_ref(&live), lease, NOW),
+            None
+        );
+        // Silent for more than a lease, or stopped cleanly: gone.
+        let silent = node("a", &["tgt"], &[], NOW - 31_000_000);
+        assert_eq!(refusal(&me("a", "other:/srv", &info, 30), &[silent], lease, NOW), None);
+        let stopped = node("a", &["tgt"], &[], 0);
+        assert_eq!(refusal(&me("a", "other:/srv", &info, 30), &[stopped], lease, NOW), None);
+    }
+
+    /// (the other node's backend, this node's) -> refused?
+    #[test]
+    fn disagreements_on_what_guarantees_depend_on_are_refused_naming_key_nodes_and_values() {
+        let lease = Duration::from_secs(30);
+        let other = node("b", &["array", "tgt"], &["array"], NOW);
+        let run = |shared, digest: &str| BackendInfo {
+            shared,
+            driver: "fake".into(),
+            version: "1".into(),
+            digest: digest.into(),
+            lun_ceiling: Some(1),
+        };
+        let agree: BTreeMap<String, BackendInfo> =
+            [("array".to_string(), run(true, "d1")), ("tgt".to_string(), run(false, "other"))].into();
+        assert_eq!(refusal(&me("c", "h:/c", &agree, 30), std::slice::from_ref(&other), lease, NOW), None);
+        let not_shared: BTreeMap<String, BackendInfo> = [("array".to_string(), run(false, "d1"))].into();
+        let why =
+            refusal(&me("c", "h:/c", &not_shared, 30), std::slice::from_ref(&other), lease, NOW).unwrap();
+        assert!(
+            why.contains("backend array: shared = true on node b, shared = false on this node (c)"),
+            "{why}"
+        );
+        let other_driver: BTreeMap<String, BackendInfo> = [("array".to_string(), run(true, "d2"))].into();
+        let why =
+            refusal(&me("c", "h:/c", &other_driver, 30), std::slice::from_ref(&other), lease, NOW).unwrap();
+        assert!(why.contains("sha256 d1") && why.contains("sha256 d2"), "{why}");
+        let why = refusal(&me("c", "h:/c", &agree, 3), std::slice::from_ref(&other), lease, NOW).unwrap();
+        assert!(why.contains("[operations] lease_seconds: node b has 30, this node (c) has 3"), "{why}");
+        // A node that is down is not compared.
+        let down = node("b", &["array"], &["array"], NOW - 60_000_000);
+        assert_eq!(refusal(&me("c", "h:/c", &not_shared, 3), &[down], lease, NOW), None);
     }
 
     #[test]

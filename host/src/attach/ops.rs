@@ -35,10 +35,10 @@ use tokio::sync::{Notify, OwnedMutexGuard};
 
 use super::model::{Connector, OpKind, Operation};
 use super::nodes::Placement;
-use super::{AttachError, Service};
+use super::{AttachError, Caller, Service};
 use crate::runtime::{Driver, DriverCalls};
 use crate::store::sql::Tx;
-use crate::store::{ONE_OPERATION_PER_VOLUME, now_micros, operations};
+use crate::store::{ONE_OPERATION_PER_VOLUME, now_micros, operations, volumes};
 
 /// This process as the owner of operations: the node it runs as, and this run of it.
 pub struct Owner {
@@ -176,10 +176,46 @@ impl Op<'_> {
         }
     }
 
+    /// The service that runs the operation.
+    pub(crate) fn service(&self) -> &Service {
+        self.service
+    }
+
     /// The driver calls of this operation: each is made only while it holds its lease.
     pub(crate) fn calls<'d>(&self, driver: &'d Driver) -> DriverCalls<'d> {
         let lease = self.lease.clone();
         driver.calls().guarded(Arc::new(move || lease.lost()))
+    }
+
+    /// Runs `f` as a write transaction of this operation: first, in the same transaction, a
+    /// check that the operation is still held at its generation (its row locked), so that
+    /// nothing `f` writes, driver fields included, commits for an owner that was taken over. A
+    /// fenced-off owner gets [`AttachError::Unavailable`] and the transaction records nothing.
+    /// (The volume's row is locked before the operation's, in the order every write transaction
+    /// takes them: a reservation that begins an operation locks the volume, then inserts into
+    /// the operations; the other order deadlocks on PostgreSQL.)
+    pub(crate) async fn write<T>(
+        &self,
+        f: impl AsyncFnOnce(&mut Tx) -> Result<T, AttachError>,
+    ) -> Result<T, AttachError> {
+        self.service
+            .store
+            .write(async |tx| {
+                volumes::hold_row(tx, &self.record.volume_id).await?;
+                if !operations::fence(tx, &self.record.id, self.lease.generation).await? {
+                    return Err(self.taken_over());
+                }
+                f(tx).await
+            })
+            .await
+    }
+
+    fn taken_over(&self) -> AttachError {
+        AttachError::Unavailable(format!(
+            "the operation on volume {} was taken over by another node after its lease expired; \
+             nothing more was recorded",
+            self.record.volume_id
+        ))
     }
 
     /// Ends the operation, in the transaction that records its outcome.
@@ -187,10 +223,7 @@ impl Op<'_> {
         if !operations::finish(tx, &self.record.id, self.lease.generation).await? {
             // Taken over by another node after our lease expired: what it decided stands, and
             // this transaction must not commit a second outcome.
-            return Err(AttachError::Unavailable(format!(
-                "the operation on volume {} was taken over after its lease expired",
-                self.record.volume_id
-            )));
+            return Err(self.taken_over());
         }
         Ok(())
     }
@@ -200,8 +233,13 @@ impl Service {
     /// Runs a changing flow as a task the service owns (see the module notes), and returns its
     /// result to whoever is still waiting. A flow that met another node's operation beginning at
     /// the same moment ([`AttachError::Busy`]) recorded nothing and runs again on its `input`, for
-    /// up to a lease.
-    pub async fn owned<I, T, F, Fut>(self: &Arc<Self>, input: I, flow: F) -> Result<T, AttachError>
+    /// up to a lease. What it records in the attach history names `caller`.
+    pub(super) async fn owned<I, T, F, Fut>(
+        self: &Arc<Self>,
+        caller: Caller,
+        input: I,
+        flow: F,
+    ) -> Result<T, AttachError>
     where
         I: Clone + Send + 'static,
         F: Fn(Arc<Service>, I) -> Fut + Send + 'static,
@@ -213,7 +251,8 @@ impl Service {
         let counted = InFlight(self.clone());
         let service = self.clone();
         // The operation logs in the span of the request that started it (its request id).
-        let task = tokio::spawn(
+        let task = tokio::spawn(super::history::on_behalf_of(
+            caller,
             async move {
                 let _counted = counted;
                 let deadline = Instant::now() + service.owner.lease;
@@ -230,7 +269,7 @@ impl Service {
                 }
             }
             .instrument(tracing::Span::current()),
-        );
+        ));
         match task.await {
             Ok(result) => result,
             Err(e) => Err(AttachError::Internal(format!("the operation stopped: {e}"))),

@@ -134,6 +134,19 @@ impl Service {
     }
 }
 
+/// Whether a volume's export serves every initiator in `wanted`: it has recorded targets, and each
+/// exists with a LUN and all of them in its ACL.
+fn export_complete<'a>(
+    wanted: &BTreeSet<String>,
+    recorded: &[String],
+    state: impl Fn(&str) -> Option<&'a TargetState>,
+) -> bool {
+    !recorded.is_empty()
+        && recorded.iter().all(|iqn| {
+            state(iqn).is_some_and(|t| !t.luns.is_empty() && wanted.iter().all(|i| t.initiators.contains(i)))
+        })
+}
+
 /// The database's side of a comparison, per volume.
 #[derive(Default)]
 struct Expected {
@@ -203,6 +216,8 @@ impl Service {
             .into_iter()
             .map(|t| (t.iqn.clone(), t))
             .collect();
+        // Where a long listing (thousands of targets) leaves time for flows to change things.
+        failpoint::hit("reconcile.listed");
         let (connected, recorded, busy) = self
             .store
             .read(async |tx| {
@@ -242,13 +257,9 @@ impl Service {
             }
             let wanted = expected.initiators();
             if !expected.connected.is_empty() {
-                let healthy = !expected.targets.is_empty()
-                    && expected.targets.iter().all(|iqn| {
-                        actual.get(iqn).is_some_and(|t| {
-                            !t.luns.is_empty() && wanted.iter().all(|i| t.initiators.contains(i))
-                        })
-                    });
-                if !healthy {
+                if !export_complete(&wanted, &expected.targets, |iqn| actual.get(iqn)) {
+                    // A candidate only: the listing and the database were read at different
+                    // moments. `repair` compares them again under the volume's lock.
                     to_repair.push(volume_id.clone());
                 }
                 for iqn in &expected.targets {
@@ -293,7 +304,7 @@ impl Service {
         // After a restart of the target service every volume needs a repair: several at a time.
         let repaired: Vec<(String, Result<bool, AttachError>)> = futures_util::stream::iter(to_repair)
             .map(|volume_id| async move {
-                let outcome = self.repair(&volume_id).await;
+                let outcome = self.repair(&volume_id, service).await;
                 (volume_id, outcome)
             })
             .buffer_unordered(REPAIRS_AT_ONCE)
@@ -342,10 +353,42 @@ impl Service {
         true
     }
 
-    /// Replays the exports and connections of a volume's connected attachments; false when it has
-    /// none any more.
-    async fn repair(&self, volume_id: &str) -> Result<bool, AttachError> {
+    /// Replays the exports and connections of a volume's connected attachments, when, compared
+    /// again under the volume's lock (the database read first, then the target service: no flow
+    /// of this node can change either in between), they are still incomplete; false when they are
+    /// complete after all, or the volume has no connected attachment any more.
+    async fn repair(&self, volume_id: &str, service: &dyn TargetService) -> Result<bool, AttachError> {
         let _held = self.hold(volume_id).await?;
+        let (live, recorded) = self
+            .store
+            .read(async |tx| {
+                Ok::<_, AttachError>((
+                    rows::live(tx, volume_id).await?,
+                    targets::of_volume(tx, volume_id).await?,
+                ))
+            })
+            .await?;
+        let wanted: BTreeSet<String> = live
+            .iter()
+            .filter(|l| l.is_connected())
+            .filter_map(|l| l.connector.as_ref()?.initiator().map(str::to_string))
+            .collect();
+        let iqns: Vec<String> = recorded.into_iter().map(|t| t.iqn).collect();
+        let mut now: BTreeMap<String, TargetState> = BTreeMap::new();
+        for iqn in &iqns {
+            let Ok(name) = Iqn::parse(iqn) else { continue };
+            let shown = service
+                .show(&name)
+                .await
+                .map_err(|e| AttachError::Unavailable(format!("cannot show target {iqn}: {e}")))?;
+            if let Some(state) = shown {
+                now.insert(iqn.clone(), state);
+            }
+        }
+        if !wanted.is_empty() && export_complete(&wanted, &iqns, |iqn| now.get(iqn)) {
+            tracing::debug!(volume = %volume_id, "reconcile: the export is complete when looked at again; nothing to do");
+            return Ok(false);
+        }
         self.repair_locked(volume_id).await
     }
 
@@ -396,15 +439,14 @@ impl Service {
         }
         .await;
         failpoint::hit("reconcile.repair.commit");
-        self.store
-            .write(async |tx| {
-                if replayed.is_ok() {
-                    record_fields(tx, &volume, &fields).await?;
-                }
-                targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
-                op.finish(tx).await
-            })
-            .await?;
+        op.write(async |tx| {
+            if replayed.is_ok() {
+                record_fields(tx, &volume, &fields).await?;
+            }
+            targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
+            op.finish(tx).await
+        })
+        .await?;
         replayed.map(|()| true)
     }
 
@@ -485,8 +527,7 @@ impl Service {
             .effects
             .iter()
             .any(|e| matches!(e, crate::runtime::Effect::TargetDeleted { iqn: d } if d == iqn));
-        self.store
-            .write(async |tx| {
+        op.write(async |tx| {
                 if removed.is_ok() && volume.status != super::state::VolumeStatus::Deleted {
                     record_fields(tx, &volume, &fields).await?;
                 }

@@ -18,14 +18,14 @@
 //! (`retryable`, a timeout) leaves the operation for the next pass and the volume unavailable
 //! (503) until then; a final failure records the error status as the live flow would.
 
-use super::attachments::{apply_after, disconnect};
+use super::attachments::disconnect;
 use super::legacy::finish_force_detach;
 use super::model::{AttachMode, Connector, Live, OpKind, Operation};
 use super::ops::Op;
 use super::state::VolumeStatus;
 use super::{AttachError, Service, record_fields};
 use crate::runtime::contract::Attachment as DriverAttachment;
-use crate::runtime::{CallErrorKind, contract};
+use crate::runtime::{Failure, contract};
 use crate::store::attachments as rows;
 use crate::store::{targets, volumes};
 
@@ -69,7 +69,9 @@ impl Service {
                     return self.end(op).await;
                 }
                 match self.finish_create(op, &volume).await {
-                    Err(AttachError::Driver(e)) if may_pass(&e.kind) => Err(unavailable(id, &e)),
+                    Err(AttachError::Driver(e)) if e.failure() == Failure::Transient => {
+                        Err(unavailable(id, &e))
+                    }
                     // A final failure is recorded (`error`): the operation has ended.
                     Ok(_) | Err(AttachError::Driver(_)) => Ok(()),
                     Err(e) => Err(e),
@@ -80,8 +82,23 @@ impl Service {
                     return self.end(op).await;
                 }
                 match self.finish_delete(op, &volume).await {
-                    Err(AttachError::Driver(e)) if may_pass(&e.kind) => Err(unavailable(id, &e)),
+                    Err(AttachError::Driver(e)) if e.failure() == Failure::Transient => {
+                        Err(unavailable(id, &e))
+                    }
                     Ok(()) | Err(AttachError::Driver(_)) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            OpKind::ExtendVolume { new_size_gib } => {
+                if volume.status != VolumeStatus::Extending {
+                    return self.end(op).await;
+                }
+                match self.finish_extend(op, &volume, *new_size_gib).await {
+                    Err(AttachError::Driver(e)) if e.failure() == Failure::Transient => {
+                        Err(unavailable(id, &e))
+                    }
+                    // A final failure is recorded (available at the old size): ended.
+                    Ok(_) | Err(AttachError::Driver(_)) => Ok(()),
                     Err(e) => Err(e),
                 }
             }
@@ -122,22 +139,23 @@ impl Service {
                 match disconnect(&mut calls, &volume, &others, conn.as_ref()).await {
                     Ok(fields) => {
                         let attachment = record.attachment_id.clone().filter(|_| this.is_some());
-                        self.store
-                            .write(async |tx| {
-                                match &attachment {
-                                    Some(a) => {
-                                        apply_after(tx, &volume, a, *then, Some(&fields)).await?;
-                                    }
-                                    None => {
-                                        record_fields(tx, &volume, &fields).await?;
-                                    }
+                        op.write(async |tx| {
+                            match &attachment {
+                                Some(a) => {
+                                    self.apply_after(tx, &volume, a, *then, Some(&fields)).await?;
                                 }
-                                targets::record(tx, &volume.backend, id, &calls.effects).await?;
-                                op.finish(tx).await
-                            })
-                            .await
+                                None => {
+                                    record_fields(tx, &volume, &fields).await?;
+                                }
+                            }
+                            targets::record(tx, &volume.backend, id, &calls.effects).await?;
+                            op.finish(tx).await
+                        })
+                        .await
                     }
-                    Err(AttachError::Driver(e)) if may_pass(&e.kind) => Err(unavailable(id, &e)),
+                    Err(AttachError::Driver(e)) if e.failure() == Failure::Transient => {
+                        Err(unavailable(id, &e))
+                    }
                     Err(_) => {
                         let ids: Vec<String> = record.attachment_id.iter().cloned().collect();
                         self.fail_detach(op, &volume, &ids, &calls).await;
@@ -151,8 +169,10 @@ impl Service {
                 let mut calls = op.calls(&backend.driver);
                 let conn = record.connector.as_ref().map(|c| c.for_mode(mode_of(c)));
                 match disconnect(&mut calls, &volume, &except(&refs), conn.as_ref()).await {
-                    Ok(fields) => finish_force_detach(self, op, &volume, attachments, &fields, &calls).await,
-                    Err(AttachError::Driver(e)) if may_pass(&e.kind) => Err(unavailable(id, &e)),
+                    Ok(fields) => finish_force_detach(op, &volume, attachments, &fields, &calls).await,
+                    Err(AttachError::Driver(e)) if e.failure() == Failure::Transient => {
+                        Err(unavailable(id, &e))
+                    }
                     Err(_) => self.end(op).await,
                 }
             }
@@ -172,19 +192,18 @@ impl Service {
                     Err(e) => Err(e),
                 };
                 if let Err(e) = &removed
-                    && may_pass(&e.kind)
+                    && e.failure() == Failure::Transient
                 {
                     return Err(unavailable(id, e));
                 }
-                self.store
-                    .write(async |tx| {
-                        if removed.is_ok() {
-                            record_fields(tx, &volume, &fields).await?;
-                        }
-                        targets::record(tx, &volume.backend, id, &calls.effects).await?;
-                        op.finish(tx).await
-                    })
-                    .await
+                op.write(async |tx| {
+                    if removed.is_ok() {
+                        record_fields(tx, &volume, &fields).await?;
+                    }
+                    targets::record(tx, &volume.backend, id, &calls.effects).await?;
+                    op.finish(tx).await
+                })
+                .await
             }
         }
     }
@@ -204,25 +223,26 @@ impl Service {
             let conn: contract::Connector = c.for_mode(AttachMode::Null.effective(Some(c)));
             match disconnect(&mut calls, &volume.with_fields(&fields), others, Some(&conn)).await {
                 Ok(f) => fields = f,
-                Err(AttachError::Driver(e)) if may_pass(&e.kind) => return Err(unavailable(&volume.id, &e)),
+                Err(AttachError::Driver(e)) if e.failure() == Failure::Transient => {
+                    return Err(unavailable(&volume.id, &e));
+                }
                 Err(e) => {
                     tracing::warn!(volume = %volume.id, "revoking an interrupted operation's access failed: {e}")
                 }
             }
         }
         let id = volume.id.clone();
-        self.store
-            .write(async |tx| {
-                record_fields(tx, volume, &fields).await?;
-                targets::record(tx, &volume.backend, &id, &calls.effects).await?;
-                op.finish(tx).await
-            })
-            .await
+        op.write(async |tx| {
+            record_fields(tx, volume, &fields).await?;
+            targets::record(tx, &volume.backend, &id, &calls.effects).await?;
+            op.finish(tx).await
+        })
+        .await
     }
 
     /// Ends an operation with nothing left to do.
     async fn end(&self, op: &Op<'_>) -> Result<(), AttachError> {
-        self.store.write(async |tx| op.finish(tx).await).await
+        op.write(async |tx| op.finish(tx).await).await
     }
 
     /// Whether a flow that records its own outcome (and ends the operation in that transaction)
@@ -243,15 +263,6 @@ impl Service {
 }
 
 /// A failure that may pass: retrying later is the safe choice.
-fn may_pass(kind: &CallErrorKind) -> bool {
-    matches!(
-        kind,
-        CallErrorKind::Driver(crate::runtime::contract::DriverError::Retryable(_))
-            | CallErrorKind::Timeout(_)
-            | CallErrorKind::NotMade(_)
-    )
-}
-
 fn unavailable(volume_id: &str, e: &crate::runtime::CallError) -> AttachError {
     AttachError::Unavailable(format!(
         "volume {volume_id} has an interrupted operation that cannot be finished yet ({e}); retry later"

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::list::{Page, Scope, VolumeFilter};
 use super::model::{Attachment, OpKind, Volume};
-use super::state::{Event, transition};
+use super::state::{Event, VolumeStatus, transition};
 use super::{AttachError, Caller, Service, conclude, names, volume_not_found};
 use crate::failpoint;
 use crate::runtime::Call;
@@ -15,6 +15,59 @@ use crate::store::{now_micros, targets, volumes};
 
 /// The largest volume, in GiB (64 TiB).
 pub const MAX_SIZE_GIB: i64 = 65_536;
+
+/// The one set of bounds on what a user writes into a volume, at create and at every update
+/// (Cinder's: names and descriptions of 255 characters, metadata keys and values of 255, and the
+/// metadata quota's 128 items).
+pub mod bounds {
+    use std::collections::BTreeMap;
+
+    use super::AttachError;
+
+    pub const MAX_NAME: usize = 255;
+    pub const MAX_DESCRIPTION: usize = 255;
+    pub const MAX_METADATA_ITEMS: usize = 128;
+    pub const MAX_METADATA_KEY: usize = 255;
+    pub const MAX_METADATA_VALUE: usize = 255;
+
+    /// A name or description: at most `max` characters.
+    pub fn text(field: &str, value: Option<&str>, max: usize) -> Result<(), AttachError> {
+        match value {
+            Some(v) if v.chars().count() > max => Err(AttachError::InvalidInput(format!(
+                "{field} has {} characters; at most {max} are allowed",
+                v.chars().count()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Metadata items being written: keys of 1 to 255 characters, values of at most 255.
+    pub fn items(items: &BTreeMap<String, String>) -> Result<(), AttachError> {
+        if let Some(key) = items.keys().find(|k| k.is_empty() || k.chars().count() > MAX_METADATA_KEY) {
+            let shown: String = key.chars().take(40).collect();
+            return Err(AttachError::InvalidInput(format!(
+                "metadata key {shown:?} must be 1 to {MAX_METADATA_KEY} characters"
+            )));
+        }
+        if let Some((key, _)) = items.iter().find(|(_, v)| v.chars().count() > MAX_METADATA_VALUE) {
+            return Err(AttachError::InvalidInput(format!(
+                "the value of metadata key {key:?} is longer than {MAX_METADATA_VALUE} characters"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A volume's whole metadata: at most 128 items.
+    pub fn count(metadata: &BTreeMap<String, String>) -> Result<(), AttachError> {
+        if metadata.len() > MAX_METADATA_ITEMS {
+            return Err(AttachError::InvalidInput(format!(
+                "a volume may have at most {MAX_METADATA_ITEMS} metadata items ({} given)",
+                metadata.len()
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// A request to create a volume.
 #[derive(Debug, Clone, Default)]
@@ -27,10 +80,27 @@ pub struct NewVolume {
     pub metadata: BTreeMap<String, String>,
 }
 
+/// Cinder's `_driver_shares_targets`: `false` when the driver says it does not share targets;
+/// `null` (consumers always lock) for NVMe-oF; `true` for iSCSI and iSER; `false` otherwise.
+fn shares_targets(info: &crate::runtime::contract::DriverInfo) -> Option<bool> {
+    use crate::runtime::contract::Protocol;
+    if !info.capabilities.shared_targets {
+        return Some(false);
+    }
+    if info.protocols.iter().any(|p| matches!(p, Protocol::Nvmeof)) {
+        return None;
+    }
+    Some(info.protocols.iter().any(|p| matches!(p, Protocol::Iscsi | Protocol::Iser)))
+}
+
 impl Service {
     /// Creates a volume through its backend's driver. When the driver fails, the volume is kept
     /// in `error` (it can be deleted) and the driver's error is returned.
-    pub async fn create_volume(&self, caller: &Caller, req: NewVolume) -> Result<Volume, AttachError> {
+    pub(super) async fn create_volume(&self, caller: &Caller, req: NewVolume) -> Result<Volume, AttachError> {
+        bounds::text("name", req.name.as_deref(), bounds::MAX_NAME)?;
+        bounds::text("description", req.description.as_deref(), bounds::MAX_DESCRIPTION)?;
+        bounds::items(&req.metadata)?;
+        bounds::count(&req.metadata)?;
         if !(1..=MAX_SIZE_GIB).contains(&req.size_gib) {
             return Err(AttachError::InvalidInput(format!(
                 "Volume size '{}' must be an integer and greater than 0 (at most {MAX_SIZE_GIB} GiB)",
@@ -66,7 +136,7 @@ impl Service {
             attach_status,
             fields: VolumeFields::default(),
             metadata: req.metadata,
-            shared_targets: Some(backend.driver.info().capabilities.shared_targets),
+            shared_targets: shares_targets(backend.driver.info()),
             service_uuid: Some(backend.service_uuid.clone()),
             created_at: now,
             updated_at: now,
@@ -99,8 +169,7 @@ impl Service {
         };
         failpoint::hit("volume.create.commit");
         let t = transition(if created.is_ok() { Event::VolumeCreated } else { Event::CreateFailed });
-        let written = self
-            .store
+        let written = op
             .write(async |tx| {
                 let locked = volumes::lock(tx, &row.id, t, Some((&row.fields, &fields))).await?;
                 let written = match locked {
@@ -119,7 +188,12 @@ impl Service {
     /// Deletes a volume that has no attachments, through its driver. When the driver fails the
     /// volume is left in `error_deleting`, from which deleting again retries. `force` (an admin's)
     /// also accepts volumes stuck in `creating` or `deleting`.
-    pub async fn delete_volume(&self, caller: &Caller, id: &str, force: bool) -> Result<(), AttachError> {
+    pub(super) async fn delete_volume(
+        &self,
+        caller: &Caller,
+        id: &str,
+        force: bool,
+    ) -> Result<(), AttachError> {
         self.volume(caller, id).await?;
         let _held = self.hold(id).await?;
         let volume = self.volume(caller, id).await?;
@@ -158,16 +232,97 @@ impl Service {
         let deleted = calls.delete_volume(&volume.contract()).await;
         failpoint::hit("volume.delete.commit");
         let t = transition(if deleted.is_ok() { Event::VolumeDeleted } else { Event::DeleteFailed });
-        self.store
+        op.write(async |tx| {
+            if let Some(locked) = volumes::lock(tx, &volume.id, t, None).await? {
+                conclude(tx, &locked, t).await?;
+            }
+            targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
+            op.finish(tx).await
+        })
+        .await?;
+        Ok(deleted?)
+    }
+
+    /// Grows an available volume (Cinder's `os-extend` before 3.42: an attached volume is
+    /// refused). The new size is recorded once the driver has grown it; when the driver fails,
+    /// the volume is available again at its old size and the driver's error is returned (the
+    /// extend may be tried again).
+    pub(super) async fn extend_volume(
+        &self,
+        caller: &Caller,
+        id: &str,
+        new_size_gib: i64,
+    ) -> Result<Volume, AttachError> {
+        let volume = self.volume(caller, id).await?;
+        if new_size_gib <= volume.size_gib {
+            return Err(AttachError::InvalidInput(format!(
+                "New size for extend must be greater than current size. (current: {}, extended: {new_size_gib}).",
+                volume.size_gib
+            )));
+        }
+        if new_size_gib > MAX_SIZE_GIB {
+            return Err(AttachError::InvalidInput(format!(
+                "New size for extend must be at most {MAX_SIZE_GIB} GiB, not {new_size_gib}."
+            )));
+        }
+        let _held = self.hold(id).await?;
+        let t = transition(Event::ExtendVolume);
+        let op = self.operation(OpKind::ExtendVolume { new_size_gib }, id, None, None);
+        let locked = self
+            .store
             .write(async |tx| {
-                if let Some(locked) = volumes::lock(tx, &volume.id, t, None).await? {
-                    conclude(tx, &locked, t).await?;
-                }
-                targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
-                op.finish(tx).await
+                let Some(locked) = volumes::lock(tx, id, t, None).await? else {
+                    let now = volumes::get(tx, id, Scope::All).await?.map(|v| v.status.to_string());
+                    return Err(AttachError::InvalidVolume(format!(
+                        "Volume status must be available to extend, but current status is: {}.",
+                        now.as_deref().unwrap_or("deleted")
+                    )));
+                };
+                let extending = conclude(tx, &locked, t).await?;
+                op.begin(tx).await?;
+                Ok(extending)
             })
             .await?;
-        Ok(deleted?)
+        failpoint::hit("volume.extend.intent");
+        self.finish_extend(&op, &locked, new_size_gib).await
+    }
+
+    /// Asks the driver to grow a volume in `extending` and records the outcome (also what
+    /// recovery does with an interrupted extend: `extend-volume` is idempotent).
+    pub(super) async fn finish_extend(
+        &self,
+        op: &super::ops::Op<'_>,
+        volume: &Volume,
+        new_size_gib: i64,
+    ) -> Result<Volume, AttachError> {
+        let backend = self.backend(volume)?;
+        let mut calls = op.calls(&backend.driver);
+        let mut fields = volume.fields.clone();
+        let extended = match calls.extend_volume(&volume.contract(), new_size_gib as u64).await {
+            Ok(update) => backend.driver.apply(Call::ExtendVolume, &mut fields, &update),
+            Err(e) => Err(e),
+        };
+        failpoint::hit("volume.extend.commit");
+        let t = transition(if extended.is_ok() { Event::VolumeExtended } else { Event::ExtendFailed });
+        let written = op
+            .write(async |tx| {
+                let locked = volumes::lock(tx, &volume.id, t, Some((&volume.fields, &fields))).await?;
+                let written = match locked {
+                    Some(locked) => {
+                        if extended.is_ok() {
+                            volumes::set_size(tx, &volume.id, new_size_gib).await?;
+                        }
+                        Some(conclude(tx, &locked, t).await?)
+                    }
+                    None => None,
+                };
+                targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
+                op.finish(tx).await?;
+                Ok::<_, AttachError>(written)
+            })
+            .await?;
+        extended?;
+        written.ok_or_else(|| volume_not_found(&volume.id))
     }
 
     /// A volume with its live attachments.
@@ -218,7 +373,7 @@ impl Service {
 
     /// Changes a volume's user metadata: merges `changes` (or replaces everything with them when
     /// `replace`), then removes `remove`. Returns the metadata afterwards.
-    pub async fn update_metadata(
+    pub(super) async fn update_metadata(
         &self,
         caller: &Caller,
         id: &str,
@@ -226,17 +381,7 @@ impl Service {
         replace: bool,
         remove: Option<&str>,
     ) -> Result<BTreeMap<String, String>, AttachError> {
-        if let Some(key) = changes.keys().find(|k| k.is_empty() || k.len() > 255) {
-            return Err(AttachError::InvalidInput(format!(
-                "metadata key {key:?} must be 1 to 255 characters"
-            )));
-        }
-        if let Some(value) = changes.values().find(|v| v.len() > 255) {
-            return Err(AttachError::InvalidInput(format!(
-                "metadata value of {} bytes is longer than 255",
-                value.len()
-            )));
-        }
+        bounds::items(&changes)?;
         self.store
             .write(async |tx| {
                 volumes::get(tx, id, caller.scope()).await?.ok_or_else(|| volume_not_found(id))?;
@@ -253,15 +398,50 @@ impl Service {
                 {
                     return Err(AttachError::NotFound(format!("Metadata item was not found: {key}")));
                 }
-                if metadata.len() > 128 {
-                    return Err(AttachError::InvalidInput(
-                        "a volume may have at most 128 metadata items".into(),
-                    ));
-                }
+                bounds::count(&metadata)?;
                 volumes::set_metadata(tx, id, &metadata).await?;
                 Ok(metadata)
             })
             .await
+    }
+
+    /// `os-reimage` (3.68): Cinder's checks of the volume's status, then a refusal: re-imaging
+    /// writes an image from an image service onto the volume, and Berth has none. Nothing changes.
+    pub async fn reimage(&self, caller: &Caller, id: &str, reserved_ok: bool) -> Result<(), AttachError> {
+        let volume = self.volume(caller, id).await?;
+        let mut allowed = vec![VolumeStatus::Available, VolumeStatus::Error];
+        if reserved_ok {
+            allowed.push(VolumeStatus::Reserved);
+        }
+        if !allowed.contains(&volume.status) {
+            return Err(AttachError::InvalidVolume(format!(
+                "Volume {id} status must be {}, but the current status is {}.",
+                names(&allowed),
+                volume.status
+            )));
+        }
+        Err(AttachError::NotImplemented(format!(
+            "Volume {id} cannot be re-imaged: re-imaging copies an image from an image service onto the \
+             volume, and this service has none; nothing was changed."
+        )))
+    }
+
+    /// `os-extend_volume_completion` (3.71): completes an extend that the compute service finished.
+    /// Berth extends only volumes that are not attached (`os-extend` on an `available` volume,
+    /// the driver's resize and nothing else), so no extend ever waits on a compute service, and
+    /// the answer is Cinder's for a volume that is not waiting on one.
+    pub async fn extend_volume_completion(&self, caller: &Caller, id: &str) -> Result<(), AttachError> {
+        let volume = self.volume(caller, id).await?;
+        if volume.status == VolumeStatus::Extending {
+            return Err(AttachError::InvalidVolume(format!(
+                "Volume {id} is being extended by its driver, not waiting on a compute service."
+            )));
+        }
+        Err(AttachError::InvalidVolume(format!(
+            "Volume {id} status must be extending, but the current status is {} (this service does not \
+             extend attached volumes).",
+            volume.status
+        )))
     }
 
     pub async fn count_volumes(&self, scope: Scope<'_>, filter: &VolumeFilter) -> Result<i64, AttachError> {

@@ -1,15 +1,30 @@
 //! Capabilities: what drivers may ask of the host, and the only room that acts on the outside
-//! world for a driver (files under the data directory, tgtd). Nothing here knows wasmtime; the
-//! runtime's glue (`runtime/host.rs`) turns WIT calls into calls on these types.
+//! world for a driver (files under the data directory, tgtd, the array's network).
 //!
-//! A driver gets a capability only when its import is checked at load time against the
-//! operator's grants ([`Grant`]); log and config are always granted.
+//! One room per capability, each in one shape: the host side (the service, which knows nothing of
+//! wasmtime) and `glue.rs`, the WIT host functions that turn a guest's call into a call on it,
+//! checked, recorded and answered with the typed error the guest sees:
+//!
+//! | room | grant | imports |
+//! |---|---|---|
+//! | `iscsi/` (`tgt/` for tgtd, `model.rs` for tests) | `iscsi-target` | `berth:driver/iscsi-target` |
+//! | `backing/` | `backing-store` | `berth:driver/backing-store` |
+//! | `network/` | `network` | `wasi:http/outgoing-handler`, `wasi:http/types` |
+//! | `log/` | always | `berth:driver/log` |
+//! | `settings.rs` | always | `berth:driver/config` |
+//!
+//! The grants, the interfaces each admits and the first contract that has them are one table,
+//! [`CAPABILITIES`], from which the loader's import rules and `berth driver inspect` derive. A new
+//! capability is a row there, a room here, and its field in [`DriverCapabilities`]. Older
+//! contracts' imports are adapted to the latest glue in `runtime/since_*.rs`.
 
 pub mod backing;
 pub mod iscsi;
 pub mod log;
 pub mod namespace;
+pub mod network;
 pub mod secret;
+mod settings;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,24 +51,91 @@ pub enum Grant {
     IscsiTarget,
     /// `berth:driver/backing-store`: sparse image files in the host's data directory.
     BackingStore,
+    /// `wasi:http/outgoing-handler`: requests to the backend's allowed hosts (contract 0.3.0).
+    Network,
+    /// WASI's filesystem and sockets, as some language runtimes import them (componentize-py),
+    /// linked to implementations that grant nothing. Never part of a default.
+    InertWasi,
 }
 
-impl Grant {
-    pub const ALL: [Grant; 2] = [Grant::IscsiTarget, Grant::BackingStore];
+/// One capability: its grant, the imports it admits, and the first contract version that has it.
+/// The loader's import rules and the grants' names all come from [`CAPABILITIES`]: a new
+/// capability is one more row (and its room here, and its glue in `runtime/`).
+#[derive(Debug, Clone, Copy)]
+pub struct CapabilitySpec {
+    pub grant: Grant,
+    /// The grant's name in configuration.
+    pub name: &'static str,
+    /// The interfaces (without version) it admits.
+    pub interfaces: &'static [&'static str],
+    /// The first contract version (`0.1`, `0.3`, ...) whose drivers may import them.
+    pub since: (u32, u32),
+    pub what: &'static str,
+}
 
-    /// The WIT interface (without version) this grant admits.
+pub const CAPABILITIES: &[CapabilitySpec] = &[
+    CapabilitySpec {
+        grant: Grant::IscsiTarget,
+        name: "iscsi-target",
+        interfaces: &["berth:driver/iscsi-target"],
+        since: (0, 1),
+        what: "the host's iSCSI target service (tgtd): targets, LUNs, ACLs, CHAP, sessions",
+    },
+    CapabilitySpec {
+        grant: Grant::BackingStore,
+        name: "backing-store",
+        interfaces: &["berth:driver/backing-store"],
+        since: (0, 1),
+        what: "sparse image files in the backend's directory of the data directory",
+    },
+    CapabilitySpec {
+        grant: Grant::Network,
+        name: "network",
+        interfaces: &["wasi:http/outgoing-handler", "wasi:http/types"],
+        since: (0, 3),
+        what: "HTTPS requests to the backend's allowed_hosts, with the credentials the host keeps",
+    },
+    CapabilitySpec {
+        grant: Grant::InertWasi,
+        name: "inert-wasi",
+        interfaces: &[
+            "wasi:filesystem/types",
+            "wasi:filesystem/preopens",
+            "wasi:sockets/network",
+            "wasi:sockets/instance-network",
+            "wasi:sockets/tcp",
+            "wasi:sockets/tcp-create-socket",
+            "wasi:sockets/udp",
+            "wasi:sockets/udp-create-socket",
+            "wasi:sockets/ip-name-lookup",
+        ],
+        since: (0, 1),
+        what: "WASI's filesystem and sockets as a language runtime imports them, granting nothing: no directory is \
+               preopened, every socket and name lookup is refused",
+    },
+];
+
+impl Grant {
+    /// Every capability (`inert-wasi`, which is none, is never granted unless named).
+    pub const ALL: [Grant; 3] = [Grant::IscsiTarget, Grant::BackingStore, Grant::Network];
+
+    /// This grant's row of [`CAPABILITIES`].
+    pub fn spec(self) -> &'static CapabilitySpec {
+        CAPABILITIES.iter().find(|c| c.grant == self).expect("every grant has a row")
+    }
+
+    /// The grant that admits an interface (without version), if one does.
+    pub fn admitting(interface: &str) -> Option<Grant> {
+        CAPABILITIES.iter().find(|c| c.interfaces.contains(&interface)).map(|c| c.grant)
+    }
+
+    /// The first WIT interface this grant admits.
     pub fn interface(self) -> &'static str {
-        match self {
-            Grant::IscsiTarget => "berth:driver/iscsi-target",
-            Grant::BackingStore => "berth:driver/backing-store",
-        }
+        self.spec().interfaces[0]
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Grant::IscsiTarget => "iscsi-target",
-            Grant::BackingStore => "backing-store",
-        }
+        self.spec().name
     }
 }
 
@@ -66,6 +148,7 @@ pub struct DriverCapabilities {
     pub settings: Arc<BTreeMap<String, String>>,
     pub iscsi: Option<iscsi::IscsiCapability>,
     pub backing: Option<Arc<backing::BackingStores>>,
+    pub network: Option<Arc<network::NetworkCapability>>,
 }
 
 impl DriverCapabilities {
@@ -73,6 +156,10 @@ impl DriverCapabilities {
         match grant {
             Grant::IscsiTarget => self.iscsi.is_some(),
             Grant::BackingStore => self.backing.is_some(),
+            Grant::Network => self.network.is_some(),
+            // Nothing stands behind it: the call's WASI context preopens no directory and
+            // allows no socket.
+            Grant::InertWasi => true,
         }
     }
 }

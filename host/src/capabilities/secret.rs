@@ -34,6 +34,10 @@ impl fmt::Display for Secret {
 #[derive(Debug, Default, Clone)]
 pub struct Redactor {
     secrets: Vec<Secret>,
+    /// The array's credentials and what the network capability learned from answers (a login's
+    /// token) during the call, shared with its requests as they run. A driver's stored model
+    /// update must not hold one of these.
+    network: std::sync::Arc<std::sync::Mutex<Vec<Secret>>>,
 }
 
 impl Redactor {
@@ -53,9 +57,26 @@ impl Redactor {
         }
     }
 
+    /// Remembers a network secret (see the field's notes); shared with every clone.
+    pub fn add_network(&self, secret: &str) {
+        if secret.len() < 6 {
+            return;
+        }
+        let mut list = self.network.lock().unwrap_or_else(|p| p.into_inner());
+        if !list.iter().any(|s| s.expose() == secret) {
+            list.push(Secret::new(secret));
+        }
+    }
+
+    /// Whether a text holds one of the network secrets.
+    pub fn holds_network_secret(&self, text: &str) -> bool {
+        self.network.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|s| text.contains(s.expose()))
+    }
+
     pub fn redact(&self, text: &str) -> String {
         let mut out = text.to_string();
-        for secret in &self.secrets {
+        let network = self.network.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for secret in self.secrets.iter().chain(&network) {
             if out.contains(secret.expose()) {
                 out = out.replace(secret.expose(), "***");
             }

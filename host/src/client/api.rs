@@ -83,6 +83,10 @@ pub struct Endpoint {
     /// `.../v3/{project}`.
     base: String,
     token: String,
+    /// The token is a noauth `user:project`.
+    noauth: bool,
+    /// Send the token as a service token too ([`Endpoint::as_service`]).
+    service: bool,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -119,11 +123,12 @@ impl Endpoint {
                 ))
             })?;
             let base = base_url(&endpoint, &token.project_id)?;
-            return Ok(Endpoint { http, base, token: token.id });
+            return Ok(Endpoint { http, base, token: token.id, noauth: false, service: false });
         }
         let user = c.user_id.clone().or_else(|| env("OS_USER_ID")).or_else(|| env("USER"));
         let user = user.unwrap_or_else(|| "admin".into());
         let project = c.project_id.clone().or_else(|| env("OS_PROJECT_ID")).unwrap_or_else(|| user.clone());
+        let noauth = token.is_none() && matches!(auth_type.as_deref(), None | Some("noauth"));
         let token = match (auth_type.as_deref(), token) {
             (None | Some("noauth"), None) => format!("{user}:{project}"),
             (None | Some("token" | "v3token" | "admin_token" | "noauth"), Some(token)) => token,
@@ -142,7 +147,7 @@ impl Endpoint {
         };
         let endpoint = endpoint.unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
         let base = base_url(&endpoint, &project)?;
-        Ok(Endpoint { http, base, token })
+        Ok(Endpoint { http, base, token, noauth, service: false })
     }
 
     /// Keystone password authentication: the token, and the volume endpoint its catalog names.
@@ -216,6 +221,14 @@ impl Endpoint {
         &self.base
     }
 
+    /// The same endpoint, calling as a service, as Nova's compute service does: its own token is
+    /// also sent as `X-Service-Token` (with noauth, the `service` role in `X-Service-Roles`).
+    /// Cinder (and Berth) require it to end an instance's access (OSSA-2023-003); the user needs
+    /// the `service` role.
+    pub fn as_service(&self) -> Endpoint {
+        Endpoint { service: true, ..self.clone() }
+    }
+
     /// One call of the volume API at a microversion; the answer's JSON (`null` when empty).
     pub async fn call(
         &self,
@@ -231,6 +244,12 @@ impl Endpoint {
             .header("X-Auth-Token", &self.token)
             .header("OpenStack-API-Version", format!("volume {version}"))
             .header("Accept", "application/json");
+        if self.service {
+            request = request.header("X-Service-Token", &self.token);
+            if self.noauth {
+                request = request.header("X-Service-Roles", "service");
+            }
+        }
         if let Some(body) = body {
             request = request.json(&body);
         }

@@ -4,7 +4,13 @@
 //!
 //! - attachments API (3.44): create with a connector, `os-complete`, delete;
 //! - `--legacy`: `os-reserve`, `os-initialize_connection`, `os-attach`, `os-begin_detaching`,
-//!   `os-terminate_connection`, `os-detach`.
+//!   `os-terminate_connection`, `os-detach`, as Nova drove Cinder before the attachments API:
+//!   `os-detach` names the attachment, found in the volume's `attachments` (Cinder 29 answers a
+//!   `null` argument with a 500 and leaves the volume `detaching`).
+//!
+//! With `--service-token`, the benchmark calls as Nova's compute service does: each attachment
+//! names an instance, and the caller's token goes as a service token too, which ending an
+//! instance's access needs (OSSA-2023-003). Without it, attachments name a host only.
 //!
 //! `--fill N` first gives the backend N live attachments (N volumes, each attached and completed
 //! with a connector of its own), as many at a time as `--fill-clients`, and reports how long that
@@ -36,6 +42,11 @@ pub struct AttachBench {
     /// The legacy six-call flow instead of the attachments API.
     #[arg(long)]
     pub legacy: bool,
+    /// Call as Nova's compute service: name an instance in each attachment and send the token as
+    /// a service token too (`X-Service-Token`; with noauth, `X-Service-Roles: service`). The user
+    /// needs the `service` role.
+    #[arg(long)]
+    pub service_token: bool,
     /// Live attachments to make first (and keep during the measurement).
     #[arg(long, default_value_t = 0)]
     pub fill: usize,
@@ -156,13 +167,22 @@ fn connector(name: &str) -> Json {
 /// The calls of one cycle, with their durations.
 type Cycle = Vec<(&'static str, Duration)>;
 
-/// One attach cycle on `volume` for initiator `name`.
+/// Who a cycle attaches to: a host, or (as Nova's compute service) an instance on it.
+#[derive(Debug, Clone)]
+struct Consumer {
+    /// The initiator's unique part and the host's name.
+    name: String,
+    instance: Option<String>,
+}
+
+/// One attach cycle on `volume` for `who`.
 async fn cycle(
     api: &Endpoint,
     volume: &str,
-    name: &str,
+    who: &Consumer,
     legacy: bool,
 ) -> Result<Cycle, (&'static str, ClientError)> {
+    let name = who.name.as_str();
     let mut calls = Vec::with_capacity(6);
     macro_rules! timed {
         ($name:expr, $call:expr) => {{
@@ -180,26 +200,39 @@ async fn cycle(
             "os-initialize_connection",
             api.volume_action(volume, "os-initialize_connection", json!({"connector": c}))
         );
-        timed!(
-            "os-attach",
-            api.volume_action(volume, "os-attach", json!({"mountpoint": "/dev/vdb", "host_name": host}))
-        );
+        let attach = match &who.instance {
+            Some(instance) => json!({"mountpoint": "/dev/vdb", "instance_uuid": instance}),
+            None => json!({"mountpoint": "/dev/vdb", "host_name": host}),
+        };
+        timed!("os-attach", api.volume_action(volume, "os-attach", attach));
+        // Nova knows its attachment from the volume's `attachments`, and names it to detach.
+        let shown = timed!("show volume", api.volume(volume));
+        let attachment = shown["attachments"]
+            .as_array()
+            .and_then(|list| list.first())
+            .and_then(|a| a["attachment_id"].as_str())
+            .map(str::to_string)
+            .ok_or_else(|| {
+                (
+                    "show volume",
+                    ClientError::Api(format!("volume {volume} lists no attachment after os-attach")),
+                )
+            })?;
         timed!("os-begin_detaching", api.volume_action(volume, "os-begin_detaching", Json::Null));
         timed!(
             "os-terminate_connection",
             api.volume_action(volume, "os-terminate_connection", json!({"connector": c}))
         );
-        timed!("os-detach", api.volume_action(volume, "os-detach", Json::Null));
+        timed!("os-detach", api.volume_action(volume, "os-detach", json!({"attachment_id": attachment})));
     } else {
         let c = connector(name);
+        let mut attachment = json!({"volume_uuid": volume, "connector": c});
+        if let Some(instance) = &who.instance {
+            attachment["instance_uuid"] = json!(instance);
+        }
         let created = timed!(
             "create (with connector)",
-            api.call(
-                Method::POST,
-                "/attachments",
-                "3.44",
-                Some(json!({"attachment": {"volume_uuid": volume, "connector": c}}))
-            )
+            api.call(Method::POST, "/attachments", "3.44", Some(json!({"attachment": attachment})))
         );
         let id = created["attachment"]["id"].as_str().unwrap_or_default().to_string();
         timed!("complete", api.complete(&id));
@@ -272,20 +305,23 @@ pub async fn run(api: &Endpoint, args: &AttachBench) -> Result<Report, ClientErr
         in_parallel(args.clients, args.clients, |_| volume(api, args.volume_type.as_deref())).await?;
     let start = Instant::now() + Duration::from_secs_f64(args.warmup.max(0.0));
     let end = start + Duration::from_secs_f64(args.duration);
-    let api = Arc::new(api.clone());
+    let api = Arc::new(if args.service_token { api.as_service() } else { api.clone() });
     let mut tasks = Vec::new();
     for (i, v) in volumes.iter().enumerate() {
         let (api, v, legacy) = (api.clone(), v.clone(), args.legacy);
+        let who = Consumer {
+            name: format!("client-{i}"),
+            instance: args.service_token.then(|| uuid::Uuid::new_v4().to_string()),
+        };
         tasks.push(tokio::spawn(async move {
             let (mut cycles, mut errors): (Vec<(Duration, Cycle)>, BTreeMap<&'static str, usize>) =
                 (Vec::new(), BTreeMap::new());
-            let name = format!("client-{i}");
             loop {
                 let t = Instant::now();
                 if t >= end {
                     break;
                 }
-                match cycle(&api, &v, &name, legacy).await {
+                match cycle(&api, &v, &who, legacy).await {
                     Ok(calls) if t >= start => cycles.push((t.elapsed(), calls)),
                     Ok(_) => {}
                     Err((call, e)) => {

@@ -1,12 +1,14 @@
 //! `berth local-attach` and `berth local-detach`: attach a volume to the machine the command runs
 //! on, without an orchestrator (the seed `003_*`; python-brick-cinderclient-ext's commands).
 //!
-//! local-attach: create the attachment with this machine's connector, connect the target
-//! (discovery, CHAP, login, wait for the device), complete the attachment, print the device. On
-//! any failure the steps already done are undone in reverse order, so no reservation, session or
-//! node record is left behind.
+//! local-attach: create the attachment with this machine's connector, connect what the
+//! connection info names (iSCSI: discovery, CHAP, login, wait for the device; RBD: map the image
+//! with rbd-nbd or the kernel's RBD driver, `rbd.rs`), complete the attachment, print the device.
+//! On any failure the steps already done are undone in reverse order, so no reservation, session,
+//! node record or mapping is left behind.
 //!
-//! local-detach: disconnect (flush, logout, node delete), then delete the attachment.
+//! local-detach: disconnect (flush, then logout and node delete, or unmap), then delete the
+//! attachment.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,6 +19,7 @@ use super::api::Endpoint;
 use super::connector::{ConnectorOptions, connector};
 use super::error::ClientError;
 use super::iscsi::{Iscsiadm, Target, wait_for_device};
+use super::rbd::{Image, Mapper};
 
 /// How this machine connects targets.
 #[derive(Debug, Clone, clap::Args)]
@@ -27,6 +30,25 @@ pub struct InitiatorOptions {
     /// Where udev links iSCSI devices by path.
     #[arg(long, default_value = "/dev/disk/by-path", hide = true)]
     pub device_dir: PathBuf,
+    /// Where `/sys` is found, for the kernel modules RBD needs (tests).
+    #[arg(long, default_value = "/", hide = true)]
+    pub sys_root: PathBuf,
+}
+
+/// The tools of this machine, looked for when a volume needs them: an RBD volume needs no
+/// iscsiadm, an iSCSI one no rbd-nbd.
+pub struct Tools {
+    iscsiadm: Result<Iscsiadm, ClientError>,
+}
+
+impl Tools {
+    pub fn find() -> Tools {
+        Tools { iscsiadm: Iscsiadm::find(ISCSIADM_TIMEOUT) }
+    }
+
+    fn iscsiadm(&self) -> Result<&Iscsiadm, ClientError> {
+        self.iscsiadm.as_ref().map_err(|e| ClientError::Tools(e.to_string()))
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -76,7 +98,7 @@ pub fn require_root(command: &str) -> Result<(), ClientError> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(ClientError::Tools(format!(
-            "{command} must run as root: iscsiadm changes the kernel's iSCSI sessions"
+            "{command} must run as root: it changes the kernel's iSCSI sessions or block devices"
         )));
     }
     Ok(())
@@ -87,24 +109,15 @@ enum Undo {
     DeleteAttachment(String),
     DeleteNode(Target),
     Logout(Target),
+    Unmap(Mapper, PathBuf),
 }
 
 /// The command's iscsiadm timeout: a login may retry for a while.
 const ISCSIADM_TIMEOUT: Duration = Duration::from_secs(120);
 
-pub fn iscsiadm() -> Result<Iscsiadm, ClientError> {
-    Iscsiadm::find(ISCSIADM_TIMEOUT)
-}
-
 /// Attaches the volume; returns the device information (`path`, `paths`, `type`, ids).
-pub async fn local_attach(api: &Endpoint, iscsi: &Iscsiadm, args: &AttachArgs) -> Result<Json, ClientError> {
+pub async fn local_attach(api: &Endpoint, tools: &Tools, args: &AttachArgs) -> Result<Json, ClientError> {
     let mut c = connector(&args.connector, args.hostname.as_deref())?;
-    if !c.contains_key("initiator") {
-        return Err(ClientError::Tools(format!(
-            "this machine has no iSCSI initiator name ({} is missing or empty): install open-iscsi",
-            args.connector.initiator_name_file.display()
-        )));
-    }
     if let Some(m) = &args.mountpoint {
         c.insert("mountpoint".into(), json!(m));
     }
@@ -112,14 +125,21 @@ pub async fn local_attach(api: &Endpoint, iscsi: &Iscsiadm, args: &AttachArgs) -
         c.insert("mode".into(), json!(mode));
     }
     let mut undo = Vec::new();
-    match attach_steps(api, iscsi, args, &c, &mut undo).await {
+    match attach_steps(api, tools, args, &c, &mut undo).await {
         Ok(info) => Ok(info),
         Err(error) => {
             let mut failed = Vec::new();
             for step in undo.into_iter().rev() {
                 let result = match &step {
-                    Undo::Logout(t) => iscsi.logout(t).await,
-                    Undo::DeleteNode(t) => iscsi.delete_node(t).await,
+                    Undo::Logout(t) => match tools.iscsiadm() {
+                        Ok(iscsi) => iscsi.logout(t).await,
+                        Err(e) => Err(e),
+                    },
+                    Undo::DeleteNode(t) => match tools.iscsiadm() {
+                        Ok(iscsi) => iscsi.delete_node(t).await,
+                        Err(e) => Err(e),
+                    },
+                    Undo::Unmap(mapper, device) => mapper.unmap(device).await,
                     Undo::DeleteAttachment(id) => api.delete_attachment(id).await,
                 };
                 if let Err(e) = result {
@@ -142,25 +162,61 @@ pub async fn local_attach(api: &Endpoint, iscsi: &Iscsiadm, args: &AttachArgs) -
 
 async fn attach_steps(
     api: &Endpoint,
-    iscsi: &Iscsiadm,
+    tools: &Tools,
     args: &AttachArgs,
     connector: &serde_json::Map<String, Json>,
     undo: &mut Vec<Undo>,
 ) -> Result<Json, ClientError> {
-    let attachment = api.create_attachment(&args.volume_id, connector, args.mode.as_deref()).await?;
+    let no_initiator = || {
+        ClientError::Tools(format!(
+            "this machine has no iSCSI initiator name ({} is missing or empty): install open-iscsi",
+            args.connector.initiator_name_file.display()
+        ))
+    };
+    let attachment = match api.create_attachment(&args.volume_id, connector, args.mode.as_deref()).await {
+        // A driver that needs an initiator refuses a connector without one.
+        Err(ClientError::Api(m)) if !connector.contains_key("initiator") && m.contains("initiator") => {
+            return Err(no_initiator());
+        }
+        other => other?,
+    };
     let id = attachment["id"]
         .as_str()
         .ok_or_else(|| ClientError::Api("the attachment in the answer has no id".into()))?
         .to_string();
     undo.push(Undo::DeleteAttachment(id.clone()));
     let info = &attachment["connection_info"];
-    let protocol = info["driver_volume_type"].as_str().unwrap_or("(none)");
-    if !protocol.eq_ignore_ascii_case("iscsi") {
-        return Err(ClientError::Api(format!(
-            "volume {} is exported over {protocol}; berth local-attach connects iscsi volumes",
-            args.volume_id
-        )));
+    let protocol = info["driver_volume_type"].as_str().unwrap_or("(none)").to_ascii_lowercase();
+    match protocol.as_str() {
+        "iscsi" => {}
+        "rbd" => {
+            let image = Image::from_connection_info(info)?;
+            let mapper = Mapper::find(&args.initiator.sys_root)?;
+            let read_only = info["access_mode"].as_str() == Some("ro");
+            let device = mapper.map(&image, read_only).await?;
+            undo.push(Undo::Unmap(mapper, device.clone()));
+            api.complete(&id).await?;
+            let shown = device.display().to_string();
+            return Ok(json!({
+                "type": "block",
+                "path": shown,
+                "paths": [shown],
+                "volume_id": args.volume_id,
+                "attachment_id": id,
+                "name": image.spec,
+            }));
+        }
+        other => {
+            return Err(ClientError::Api(format!(
+                "volume {} is exported over {other}; berth local-attach connects iscsi and rbd volumes",
+                args.volume_id
+            )));
+        }
     }
+    if !connector.contains_key("initiator") {
+        return Err(no_initiator());
+    }
+    let iscsi = tools.iscsiadm()?;
     let targets = Target::from_connection_info(info, args.connector.multipath)?;
     let mut paths = Vec::new();
     let mut last_error = None;
@@ -199,11 +255,7 @@ async fn attach_steps(
 }
 
 /// Detaches the volume: disconnects every path of its attachment, then deletes it.
-pub async fn local_detach(
-    api: &Endpoint,
-    iscsi: &Iscsiadm,
-    args: &DetachArgs,
-) -> Result<String, ClientError> {
+pub async fn local_detach(api: &Endpoint, tools: &Tools, args: &DetachArgs) -> Result<String, ClientError> {
     let id = match &args.attachment_id {
         Some(id) => id.clone(),
         None => {
@@ -238,16 +290,28 @@ pub async fn local_detach(
         )));
     }
     let info = &attachment["connection_info"];
-    if info.get("target_iqn").is_some() {
-        let targets = Target::from_connection_info(info, true)?;
-        let given = match &args.device_info {
-            Some(text) => {
-                let v: Json = serde_json::from_str(text)
-                    .map_err(|e| ClientError::Usage(format!("--device-info is not JSON: {e}")))?;
-                v["path"].as_str().map(PathBuf::from)
-            }
-            None => None,
+    let given = match &args.device_info {
+        Some(text) => {
+            let v: Json = serde_json::from_str(text)
+                .map_err(|e| ClientError::Usage(format!("--device-info is not JSON: {e}")))?;
+            v["path"].as_str().map(PathBuf::from)
+        }
+        None => None,
+    };
+    if info["driver_volume_type"].as_str().is_some_and(|t| t.eq_ignore_ascii_case("rbd")) {
+        let image = Image::from_connection_info(info)?;
+        let mapper = Mapper::find(&args.initiator.sys_root)?;
+        let device = match given {
+            Some(device) => Some(device),
+            None => mapper.mapped(&image).await?,
         };
+        if let Some(device) = device {
+            flush(&device)?;
+            mapper.unmap(&device).await?;
+        }
+    } else if info.get("target_iqn").is_some() {
+        let iscsi = tools.iscsiadm()?;
+        let targets = Target::from_connection_info(info, true)?;
         let devices: Vec<PathBuf> =
             given.into_iter().chain(targets.iter().map(|t| t.by_path(&args.initiator.device_dir))).collect();
         for device in &devices {

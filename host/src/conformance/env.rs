@@ -14,6 +14,7 @@ use super::target::{Daemon, HeldSession, Snapshot, Target, TargetMode};
 use crate::capabilities::backing::BackingStores;
 use crate::capabilities::iscsi::IscsiCapability;
 use crate::capabilities::namespace::Namespace;
+use crate::capabilities::network::NetFault;
 use crate::capabilities::{DriverCapabilities, Grant};
 use crate::runtime::contract::{
     AccessMode, Attachment, Connector, ContractVersion, DriverError, DriverInfo, Guarantee, ModelUpdate,
@@ -54,6 +55,8 @@ impl Measure {
 pub struct Shared {
     pub runtime: Runtime,
     pub wasm: PathBuf,
+    /// The network of a driver granted it (one pool for the whole run).
+    pub network: Option<Arc<crate::capabilities::network::NetworkCapability>>,
     pub settings: Arc<BTreeMap<String, String>>,
     pub grants: BTreeSet<Grant>,
     pub limits: Limits,
@@ -68,6 +71,9 @@ pub struct Shared {
     /// The contract version the driver was built for.
     pub contract: Option<ContractVersion>,
     pub imports: Vec<String>,
+    /// The volumes `create-volume` made on a real backend and no `delete-volume` removed yet,
+    /// by any environment of the check under way: removed when the check ends.
+    pub created: std::sync::Mutex<Vec<Volume>>,
 }
 
 impl Shared {
@@ -85,6 +91,12 @@ impl Shared {
 
     pub fn promises(&self, guarantee: Guarantee) -> bool {
         self.guarantees.contains(&guarantee)
+    }
+
+    /// Whether the driver talks to its backend over the network (`wasi:http`): its volumes live
+    /// on a real backend that outlives each check's environment.
+    pub fn uses_network(&self) -> bool {
+        self.imports.iter().any(|i| i.starts_with("wasi:http/outgoing-handler@"))
     }
 }
 
@@ -140,6 +152,9 @@ impl<'s> Env<'s> {
                 namespace,
             });
         }
+        if shared.grants.contains(&Grant::Network) {
+            caps.network = shared.network.clone();
+        }
         let spec = DriverSpec {
             backend: BACKEND.into(),
             wasm: WasmSource::File(shared.wasm.clone()),
@@ -151,6 +166,35 @@ impl<'s> Env<'s> {
         Ok(Env { shared, driver, target, stores, measure: Measure::default(), last_calls: Vec::new() })
     }
 
+    /// Removes what a check left on a real backend (a network driver's volumes, made in this
+    /// environment or another of the same check; the target model and the stores of other
+    /// drivers are each environment's own and go with it): every such volume is terminated for
+    /// everyone, unexported and deleted, as an operator would clean up. What cannot be removed
+    /// is named.
+    pub async fn cleanup(&mut self) -> Result<(), String> {
+        if !self.shared.uses_network() {
+            return Ok(());
+        }
+        let mut left = Vec::new();
+        let created = std::mem::take(&mut *self.shared.created.lock().unwrap_or_else(|p| p.into_inner()));
+        for v in created {
+            let options = CallOptions { fuel: Some(self.shared.fuel_per_call), ..Default::default() };
+            for request in [
+                Request::TerminateConnection(v.clone(), None, Vec::new()),
+                Request::RemoveExport(v.clone()),
+                Request::DeleteVolume(v.clone()),
+            ] {
+                let r = self.driver.invoke(&request, &options).await.result;
+                if let (Request::DeleteVolume(_), Err(e)) = (&request, r)
+                    && !e.is_unsupported()
+                {
+                    left.push(format!("{}: {}", v.name, failed(&e)));
+                }
+            }
+        }
+        if left.is_empty() { Ok(()) } else { Err(format!("could not delete: {}", left.join("; "))) }
+    }
+
     /// One call, metered and recorded.
     pub async fn call(&mut self, request: Request) -> Result<Response, CallError> {
         self.call_with(request, None).await
@@ -158,10 +202,35 @@ impl<'s> Env<'s> {
 
     /// One call, trapping at the n-th capability call when `trap_at` is given.
     pub async fn call_with(&mut self, request: Request, trap_at: Option<u32>) -> Result<Response, CallError> {
+        self.call_faulted(request, trap_at, None).await
+    }
+
+    /// One call, with the n-th request to the network failing as `fault` says.
+    pub async fn call_with_network_fault(
+        &mut self,
+        request: Request,
+        fault: (u32, NetFault),
+    ) -> Result<Response, CallError> {
+        self.call_faulted(request, None, Some(fault)).await
+    }
+
+    async fn call_faulted(
+        &mut self,
+        request: Request,
+        trap_at: Option<u32>,
+        network_fault: Option<(u32, NetFault)>,
+    ) -> Result<Response, CallError> {
+        if let Request::CreateVolume(v) = &request {
+            let mut created = self.shared.created.lock().unwrap_or_else(|p| p.into_inner());
+            if !created.iter().any(|c| c.id == v.id) {
+                created.push(v.clone());
+            }
+        }
         let options = CallOptions {
             record: true,
             trap_at_capability_call: trap_at,
             fuel: Some(self.shared.fuel_per_call),
+            network_fault,
         };
         let outcome = self.driver.invoke(&request, &options).await;
         let s = &outcome.stats;
@@ -178,6 +247,9 @@ impl<'s> Env<'s> {
             }
         }
         self.last_calls = outcome.stats.capability_calls;
+        if let (Request::DeleteVolume(v), Ok(_)) = (&request, &outcome.result) {
+            self.shared.created.lock().unwrap_or_else(|p| p.into_inner()).retain(|c| c.id != v.id);
+        }
         outcome.result
     }
 
@@ -230,6 +302,33 @@ impl<'s> Env<'s> {
             Err(e) => return Err(failed(&e)),
         }
         Ok(v)
+    }
+
+    /// `extend-volume` to `new_size_gib` with the record as the host passes it (the old size),
+    /// applying its update; `false` when the driver answered `unsupported`.
+    pub async fn extend(&mut self, v: &mut Volume, new_size_gib: u64) -> Result<bool, String> {
+        match self.call(Request::ExtendVolume(v.clone(), new_size_gib)).await {
+            Ok(Response::ModelUpdate(u)) => {
+                apply(v, &u);
+                Ok(true)
+            }
+            Ok(other) => Err(unexpected("extend-volume", &other)),
+            Err(e) if e.is_unsupported() => Ok(false),
+            Err(e) => Err(failed(&e)),
+        }
+    }
+
+    /// The backing stores and their sizes in bytes.
+    pub fn store_sizes(&self) -> BTreeMap<String, u64> {
+        std::fs::read_dir(self.stores.dir())
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter_map(|e| {
+                        Some((e.file_name().to_string_lossy().into_owned(), e.metadata().ok()?.len()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     pub async fn delete_volume(&mut self, v: &Volume) -> Result<(), String> {
@@ -295,7 +394,18 @@ impl<'s> Env<'s> {
         c: Option<&Connector>,
         others: &[Attachment],
     ) -> Result<Termination, CallError> {
-        match self.call(Request::TerminateConnection(v.clone(), c.cloned(), others.to_vec())).await? {
+        let answer =
+            match self.call(Request::TerminateConnection(v.clone(), c.cloned(), others.to_vec())).await {
+                // Nothing to revoke, as the service takes it.
+                Err(e) if e.is_unsupported() => {
+                    return Ok(Termination {
+                        export_in_use: others.iter().any(|a| a.connector.is_some()),
+                        update: crate::runtime::model::no_update(),
+                    });
+                }
+                answer => answer?,
+            };
+        match answer {
             Response::Termination(t) => {
                 apply(v, &t.update);
                 Ok(t)

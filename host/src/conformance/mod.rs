@@ -40,6 +40,9 @@ pub struct VendorConfig {
     pub limits: Limits,
     /// Fuel (roughly, WebAssembly instructions) one call may use.
     pub fuel_per_call: u64,
+    /// For a driver granted the network: its allowed hosts, TLS, bounds and credentials, as a
+    /// backend's `[backends.network]` table.
+    pub network: Option<crate::capabilities::network::NetworkConfig>,
 }
 
 impl Default for VendorConfig {
@@ -49,6 +52,7 @@ impl Default for VendorConfig {
             grants: Grant::ALL.into_iter().collect(),
             limits: Limits::default(),
             fuel_per_call: 2_000_000_000,
+            network: None,
         }
     }
 }
@@ -62,6 +66,9 @@ impl VendorConfig {
         Ok(config)
     }
 }
+
+/// The backend name a driver under test runs as (its log lines and metrics say so).
+const BACKEND_NAME: &str = "conformance";
 
 /// A run's options.
 #[derive(Debug, Clone)]
@@ -108,8 +115,15 @@ pub async fn run(options: Options, mut on_check: impl FnMut(&CheckReport)) -> Re
         .filter(|c| options.focus.as_ref().is_none_or(|re| re.is_match(c.name)))
         .filter(|c| options.skip.as_ref().is_none_or(|re| !re.is_match(c.name)))
         .collect();
+    let network = match &options.config.network {
+        Some(n) if options.config.grants.contains(&Grant::Network) => {
+            Some(Arc::new(crate::capabilities::network::NetworkCapability::new(BACKEND_NAME, n)?))
+        }
+        _ => None,
+    };
     let mut shared = Shared {
         runtime,
+        network,
         wasm: options.wasm.clone(),
         settings: Arc::new(options.config.settings.clone()),
         grants: options.config.grants.clone(),
@@ -122,6 +136,7 @@ pub async fn run(options: Options, mut on_check: impl FnMut(&CheckReport)) -> Re
         guarantees: Vec::new(),
         contract: None,
         imports: Vec::new(),
+        created: Default::default(),
     };
     let target_name = match options.target {
         TargetMode::Model => "model",
@@ -187,6 +202,7 @@ pub async fn run(options: Options, mut on_check: impl FnMut(&CheckReport)) -> Re
         d.stop().await;
     }
     Ok(Report {
+        tgtd: daemon.as_ref().map(|d| (d.control_port, format!("{}:{}", d.portal.address, d.portal.port))),
         driver: driver_name,
         contract: shared.contract.map(ContractVersion::name),
         guarantees: shared.guarantees.iter().map(|g| g.as_str()).collect(),
@@ -205,6 +221,9 @@ fn skip_reason(shared: &Shared, needs: &[Need]) -> Option<String> {
         }
         Need::TargetService if !shared.uses_target_service() => {
             Some("the driver does not use the host's iSCSI target service".into())
+        }
+        Need::Network if !shared.uses_network() => {
+            Some("the driver does not talk to its backend over the network".into())
         }
         Need::Multiattach if !shared.multiattach() => {
             Some("the driver does not advertise multiattach".into())
@@ -239,7 +258,9 @@ async fn run_check(shared: &Shared, check: &checks::Check, repeat: u32) -> Check
             Ok(mut env) => {
                 let r = (check.run)(&mut env).await;
                 measure.merge(&env.measure);
-                r
+                // What the check left on a real backend goes, whatever the check's verdict.
+                let cleaned = env.cleanup().await;
+                r.and(cleaned.map_err(|e| format!("after the check: {e}")))
             }
             Err(e) => Err(format!("cannot prepare the environment: {e}")),
         };

@@ -62,6 +62,8 @@ pub struct Report {
     pub guarantees: Vec<&'static str>,
     pub wasm: String,
     pub target: &'static str,
+    /// The tgtd the suite ran (`--target tgtd`): its control port and portal.
+    pub tgtd: Option<(u16, String)>,
     pub checks: Vec<CheckReport>,
     pub duration: Duration,
 }
@@ -89,15 +91,20 @@ impl Report {
     }
 
     pub fn summary(&self) -> String {
+        let target = match &self.tgtd {
+            Some((control, portal)) => {
+                format!("{}, its own on control port {control} and portal {portal}", self.target)
+            }
+            None => self.target.to_string(),
+        };
         format!(
-            "{}: {} checks, {} passed, {} failed, {} skipped in {} (target: {})",
+            "{}: {} checks, {} passed, {} failed, {} skipped in {} (target: {target})",
             self.driver,
             self.checks.len(),
             self.passed(),
             self.failed(),
             self.skipped(),
             time(self.duration),
-            self.target
         )
     }
 

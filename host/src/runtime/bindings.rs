@@ -3,21 +3,35 @@
 //! version's types.
 //!
 //! Older versions share the latest `types` interface where it did not change (so their calls
-//! take and return the same Rust values); what did change is adapted in `since_v0_1.rs`.
+//! take and return the same Rust values); their capability interfaces are adapted to the latest
+//! ones in `since_v0_2.rs` and `since_v0_1.rs`. The `network-storage-driver` world of 0.3.0 adds
+//! only standard `wasi:http` imports, which `wasmtime-wasi-http` implements (`network.rs`): its
+//! drivers are bound to `storage-driver` like every other.
 
-/// `berth:driver@0.2.0`, the version this host is written against.
-pub mod latest {
+/// `berth:driver@0.3.0`, the version this host is written against.
+pub(crate) mod latest {
     wasmtime::component::bindgen!({
         world: "storage-driver",
-        path: "../wit/driver@0.2.0",
+        path: "../wit/driver@0.3.0",
         imports: { default: async | trappable },
         exports: { default: async },
         additional_derives: [PartialEq],
     });
 }
 
-/// `berth:driver@0.1.0`. Its `types` interface is the same as 0.2.0's.
-pub mod v0_1 {
+/// `berth:driver@0.2.0`. Its interfaces are 0.3.0's.
+pub(crate) mod v0_2 {
+    wasmtime::component::bindgen!({
+        world: "storage-driver",
+        path: "../wit/driver@0.2.0",
+        imports: { default: async | trappable },
+        exports: { default: async },
+        with: { "berth:driver/types": super::latest::berth::driver::types },
+    });
+}
+
+/// `berth:driver@0.1.0`. Its `types` interface is the same as 0.3.0's.
+pub(crate) mod v0_1 {
     wasmtime::component::bindgen!({
         world: "storage-driver",
         path: "../wit/driver@0.1.0",

@@ -18,6 +18,7 @@ pub enum Call {
     ValidateConnector,
     CreateVolume,
     DeleteVolume,
+    ExtendVolume,
     CreateExport,
     RemoveExport,
     InitializeConnection,
@@ -34,6 +35,7 @@ impl Call {
             Call::ValidateConnector => "validate-connector",
             Call::CreateVolume => "create-volume",
             Call::DeleteVolume => "delete-volume",
+            Call::ExtendVolume => "extend-volume",
             Call::CreateExport => "create-export",
             Call::RemoveExport => "remove-export",
             Call::InitializeConnection => "initialize-connection",
@@ -58,6 +60,8 @@ pub enum Request {
     ValidateConnector(Connector),
     CreateVolume(Volume),
     DeleteVolume(Volume),
+    /// New in 0.3.0 (the host answers `unsupported` for older drivers): the new size in GiB.
+    ExtendVolume(Volume, u64),
     CreateExport(Volume, Option<Connector>),
     RemoveExport(Volume),
     InitializeConnection(Volume, Connector),
@@ -73,6 +77,7 @@ impl Request {
             Request::ValidateConnector(_) => Call::ValidateConnector,
             Request::CreateVolume(_) => Call::CreateVolume,
             Request::DeleteVolume(_) => Call::DeleteVolume,
+            Request::ExtendVolume(..) => Call::ExtendVolume,
             Request::CreateExport(..) => Call::CreateExport,
             Request::RemoveExport(_) => Call::RemoveExport,
             Request::InitializeConnection(..) => Call::InitializeConnection,
@@ -86,6 +91,7 @@ impl Request {
             Request::Info | Request::Guarantees | Request::ValidateConnector(_) => None,
             Request::CreateVolume(v)
             | Request::DeleteVolume(v)
+            | Request::ExtendVolume(v, _)
             | Request::CreateExport(v, _)
             | Request::RemoveExport(v)
             | Request::InitializeConnection(v, _)
@@ -135,6 +141,9 @@ pub struct CallOptions {
     pub trap_at_capability_call: Option<u32>,
     /// Meter the call with this much fuel (the runtime must have been built with fuel).
     pub fuel: Option<u64>,
+    /// Inject a network fault at the n-th request of the call (1-based), in front of the real
+    /// endpoint.
+    pub network_fault: Option<(u32, crate::capabilities::network::NetFault)>,
 }
 
 /// One capability call made by a driver.

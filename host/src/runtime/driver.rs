@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use wasmtime::component::Component;
 use wasmtime::{Engine, Store};
 
-use super::bindings::{latest, v0_1};
+use super::bindings::{latest, v0_1, v0_2};
 use super::cache::Provenance;
 use super::call::{Call, CallOptions, CallStats, Effect, Outcome, Request, Response};
 use super::contract::{
@@ -26,6 +26,7 @@ use super::outcome::judge;
 use super::state::{CallScope, HostState};
 use super::store::call_store;
 use crate::capabilities::DriverCapabilities;
+use crate::capabilities::network::glue::CallNetwork;
 use crate::capabilities::secret::Redactor;
 
 /// A loaded driver. Cheap to clone.
@@ -38,6 +39,7 @@ pub struct Driver {
 /// built for. Each version's calls take and return the same host types (see `bindings.rs`).
 pub(crate) enum Pre {
     Latest(latest::StorageDriverPre<HostState>),
+    V0_2(v0_2::StorageDriverPre<HostState>),
     V0_1(v0_1::StorageDriverPre<HostState>),
 }
 
@@ -45,6 +47,7 @@ impl Pre {
     fn contract(&self) -> ContractVersion {
         match self {
             Pre::Latest(_) => ContractVersion::LATEST,
+            Pre::V0_2(_) => ContractVersion::V0_2,
             Pre::V0_1(_) => ContractVersion::V0_1,
         }
     }
@@ -112,7 +115,7 @@ impl Driver {
         };
         let guarantees = match driver.inner.pre {
             Pre::V0_1(_) => Vec::new(),
-            Pre::Latest(_) => {
+            Pre::Latest(_) | Pre::V0_2(_) => {
                 match driver.invoke(&Request::Guarantees, &CallOptions::default()).await.result? {
                     Response::Guarantees(mut g) => {
                         g.sort_by_key(|g| g.as_str());
@@ -155,6 +158,11 @@ impl Driver {
     }
 
     /// sha256 of the `.wasm`, hex.
+    /// The iSCSI target service this driver was granted, if any.
+    pub fn target_service(&self) -> Option<&Arc<dyn crate::capabilities::iscsi::TargetService>> {
+        self.inner.caps.iscsi.as_ref().map(|i| &i.service)
+    }
+
     pub fn digest(&self) -> &str {
         &self.inner.digest
     }
@@ -207,6 +215,17 @@ impl Driver {
         if let Some(auth) = request.volume().and_then(|v| v.provider_auth.as_deref()) {
             redactor.add_provider_auth(auth);
         }
+        if let Some(network) = &inner.caps.network {
+            for secret in network.secret_values() {
+                redactor.add_network(secret);
+            }
+        }
+        let requests = inner.caps.network.as_ref().filter(|_| options.record).map(|_| Arc::default());
+        let network = CallNetwork::new(
+            inner.caps.network.clone().map(|n| (n, redactor.clone(), requests.clone())),
+            deadline.into_std(),
+            options.network_fault,
+        );
         let scope = CallScope {
             driver: inner.backend.clone(),
             call,
@@ -224,7 +243,7 @@ impl Driver {
         let fuel = options.fuel.filter(|_| inner.fuel_enabled);
         let mut store = call_store(
             &inner.engine,
-            HostState::new(scope, inner.limits.memory_bytes()),
+            HostState::new(scope, inner.limits.memory_bytes(), network),
             &inner.limits,
             inner.fuel_enabled,
             fuel,
@@ -238,6 +257,11 @@ impl Driver {
                     let instance = pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
                     instantiation = instantiating.elapsed();
                     dispatch_latest(instance.berth_driver_driver(), &mut store, request).await
+                }
+                Pre::V0_2(pre) => {
+                    let instance = pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
+                    instantiation = instantiating.elapsed();
+                    dispatch_v0_2(instance.berth_driver_driver(), &mut store, request).await
                 }
                 Pre::V0_1(pre) => {
                     let instance = pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
@@ -256,7 +280,13 @@ impl Driver {
             guest_time: state.clock.guest_time(),
             fuel: fuel.map(|f| f.saturating_sub(store.get_fuel().unwrap_or(0))),
             peak_memory: state.memory.peak,
-            capability_calls: state.scope.capability_calls.clone(),
+            capability_calls: {
+                let mut calls = state.scope.capability_calls.clone();
+                if let Some(requests) = &requests {
+                    calls.extend(requests.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned());
+                }
+                calls
+            },
             effects: state.scope.effects.clone(),
             output: state.stderr.text(),
         };
@@ -294,9 +324,9 @@ impl Driver {
 }
 
 /// One dispatcher per contract version. The calls are the same but for what a version added;
-/// `$guarantees` answers `guarantees()` (new in 0.2.0).
+/// `$guarantees` answers `guarantees()` (new in 0.2.0), `$extend` `extend-volume` (new in 0.3.0).
 macro_rules! dispatcher {
-    ($name:ident, $guest:ty, |$g:ident, $s:ident| $guarantees:expr) => {
+    ($name:ident, $guest:ty, |$g:ident, $s:ident| $guarantees:expr, |$v:ident, $n:ident| $extend:expr) => {
         async fn $name(
             $g: &$guest,
             store: &mut Store<HostState>,
@@ -311,6 +341,7 @@ macro_rules! dispatcher {
                 }
                 Request::CreateVolume(v) => $g.call_create_volume($s, v).await?.map(Response::ModelUpdate),
                 Request::DeleteVolume(v) => $g.call_delete_volume($s, v).await?.map(|()| Response::Unit),
+                Request::ExtendVolume($v, $n) => $extend,
                 Request::CreateExport(v, c) => {
                     $g.call_create_export($s, v, c.as_ref()).await?.map(Response::ModelUpdate)
                 }
@@ -329,13 +360,42 @@ macro_rules! dispatcher {
     };
 }
 
-dispatcher!(dispatch_latest, latest::exports::berth::driver::driver::Guest, |g, s| g
-    .call_guarantees(s)
-    .await?);
-dispatcher!(dispatch_v0_1, v0_1::exports::berth::driver::driver::Guest, |g, s| {
-    let _ = (g, s);
-    Vec::new()
-});
+dispatcher!(
+    dispatch_latest,
+    latest::exports::berth::driver::driver::Guest,
+    |g, s| g.call_guarantees(s).await?,
+    |v, n| g.call_extend_volume(s, v, *n).await?.map(Response::ModelUpdate)
+);
+dispatcher!(
+    dispatch_v0_2,
+    v0_2::exports::berth::driver::driver::Guest,
+    |g, s| g
+        .call_guarantees(s)
+        .await?
+        .into_iter()
+        .map(|g| match g {
+            v0_2::exports::berth::driver::driver::Guarantee::TerminateEndsSessions => {
+                Guarantee::TerminateEndsSessions
+            }
+        })
+        .collect(),
+    |v, n| {
+        let _ = (v, n);
+        Err(DriverError::Unsupported("extend-volume: the driver is built for contract 0.2.0".into()))
+    }
+);
+dispatcher!(
+    dispatch_v0_1,
+    v0_1::exports::berth::driver::driver::Guest,
+    |g, s| {
+        let _ = (g, s);
+        Vec::new()
+    },
+    |v, n| {
+        let _ = (v, n);
+        Err(DriverError::Unsupported("extend-volume: the driver is built for contract 0.1.0".into()))
+    }
+);
 
 impl Driver {
     /// A session of calls for one operation of the service (see [`DriverCalls`]).
@@ -375,7 +435,7 @@ pub struct DriverCalls<'d> {
 
 /// A condition checked before every call of a [`DriverCalls`]: when it answers a reason, the call
 /// is not made and fails with [`CallErrorKind::NotMade`] (an operation that lost its lease).
-pub type Guard = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
+pub(super) type Guard = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl<'d> DriverCalls<'d> {
     pub fn driver(&self) -> &'d Driver {
@@ -422,6 +482,14 @@ impl<'d> DriverCalls<'d> {
     pub async fn delete_volume(&mut self, volume: &Volume) -> Result<(), CallError> {
         self.expect(Request::DeleteVolume(volume.clone()), |r| matches!(r, Response::Unit).then_some(()))
             .await
+    }
+
+    pub async fn extend_volume(
+        &mut self,
+        volume: &Volume,
+        new_size_gib: u64,
+    ) -> Result<ModelUpdate, CallError> {
+        self.expect(Request::ExtendVolume(volume.clone(), new_size_gib), Response::into_model_update).await
     }
 
     pub async fn create_export(

@@ -18,6 +18,21 @@ pub struct CallError {
     pub kind: CallErrorKind,
 }
 
+/// The one classification of a failed driver call, for every flow and for recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The driver refused the call as the contract's final errors say (`invalid-connector`,
+    /// `not-found`, `incompatible`, `unsupported`): nothing happened, and retrying changes
+    /// nothing.
+    Refused,
+    /// It may pass if tried again later (`retryable`, the wall-time limit, a call not made because
+    /// the operation lost its lease): recovery leaves the operation for the next pass.
+    Transient,
+    /// It failed for good and may have partly happened (`backend`, a crash, a limit, an invalid
+    /// result): the flow records its error status.
+    Final,
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CallErrorKind {
     /// The driver returned one of the contract's error cases.
@@ -99,18 +114,26 @@ impl CallError {
         }
     }
 
-    /// Whether the call may have partly happened: anything but a final typed error or a call
-    /// that was not made. The host never records an uncertain detach as done.
-    pub fn is_uncertain(&self) -> bool {
-        !matches!(
-            &self.kind,
+    /// What kind of failure it is (the one classifier; see [`Failure`]).
+    pub fn failure(&self) -> Failure {
+        match &self.kind {
             CallErrorKind::Driver(
                 DriverError::InvalidConnector(_)
-                    | DriverError::NotFound(_)
-                    | DriverError::Incompatible(_)
-                    | DriverError::Unsupported(_)
-            ) | CallErrorKind::NotMade(_)
-        )
+                | DriverError::NotFound(_)
+                | DriverError::Incompatible(_)
+                | DriverError::Unsupported(_),
+            ) => Failure::Refused,
+            CallErrorKind::Driver(DriverError::Retryable(_))
+            | CallErrorKind::Timeout(_)
+            | CallErrorKind::NotMade(_) => Failure::Transient,
+            _ => Failure::Final,
+        }
+    }
+
+    /// Whether the call may have partly happened: anything but a refusal or a call that was not
+    /// made. The host never records an uncertain detach as done.
+    pub fn is_uncertain(&self) -> bool {
+        !matches!(self.failure(), Failure::Refused) && !matches!(self.kind, CallErrorKind::NotMade(_))
     }
 
     pub fn is_unsupported(&self) -> bool {
@@ -144,4 +167,41 @@ pub enum LoadError {
          directly takes RuntimeOptions::slot (Footprint::of the component)"
     )]
     TooLarge { driver: String, needs: super::Footprint, slot: super::Footprint },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(kind: CallErrorKind) -> (Failure, bool) {
+        let e = CallError {
+            driver: "d".into(),
+            version: "1".into(),
+            call: super::super::Call::CreateExport,
+            kind,
+        };
+        (e.failure(), e.is_uncertain())
+    }
+
+    #[test]
+    fn every_failure_is_refused_transient_or_final_and_only_a_refusal_or_a_call_not_made_is_certain() {
+        let t = Duration::from_secs(1);
+        assert_eq!(
+            failure(CallErrorKind::Driver(DriverError::NotFound("x".into()))),
+            (Failure::Refused, false)
+        );
+        assert_eq!(
+            failure(CallErrorKind::Driver(DriverError::Unsupported("x".into()))),
+            (Failure::Refused, false)
+        );
+        assert_eq!(
+            failure(CallErrorKind::Driver(DriverError::Retryable("x".into()))),
+            (Failure::Transient, true)
+        );
+        assert_eq!(failure(CallErrorKind::Timeout(t)), (Failure::Transient, true));
+        assert_eq!(failure(CallErrorKind::NotMade("lease".into())), (Failure::Transient, false));
+        assert_eq!(failure(CallErrorKind::Driver(DriverError::Backend("x".into()))), (Failure::Final, true));
+        assert_eq!(failure(CallErrorKind::Trap("x".into())), (Failure::Final, true));
+        assert_eq!(failure(CallErrorKind::CpuTime(t)), (Failure::Final, true));
+    }
 }

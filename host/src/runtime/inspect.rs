@@ -34,6 +34,8 @@ pub struct Inspection {
     pub footprint: Footprint,
     /// Whether a compiled artifact for this component is in the given cache directory.
     pub cached: Option<bool>,
+    /// Where the network grant lets it send requests, from a configuration (`--config`).
+    pub allowed_hosts: Option<Vec<String>>,
 }
 
 impl Inspection {
@@ -82,6 +84,7 @@ impl Inspection {
             imports,
             footprint: Footprint::of(wasm)?,
             cached: None,
+            allowed_hosts: None,
         })
     }
 
@@ -94,8 +97,24 @@ impl Inspection {
         self.cached = Some(found);
     }
 
+    /// The grants the component needs (each once), with what each gives.
+    pub fn grants(&self) -> Vec<&'static crate::capabilities::CapabilitySpec> {
+        let mut out: Vec<&'static crate::capabilities::CapabilitySpec> = Vec::new();
+        for i in &self.imports {
+            let interface = i.name.split_once('@').map_or(i.name.as_str(), |(n, _)| n);
+            if let Some(grant) = crate::capabilities::Grant::admitting(interface)
+                && !out.iter().any(|c| c.grant == grant)
+            {
+                out.push(grant.spec());
+            }
+        }
+        out
+    }
+
     pub fn json(&self) -> Json {
         json!({
+            "grants": self.grants().iter().map(|g| json!({"grant": g.name, "gives": g.what})).collect::<Vec<_>>(),
+            "allowed_hosts": self.allowed_hosts,
             "size_bytes": self.size,
             "sha256": self.sha256,
             "contract": self.contract,
@@ -131,8 +150,32 @@ impl Inspection {
         for i in &self.imports {
             out.push_str(&format!("  {:<44} {}\n", i.name, i.verdict));
         }
+        let grants = self.grants();
+        if !grants.is_empty() {
+            out.push_str("grants it needs:\n");
+            for g in grants {
+                out.push_str(&format!("  {:<14} {}\n", g.name, g.what));
+            }
+        }
+        if grants_network(&self.imports) {
+            match &self.allowed_hosts {
+                Some(hosts) if !hosts.is_empty() => {
+                    out.push_str("allowed hosts (from --config):\n");
+                    for h in hosts {
+                        out.push_str(&format!("  {h}\n"));
+                    }
+                }
+                _ => out.push_str(
+                    "allowed hosts: none given (--config with a [network] table names them; without, every request is refused)\n",
+                ),
+            }
+        }
         out
     }
+}
+
+fn grants_network(imports: &[Import]) -> bool {
+    imports.iter().any(|i| i.name.starts_with("wasi:http/"))
 }
 
 #[cfg(test)]
@@ -145,7 +188,7 @@ mod tests {
         let i = Inspection::of(&wasm).unwrap();
         assert_eq!(i.contract.as_deref(), Some(CONTRACT));
         assert!(i.supported);
-        assert!(i.exports.iter().any(|e| e == "berth:driver/driver@0.2.0"), "{:?}", i.exports);
+        assert!(i.exports.iter().any(|e| e == "berth:driver/driver@0.3.0"), "{:?}", i.exports);
         assert!(i.text().contains("(supported, the latest)"), "{}", i.text());
         let grant = i.imports.iter().find(|x| x.name.starts_with("berth:driver/iscsi-target@")).unwrap();
         assert_eq!(grant.verdict, "needs grant iscsi-target");
@@ -160,7 +203,7 @@ mod tests {
         assert!(
             i.imports
                 .iter()
-                .any(|x| x.name.starts_with("wasi:filesystem/") && x.verdict.starts_with("refused")),
+                .any(|x| x.name.starts_with("wasi:filesystem/") && x.verdict == "needs grant inert-wasi"),
             "{:?}",
             i.imports
         );

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use super::bindings::{latest, v0_1};
+use super::bindings::{latest, v0_1, v0_2};
 use super::cache::{Provenance, digest};
 use super::driver::{Driver, Parts, Pre};
 use super::error::LoadError;
@@ -15,7 +15,8 @@ use crate::capabilities::{DriverCapabilities, Grant};
 
 /// The contract versions this host implements, newest first. A driver built for any `0.2.x` or
 /// `0.1.x` is accepted and bound to its own version's adapter.
-pub const CONTRACTS: &[ContractVersion] = &[ContractVersion::V0_2, ContractVersion::V0_1];
+pub(super) const CONTRACTS: &[ContractVersion] =
+    &[ContractVersion::V0_3, ContractVersion::V0_2, ContractVersion::V0_1];
 
 /// The newest contract version, the one new drivers should be built for.
 pub const CONTRACT: &str = ContractVersion::LATEST.name();
@@ -25,16 +26,27 @@ pub const CONTRACT: &str = ContractVersion::LATEST.name();
 pub enum ContractVersion {
     V0_1,
     V0_2,
+    V0_3,
 }
 
 impl ContractVersion {
-    pub const LATEST: ContractVersion = ContractVersion::V0_2;
+    pub const LATEST: ContractVersion = ContractVersion::V0_3;
 
-    /// `berth:driver@0.2.0`.
+    /// `berth:driver@0.3.0`.
     pub const fn name(self) -> &'static str {
         match self {
             ContractVersion::V0_1 => "berth:driver@0.1.0",
             ContractVersion::V0_2 => "berth:driver@0.2.0",
+            ContractVersion::V0_3 => "berth:driver@0.3.0",
+        }
+    }
+
+    /// `(0, 3)`.
+    pub const fn minor(self) -> (u32, u32) {
+        match self {
+            ContractVersion::V0_1 => (0, 1),
+            ContractVersion::V0_2 => (0, 2),
+            ContractVersion::V0_3 => (0, 3),
         }
     }
 
@@ -45,7 +57,9 @@ impl ContractVersion {
 
     /// The versions an interface version belongs to: `0.2.x` is 0.2, `0.1.x` is 0.1.
     pub fn of(version: &str) -> Option<ContractVersion> {
-        if version.starts_with("0.2.") {
+        if version.starts_with("0.3.") {
+            Some(ContractVersion::V0_3)
+        } else if version.starts_with("0.2.") {
             Some(ContractVersion::V0_2)
         } else if version.starts_with("0.1.") {
             Some(ContractVersion::V0_1)
@@ -59,6 +73,7 @@ impl ContractVersion {
         match self {
             ContractVersion::V0_1 => "berth:driver/driver@0.1.0",
             ContractVersion::V0_2 => "berth:driver/driver@0.2.0",
+            ContractVersion::V0_3 => "berth:driver/driver@0.3.0",
         }
     }
 
@@ -137,11 +152,13 @@ const WASI_BASELINE: &[&str] = &[
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum ImportVerdict {
     Allowed,
+    /// Admitted with this grant, for drivers of contract `since` or later.
     NeedsGrant(Grant),
     Forbidden(String),
 }
 
-/// The import policy, as a pure function of the import's name.
+/// The import policy, as a pure function of the import's name. The capabilities' interfaces come
+/// from their one table (`capabilities::CAPABILITIES`).
 pub(crate) fn judge_import(name: &str) -> ImportVerdict {
     let (interface, version) = name.split_once('@').unwrap_or((name, ""));
     if interface.starts_with("berth:driver/") {
@@ -151,11 +168,19 @@ pub(crate) fn judge_import(name: &str) -> ImportVerdict {
                 ContractVersion::supported()
             ));
         };
+        if let Some(grant) = Grant::admitting(interface) {
+            return ImportVerdict::NeedsGrant(grant);
+        }
         return match interface {
             "berth:driver/types" | "berth:driver/log" | "berth:driver/config" => ImportVerdict::Allowed,
-            "berth:driver/iscsi-target" => ImportVerdict::NeedsGrant(Grant::IscsiTarget),
-            "berth:driver/backing-store" => ImportVerdict::NeedsGrant(Grant::BackingStore),
             _ => ImportVerdict::Forbidden(format!("{interface} is not part of {contract}")),
+        };
+    }
+    if let Some(grant) = Grant::admitting(interface) {
+        return if version.starts_with("0.2.") {
+            ImportVerdict::NeedsGrant(grant)
+        } else {
+            ImportVerdict::Forbidden(format!("only WASI 0.2 is supported, not {version}"))
         };
     }
     if WASI_BASELINE.contains(&interface) {
@@ -171,8 +196,17 @@ pub(crate) fn judge_import(name: &str) -> ImportVerdict {
                 .into(),
         );
     }
-    if interface.starts_with("wasi:sockets/") || interface.starts_with("wasi:http/") {
-        return ImportVerdict::Forbidden("drivers never get network access".into());
+    if interface.starts_with("wasi:sockets/") {
+        return ImportVerdict::Forbidden(
+            "drivers never get sockets (the network capability sends HTTP requests, through wasi:http, to the \
+             backend's allowed hosts)"
+                .into(),
+        );
+    }
+    if interface.starts_with("wasi:http/") {
+        return ImportVerdict::Forbidden(
+            "a driver may import only wasi:http's outgoing-handler and types (with the network grant)".into(),
+        );
     }
     ImportVerdict::Forbidden("the host does not provide it to drivers".into())
 }
@@ -292,13 +326,38 @@ impl Runtime {
                 });
             }
         }
+        // A capability exists from a contract version on: an older driver that imports it anyway
+        // (by hand) is refused.
+        for (name, _) in component.component_type().imports(&engine) {
+            let interface = name.split_once('@').map_or(name, |(i, _)| i);
+            if let Some(grant) = Grant::admitting(interface)
+                && contract.minor() < grant.spec().since
+            {
+                return Err(LoadError::Contract {
+                    driver: backend,
+                    message: format!(
+                        "it imports {name}, which the {} grant gives only to drivers built for berth:driver@{}.{}.0 \
+                         or later; it was built for {contract}",
+                        grant.name(),
+                        grant.spec().since.0,
+                        grant.spec().since.1
+                    ),
+                });
+            }
+        }
         let instantiate =
             |e: wasmtime::Error| LoadError::Contract { driver: backend.clone(), message: format!("{e:#}") };
         let pre = match contract {
-            ContractVersion::V0_2 => Pre::Latest(
+            ContractVersion::V0_3 => Pre::Latest(
                 self.linker
                     .instantiate_pre(&component)
                     .and_then(latest::StorageDriverPre::new)
+                    .map_err(instantiate)?,
+            ),
+            ContractVersion::V0_2 => Pre::V0_2(
+                self.linker
+                    .instantiate_pre(&component)
+                    .and_then(v0_2::StorageDriverPre::new)
                     .map_err(instantiate)?,
             ),
             ContractVersion::V0_1 => Pre::V0_1(
@@ -311,6 +370,7 @@ impl Runtime {
         let capabilities = DriverCapabilities {
             iscsi: spec.capabilities.iscsi.filter(|_| spec.grants.contains(&Grant::IscsiTarget)),
             backing: spec.capabilities.backing.filter(|_| spec.grants.contains(&Grant::BackingStore)),
+            network: spec.capabilities.network.filter(|_| spec.grants.contains(&Grant::Network)),
             settings: spec.capabilities.settings,
         };
         let driver = Driver::prepare(Parts {
@@ -375,12 +435,24 @@ mod tests {
             judge_import("berth:driver/backing-store@0.1.0"),
             ImportVerdict::NeedsGrant(Grant::BackingStore)
         );
-        for refused in [
+        assert_eq!(judge_import("berth:driver/log@0.3.0"), ImportVerdict::Allowed);
+        for http in ["wasi:http/outgoing-handler@0.2.12", "wasi:http/types@0.2.6"] {
+            assert_eq!(judge_import(http), ImportVerdict::NeedsGrant(Grant::Network), "{http}");
+        }
+        // A language runtime's filesystem and sockets: only with the grant that gives nothing.
+        for inert in [
             "wasi:filesystem/types@0.2.6",
             "wasi:filesystem/preopens@0.2.6",
             "wasi:sockets/tcp@0.2.6",
-            "wasi:http/outgoing-handler@0.2.6",
-            "berth:driver/log@0.3.0",
+            "wasi:sockets/ip-name-lookup@0.2.6",
+        ] {
+            assert_eq!(judge_import(inert), ImportVerdict::NeedsGrant(Grant::InertWasi), "{inert}");
+        }
+        for refused in [
+            "wasi:filesystem/types@0.3.0",
+            "wasi:http/incoming-handler@0.2.6",
+            "wasi:http/outgoing-handler@0.3.0",
+            "berth:driver/log@0.4.0",
             "berth:driver/secret-stuff@0.1.0",
             "acme:evil/backdoor@1.0.0",
         ] {

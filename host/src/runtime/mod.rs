@@ -3,13 +3,12 @@
 //! and runs every call in a fresh, bounded instance (`driver.rs`). It knows nothing of HTTP or
 //! SQL.
 
-mod bindings;
+pub(crate) mod bindings;
 mod cache;
 mod call;
 mod driver;
 mod error;
 mod footprint;
-mod host;
 pub mod inspect;
 pub mod json;
 mod limits;
@@ -17,8 +16,9 @@ mod loader;
 pub mod model;
 mod outcome;
 mod since_v0_1;
+mod since_v0_2;
 mod size;
-mod state;
+pub(crate) mod state;
 mod store;
 
 use std::path::PathBuf;
@@ -31,7 +31,7 @@ use wasmtime::{Config, Engine};
 pub use cache::Provenance;
 pub use call::{Call, CallOptions, CallStats, CapabilityCall, Effect, Outcome, Request, Response};
 pub use driver::{Driver, DriverCalls};
-pub use error::{CallError, CallErrorKind, LoadError};
+pub use error::{CallError, CallErrorKind, Failure, LoadError};
 pub use footprint::Footprint;
 pub use limits::Limits;
 pub use loader::{CONTRACT, DriverSpec, WasmSource};
@@ -58,6 +58,15 @@ pub mod contract {
     }
 
     impl AccessMode {
+        /// The one reading of a mode's text: `rw` or `ro`, nothing else.
+        pub fn parse(text: &str) -> Option<AccessMode> {
+            match text {
+                "rw" => Some(AccessMode::Rw),
+                "ro" => Some(AccessMode::Ro),
+                _ => None,
+            }
+        }
+
         /// `rw` or `ro`, as Cinder and os-brick spell it.
         pub fn as_str(self) -> &'static str {
             match self {
@@ -178,7 +187,13 @@ impl Runtime {
         // was built for (see `loader.rs`).
         bindings::latest::StorageDriver::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        bindings::v0_2::StorageDriver::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         bindings::v0_1::StorageDriver::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        // `wasi:http` for the network capability (the loader admits it only with the grant, for
+        // 0.3.0 drivers; the host sends every request itself: `network.rs`).
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
             .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
 
         let cache = match options.cache_dir {

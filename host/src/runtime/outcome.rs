@@ -37,6 +37,13 @@ pub(crate) fn judge(
                 Err(CallErrorKind::OutputTooLarge { size, limit: limits.output_bytes() })
             } else {
                 match response.model_update().map(validate).transpose() {
+                    Ok(_) if response.model_update().is_some_and(|u| holds_secret(u, &state.scope.redactor)) => {
+                        Err(CallErrorKind::InvalidOutput(
+                            "the model update holds one of the array's credentials (or a token from its answers); \
+                             the host stores no such thing"
+                                .into(),
+                        ))
+                    }
                     Ok(_) => Ok(response),
                     Err(message) => Err(CallErrorKind::InvalidOutput(message)),
                 }
@@ -99,4 +106,14 @@ pub(crate) fn clean(e: DriverError, redactor: &Redactor) -> DriverError {
         DriverError::Unsupported(m) => DriverError::Unsupported(s(m)),
         DriverError::Backend(m) => DriverError::Backend(s(m)),
     }
+}
+
+/// Whether a model update holds a network secret (the array's credentials, or a token an answer
+/// carried): stored on the volume it would outlive the call and reach the database.
+fn holds_secret(update: &super::contract::ModelUpdate, redactor: &Redactor) -> bool {
+    [&update.provider_location, &update.provider_auth, &update.provider_id]
+        .into_iter()
+        .flatten()
+        .chain(update.set_data.iter().flat_map(|(k, v)| [k, v]))
+        .any(|text| redactor.holds_network_secret(text))
 }

@@ -15,6 +15,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use super::call::{Call, CallOptions, CapabilityCall, Effect};
 use super::limits::{GuestClock, MemoryLimiter};
 use crate::capabilities::DriverCapabilities;
+use crate::capabilities::network::glue::CallNetwork;
 use crate::capabilities::secret::Redactor;
 
 /// How much of a guest's stdout/stderr is kept (the panic message of a crashed driver is there).
@@ -23,6 +24,8 @@ const CAPTURE_BYTES: usize = 16 * 1024;
 pub(crate) struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
+    /// `wasi:http` for drivers granted the network (`network.rs`).
+    network: CallNetwork,
     pub(crate) memory: MemoryLimiter,
     pub(crate) clock: GuestClock,
     pub(crate) scope: CallScope,
@@ -30,17 +33,26 @@ pub(crate) struct HostState {
 }
 
 impl HostState {
-    pub(crate) fn new(scope: CallScope, memory_limit: usize) -> Self {
+    pub(crate) fn new(scope: CallScope, memory_limit: usize, network: CallNetwork) -> Self {
         let stderr = Capture::default();
         let wasi = WasiCtxBuilder::new().stdout(stderr.clone()).stderr(stderr.clone()).build();
         HostState {
             wasi,
             table: ResourceTable::new(),
+            network,
             memory: MemoryLimiter::new(memory_limit),
             clock: GuestClock::new(),
             scope,
             stderr,
         }
+    }
+}
+
+impl HostState {
+    /// The resource table and the call's network, borrowed together (`wasi:http` keeps its
+    /// resources in the table WASI's streams use).
+    pub(crate) fn table_and_network(&mut self) -> (&mut ResourceTable, &mut CallNetwork) {
+        (&mut self.table, &mut self.network)
     }
 }
 

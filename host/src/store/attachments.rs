@@ -8,9 +8,9 @@ use serde_json::{Map, Value as Json};
 use super::sql::{Param, Row, Tx};
 use super::volumes::Query;
 use super::{StoreError, now_micros, placeholders};
-use crate::attach::list::{AttachmentFilter, Page, Scope};
-use crate::attach::model::{AttachMode, Attachment, Connector, Live};
-use crate::attach::state::{AttachStatus, AttachTo, Slot, Transition};
+use crate::domain::list::{AttachmentFilter, Page, Scope};
+use crate::domain::model::{AttachMode, Attachment, Connector, Live};
+use crate::domain::state::{AttachStatus, AttachTo, Slot, Transition};
 use crate::params;
 
 const COLUMNS: &str = "id, volume_id, project_id, instance_uuid, attached_host, mountpoint, attach_mode, \

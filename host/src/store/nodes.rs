@@ -1,10 +1,27 @@
 //! The `nodes` table: each `berth serve` registers itself at start (its backends, the ones it
-//! serves together with other nodes, the URL other nodes reach it at, its version) and beats its
-//! heart while it runs.
+//! serves together with other nodes, the URL other nodes reach it at, its version, the process
+//! that holds its name and what it runs) and beats its heart while it runs.
+
+use std::collections::BTreeMap;
 
 use super::sql::Tx;
 use super::{StoreError, now_micros};
 use crate::params;
+
+/// What a node runs for one backend, as the other nodes compare it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct BackendInfo {
+    pub shared: bool,
+    /// The driver's name and version, as it reports them.
+    pub driver: String,
+    pub version: String,
+    /// sha256 of the driver's `.wasm`.
+    pub digest: String,
+    /// The LUNs the backend's target service may hold on the node's machine (none: it has no
+    /// target service). Not compared between nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lun_ceiling: Option<u64>,
+}
 
 /// A registered node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,17 +35,29 @@ pub struct Node {
     pub url: Option<String>,
     pub version: String,
     pub started_at: i64,
+    /// 0 once the node has stopped cleanly.
     pub heartbeat_at: i64,
+    /// The process that holds the name now.
+    pub incarnation: String,
+    /// Where that process runs (host and data directory).
+    pub holder: String,
+    pub lease_seconds: i64,
+    /// What it runs, by backend.
+    pub backend_info: BTreeMap<String, BackendInfo>,
 }
 
 /// What a node registers.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Registration<'a> {
     pub name: &'a str,
     pub backends: &'a [String],
     pub shared_backends: &'a [String],
     pub url: Option<&'a str>,
     pub version: &'a str,
+    pub incarnation: &'a str,
+    pub holder: &'a str,
+    pub lease_seconds: i64,
+    pub backend_info: &'a BTreeMap<String, BackendInfo>,
 }
 
 /// Registers (or registers again) a node that starts now.
@@ -37,24 +66,44 @@ pub async fn register(tx: &mut Tx, node: &Registration<'_>) -> Result<(), StoreE
     // An upsert both databases understand.
     tx.execute("DELETE FROM nodes WHERE name = $1", &params![node.name]).await?;
     tx.execute(
-        "INSERT INTO nodes (name, backends, shared_backends, url, version, started_at, heartbeat_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $6)",
+        "INSERT INTO nodes (name, backends, shared_backends, url, version, started_at, heartbeat_at, \
+         incarnation, holder, lease_seconds, backend_info) VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9, $10)",
         &params![
             node.name,
             node.backends.join(","),
             node.shared_backends.join(","),
             node.url,
             node.version,
-            now
+            now,
+            node.incarnation,
+            node.holder,
+            node.lease_seconds,
+            serde_json::to_string(node.backend_info).expect("backend info serialises")
         ],
     )
     .await?;
     Ok(())
 }
 
-/// Records that the node is alive now.
-pub async fn heartbeat(tx: &mut Tx, name: &str) -> Result<(), StoreError> {
-    tx.execute("UPDATE nodes SET heartbeat_at = $2 WHERE name = $1", &params![name, now_micros()]).await?;
+/// Records that the node is alive now, if `incarnation` still holds its name; false when another
+/// process has taken it.
+pub async fn heartbeat(tx: &mut Tx, name: &str, incarnation: &str) -> Result<bool, StoreError> {
+    Ok(tx
+        .execute(
+            "UPDATE nodes SET heartbeat_at = $3 WHERE name = $1 AND incarnation = $2",
+            &params![name, incarnation, now_micros()],
+        )
+        .await?
+        == 1)
+}
+
+/// Marks a node down at once (a clean stop), if `incarnation` still holds its name.
+pub async fn mark_down(tx: &mut Tx, name: &str, incarnation: &str) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE nodes SET heartbeat_at = 0 WHERE name = $1 AND incarnation = $2",
+        &params![name, incarnation],
+    )
+    .await?;
     Ok(())
 }
 
@@ -65,20 +114,29 @@ fn list_of(text: String) -> Vec<String> {
 /// Every node, by name.
 pub async fn list(tx: &mut Tx) -> Result<Vec<Node>, StoreError> {
     tx.query(
-        "SELECT name, backends, shared_backends, url, version, started_at, heartbeat_at FROM nodes ORDER BY name",
+        "SELECT name, backends, shared_backends, url, version, started_at, heartbeat_at, incarnation, holder, \
+         lease_seconds, backend_info FROM nodes ORDER BY name",
         &[],
     )
     .await?
     .iter()
     .map(|r| {
+        let name = r.text(0)?;
+        let info = r.text(10)?;
+        let backend_info = serde_json::from_str(&info)
+            .map_err(|e| StoreError::Corrupt(format!("node {name}: backend_info: {e}")))?;
         Ok(Node {
-            name: r.text(0)?,
             backends: list_of(r.text(1)?),
             shared_backends: list_of(r.text(2)?),
             url: r.opt_text(3)?,
             version: r.text(4)?,
             started_at: r.int(5)?,
             heartbeat_at: r.int(6)?,
+            incarnation: r.text(7)?,
+            holder: r.text(8)?,
+            lease_seconds: r.int(9)?,
+            backend_info,
+            name,
         })
     })
     .collect()

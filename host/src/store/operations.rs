@@ -3,7 +3,7 @@
 
 use super::sql::{Row, Tx};
 use super::{StoreError, now_micros};
-use crate::attach::model::{Connector, OpKind, Operation};
+use crate::domain::model::{Connector, OpKind, Operation};
 use crate::params;
 
 const COLUMNS: &str = "id, kind, volume_id, attachment_id, connector, detail, step, node, incarnation, \
@@ -72,6 +72,19 @@ pub async fn insert(tx: &mut Tx, op: &Operation) -> Result<(), StoreError> {
 pub async fn finish(tx: &mut Tx, id: &str, generation: i64) -> Result<bool, StoreError> {
     Ok(tx
         .execute("DELETE FROM operations WHERE id = $1 AND generation = $2", &params![id, generation])
+        .await?
+        == 1)
+}
+
+/// Whether an operation is still held at `generation`, locking its row for the rest of the
+/// transaction (so a take-over waits for this transaction, and then finds the generation it
+/// expects gone or not). False: the caller was fenced off.
+pub async fn fence(tx: &mut Tx, id: &str, generation: i64) -> Result<bool, StoreError> {
+    Ok(tx
+        .execute(
+            "UPDATE operations SET generation = generation WHERE id = $1 AND generation = $2",
+            &params![id, generation],
+        )
         .await?
         == 1)
 }

@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 
 use super::sql::{Param, Row, Tx};
 use super::{StoreError, now_micros, placeholders};
-use crate::attach::list::{MAX_PAGE, Page, Scope, VolumeFilter};
-use crate::attach::model::Volume;
-use crate::attach::state::{Rows, Transition, VolumeAttachStatus, VolumeStatus};
+use crate::domain::list::{MAX_PAGE, Page, Scope, VolumeFilter};
+use crate::domain::model::Volume;
+use crate::domain::state::{Rows, Transition, VolumeAttachStatus, VolumeStatus};
 use crate::params;
 use crate::runtime::model::VolumeFields;
 
@@ -196,6 +196,14 @@ pub async fn lock(
     Ok(Some(locked))
 }
 
+/// Locks a volume's row (live or not) for the rest of the transaction without changing it: a
+/// transaction that will lock other rows of the volume's (its operation) takes the volume's row
+/// first, in the order every write transaction takes them, so that two cannot deadlock.
+pub async fn hold_row(tx: &mut Tx, id: &str) -> Result<(), StoreError> {
+    tx.execute("UPDATE volumes SET id = id WHERE id = $1", &params![id]).await?;
+    Ok(())
+}
+
 /// Sets the status of a locked volume; returns it as written.
 pub async fn set_status(
     tx: &mut Tx,
@@ -208,6 +216,16 @@ pub async fn set_status(
     );
     let rows = tx.query(&q, &params![id, status.as_str(), attach_status.as_str(), now_micros()]).await?;
     volumes(rows)?.pop().ok_or_else(|| StoreError::Corrupt(format!("volume {id} vanished while locked")))
+}
+
+/// Sets the size of a locked volume (a finished extend).
+pub async fn set_size(tx: &mut Tx, id: &str, size_gib: i64) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE volumes SET size_gib = $2, updated_at = $3 WHERE id = $1",
+        &params![id, size_gib, now_micros()],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Replaces the user metadata of a locked volume.
@@ -253,6 +271,16 @@ fn filtered(select: &str, scope: Scope<'_>, filter: &VolumeFilter) -> Query {
     }
     if let Some(v) = filter.multiattach {
         q.and("multiattach = ?", v);
+    }
+    if let Some((op, at)) = filter.created_at {
+        q.and(&format!("created_at {} ?", op.sql()), at);
+    }
+    if let Some((op, at)) = filter.updated_at {
+        q.and(&format!("updated_at {} ?", op.sql()), at);
+    }
+    // Every volume counts against quota.
+    if filter.consumes_quota == Some(false) {
+        q.sql.push_str(" AND 1 = 0");
     }
     q
 }

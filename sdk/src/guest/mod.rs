@@ -5,16 +5,38 @@ mod connector;
 mod error;
 mod model;
 
+#[cfg(feature = "network")]
+pub mod http;
+
+/// Without the `network` feature a driver imports nothing of `wasi:http`; with it, it is built
+/// for the world `network-storage-driver` and needs the operator's `network` grant.
 #[doc(hidden)]
+#[cfg(not(feature = "network"))]
 pub mod __bindings {
     wit_bindgen::generate!({
         world: "storage-driver",
-        path: "../wit/driver@0.2.0",
+        path: "../wit/driver@0.3.0",
         pub_export_macro: true,
         export_macro_name: "__export_storage_driver",
         default_bindings_module: "berth_driver_sdk::__bindings",
         runtime_path: "berth_driver_sdk::__wit_bindgen::rt",
         additional_derives: [Clone, PartialEq],
+    });
+}
+
+#[doc(hidden)]
+#[cfg(feature = "network")]
+pub mod __bindings {
+    wit_bindgen::generate!({
+        world: "network-storage-driver",
+        path: "../wit/driver@0.3.0",
+        pub_export_macro: true,
+        export_macro_name: "__export_storage_driver",
+        default_bindings_module: "berth_driver_sdk::__bindings",
+        runtime_path: "berth_driver_sdk::__wit_bindgen::rt",
+        additional_derives: [Clone, PartialEq],
+        additional_derives_ignore: ["stream-error", "error-code", "dns-error-payload", "field-size-payload", "tls-alert-received-payload", "header-error", "request-options-error", "method", "scheme"],
+        generate_all,
     });
 }
 
@@ -54,9 +76,22 @@ pub mod log {
     }
 }
 
-/// The operator's settings for this backend.
+/// The operator's settings for this backend. Outside WebAssembly (a driver's logic tested or
+/// measured natively) there is no host, and every setting reads as unset.
 pub mod config {
-    pub use crate::__bindings::berth::driver::config::{entries, get};
+    /// A setting.
+    pub fn get(key: &str) -> Option<String> {
+        if cfg!(target_arch = "wasm32") { crate::__bindings::berth::driver::config::get(key) } else { None }
+    }
+
+    /// Every setting.
+    pub fn entries() -> Vec<(String, String)> {
+        if cfg!(target_arch = "wasm32") {
+            crate::__bindings::berth::driver::config::entries()
+        } else {
+            Vec::new()
+        }
+    }
 
     /// A setting, or `default` when the operator did not set it.
     pub fn get_or(key: &str, default: &str) -> String {
@@ -88,7 +123,7 @@ pub mod prelude {
 ///
 /// Drivers are stateless: each call runs in a fresh instance and gets the volume record as the
 /// host stores it. Keep what must survive in a [`ModelUpdate`]. Every call that changes something
-/// must be idempotent (see the WIT contract, `wit/driver@0.2.0/driver.wit`).
+/// must be idempotent (see the WIT contract, `wit/driver@0.3.0/driver.wit`).
 pub trait Driver {
     /// Who the driver is and what it supports.
     fn info() -> DriverInfo;
@@ -115,6 +150,12 @@ pub trait Driver {
     /// Releases a volume's storage. Default: unsupported.
     fn delete_volume(_volume: &Volume) -> DriverResult<()> {
         Err(DriverError::unsupported("delete-volume"))
+    }
+
+    /// Grows the volume's storage to `new_size_gib` (`volume.size_gib` is still the old size).
+    /// Idempotent: storage that already has the new size succeeds. Default: unsupported.
+    fn extend_volume(_volume: &Volume, _new_size_gib: u64) -> DriverResult<ModelUpdate> {
+        Err(DriverError::unsupported("extend-volume"))
     }
 
     /// Makes the volume exportable. Default: unsupported, which the host treats as "nothing to
@@ -176,6 +217,12 @@ macro_rules! export_driver {
                 fn delete_volume(volume: $crate::Volume) -> $crate::DriverResult<()> {
                     <$driver as $crate::Driver>::delete_volume(&volume)
                 }
+                fn extend_volume(
+                    volume: $crate::Volume,
+                    new_size_gib: u64,
+                ) -> $crate::DriverResult<$crate::ModelUpdate> {
+                    <$driver as $crate::Driver>::extend_volume(&volume, new_size_gib)
+                }
                 fn create_export(
                     volume: $crate::Volume,
                     connector: Option<$crate::Connector>,
@@ -207,7 +254,7 @@ macro_rules! export_driver {
                 }
             }
 
-    $crate::__export_storage_driver_impl!(__BerthDriverExport with_types_in $crate::__bindings);
+    $crate::__bindings::__export_storage_driver!(__BerthDriverExport with_types_in $crate::__bindings);
         };
     };
 }

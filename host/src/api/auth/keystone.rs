@@ -118,7 +118,13 @@ impl KeystoneAuth {
             }
         };
         super::check_project(&project_id)?;
-        Ok(Caller { user_id: user.user_id, project_id, roles: user.roles, is_service })
+        Ok(Caller {
+            user_id: user.user_id,
+            project_id,
+            roles: user.roles,
+            is_service,
+            request: Default::default(),
+        })
     }
 
     /// Whom a token speaks for: from the cache, else from Keystone. `Ok(None)`: not valid.

@@ -67,7 +67,13 @@ impl Auth {
             let is_service = t.roles.iter().any(|r| r == "service");
             table.insert(
                 digest,
-                Caller { user_id: t.user_id, project_id: t.project_id, roles: t.roles, is_service },
+                Caller {
+                    user_id: t.user_id,
+                    project_id: t.project_id,
+                    roles: t.roles,
+                    is_service,
+                    request: Default::default(),
+                },
             );
         }
         Ok(Auth::Tokens(table))
@@ -97,7 +103,13 @@ impl Auth {
                     .get("x-service-roles")
                     .and_then(|v| v.to_str().ok())
                     .is_some_and(|r| r.split(',').any(|r| r.trim() == "service"));
-                Ok(Caller { user_id: user.to_string(), project_id: project.to_string(), roles, is_service })
+                Ok(Caller {
+                    user_id: user.to_string(),
+                    project_id: project.to_string(),
+                    roles,
+                    is_service,
+                    request: Default::default(),
+                })
             }
             Auth::Tokens(table) => {
                 let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
@@ -153,14 +165,23 @@ pub fn strip_project(mut request: Request) -> Request {
     request
 }
 
-/// Middleware for `/v3` resources: authenticates, checks the URL's project, and stores the
-/// [`Caller`] in the request.
+/// Whether a path (with its project taken out) is a `/v3` resource, which needs a caller; the
+/// version documents (`/v3`, `/v3/`) and everything outside `/v3` do not.
+fn needs_caller(path: &str) -> bool {
+    path.strip_prefix("/v3/").is_some_and(|rest| !rest.is_empty())
+}
+
+/// Middleware: for `/v3` resources, authenticates (on the headers alone: it runs before the body
+/// is read), checks the URL's project, and stores the [`Caller`] in the request.
 pub async fn authenticate(
     State(auth): State<std::sync::Arc<Auth>>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    let caller = match auth.identify(request.headers()).await {
+    if !needs_caller(request.uri().path()) {
+        return next.run(request).await;
+    }
+    let mut caller = match auth.identify(request.headers()).await {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
@@ -169,6 +190,10 @@ pub async fn authenticate(
     {
         return ApiError::bad_request("Malformed request url").into_response();
     }
+    caller.request = crate::attach::RequestIds {
+        id: request.extensions().get::<super::RequestId>().map(|r| r.0.clone()),
+        global: request.extensions().get::<super::GlobalRequestId>().map(|g| g.0.clone()),
+    };
     request.extensions_mut().insert(caller);
     next.run(request).await
 }

@@ -6,6 +6,7 @@
 //! [`model::TargetModel`] is an in-memory model that records every call (for the conformance
 //! suite and tests).
 
+mod glue;
 pub mod model;
 pub mod tgt;
 
@@ -127,6 +128,13 @@ pub struct Portal {
     pub port: u16,
 }
 
+/// The LUNs a target service holds, and its ceiling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LunCapacity {
+    pub held: u64,
+    pub ceiling: u64,
+}
+
 /// An iSCSI target service. Every operation is idempotent and touches one target only.
 #[async_trait]
 pub trait TargetService: Send + Sync {
@@ -152,6 +160,18 @@ pub trait TargetService: Send + Sync {
     async fn set_chap(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError>;
     /// Every target, for the host's own drift report.
     async fn list(&self) -> Result<Vec<TargetState>, TargetError>;
+    /// The LUNs the service holds and how many it may hold (none: it has no ceiling).
+    fn lun_capacity(&self) -> Option<LunCapacity> {
+        None
+    }
+    /// Whether a new LUN may be made now; the refusal names the limit and the setting.
+    fn admit_lun(&self) -> Result<(), String> {
+        Ok(())
+    }
+    /// Whether the target `iqn` exposes a LUN, as far as the service knows without asking.
+    fn holds_luns(&self, _iqn: &str) -> bool {
+        false
+    }
     /// The targets that have the CHAP account `user` bound.
     async fn account_targets(&self, user: &ChapUser) -> Result<Vec<String>, TargetError> {
         Ok(self

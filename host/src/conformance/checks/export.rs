@@ -12,6 +12,34 @@ pub(super) async fn volume_lifecycle(env: &mut Env<'_>) -> Result<(), String> {
     env.delete_volume(&v).await.map_err(|e| format!("deleting a deleted volume failed: {e}"))
 }
 
+// C36: extend-volume grows every store the volume has, succeeds again when retried with the same
+// record (a lost answer, or recovery after a crash), or answers `unsupported` and changes nothing.
+pub(super) async fn extend(env: &mut Env<'_>) -> Result<(), String> {
+    let before = env.store_sizes();
+    let mut v = env.create_volume(false).await?;
+    let made: Vec<String> = env.store_sizes().into_keys().filter(|k| !before.contains_key(k)).collect();
+    let (record, sizes) = (v.clone(), env.store_sizes());
+    let grown = env.extend(&mut v, 2).await.map_err(|e| format!("extending from 1 GiB to 2: {e}"))?;
+    if !grown {
+        ensure!(env.store_sizes() == sizes, "an unsupported extend-volume changed the stores");
+        return env.delete_volume(&v).await;
+    }
+    let sizes = env.store_sizes();
+    for name in &made {
+        ensure!(
+            sizes.get(name) == Some(&(2 << 30)),
+            "extend-volume answered success, but store {name} has {:?} bytes, not 2 GiB",
+            sizes.get(name)
+        );
+    }
+    let mut again = record;
+    env.extend(&mut again, 2)
+        .await
+        .map_err(|e| format!("extend-volume retried with the same record (a lost answer) failed: {e}"))?;
+    ensure!(env.store_sizes() == sizes, "a retried extend-volume changed the stores again");
+    env.delete_volume(&v).await
+}
+
 // C05
 pub(super) async fn export_idempotent(env: &mut Env<'_>) -> Result<(), String> {
     let mut v = exported(env, false).await?;

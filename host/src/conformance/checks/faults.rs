@@ -4,6 +4,7 @@
 
 use super::repeatability::fixed_volume;
 use super::*;
+use crate::capabilities::network::NetFault;
 
 /// A call of the attach lifecycle, from a fresh volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,11 +33,10 @@ impl Step {
         if self != Step::CreateExport {
             env.export(&mut v).await?;
         }
-        let iscsi = env.shared.speaks_iscsi();
-        if matches!(self, Step::Terminate) || self == Step::RemoveExport && iscsi {
+        if matches!(self, Step::Terminate | Step::RemoveExport) {
             env.connect(&mut v, &a()).await?;
         }
-        if self == Step::RemoveExport && iscsi {
+        if self == Step::RemoveExport {
             env.terminate(&mut v, Some(&a()), &[]).await?;
         }
         Ok(v)
@@ -87,7 +87,10 @@ async fn uninterrupted<'a>(shared: &'a Shared, step: Step) -> Result<Option<Env<
     let v = step.prepare(&mut clean).await?;
     match clean.call(step.request(&v)).await {
         Ok(_) => Ok(Some(clean)),
-        Err(e) if e.is_unsupported() => Ok(None),
+        Err(e) if e.is_unsupported() => {
+            clean.cleanup().await?;
+            Ok(None)
+        }
         Err(e) => Err(format!("{} (no fault): {}", step.name(), failed(&e))),
     }
 }
@@ -207,13 +210,15 @@ pub(super) async fn budget(env: &mut Env<'_>, budget: Budget) -> Result<(), Stri
 // C31, C32
 pub(super) async fn convergence(env: &mut Env<'_>) -> Result<(), String> {
     let shared = env.shared;
-    let steps: &[Step] =
-        if shared.speaks_iscsi() { &STEPS } else { &[Step::CreateExport, Step::RemoveExport] };
-    for &step in steps {
-        let Some(clean) = uninterrupted(shared, step).await? else { continue };
-        let calls = clean.last_calls.len() as u32;
+    for step in STEPS {
+        let Some(mut clean) = uninterrupted(shared, step).await? else { continue };
+        // Requests to the network are not capability calls one can trap at (their faults are
+        // the next check's); a call that makes only requests is checked for a lost answer.
+        let calls = clean.last_calls.iter().filter(|c| c.interface != "network").count() as u32;
         let expected = clean.snapshot().await?.without_names();
         env.measure.merge(&clean.measure);
+        // On a real backend the volume outlives the environment: the next one starts afresh.
+        clean.cleanup().await?;
         // k = calls + 1: the call finished but its answer was lost (the host crashed before it
         // persisted the model update), so the retry starts from the old volume record.
         for k in 1..=calls + 1 {
@@ -251,6 +256,183 @@ pub(super) async fn convergence(env: &mut Env<'_>) -> Result<(), String> {
                 })?;
             }
             env.measure.merge(&e.measure);
+            e.cleanup().await?;
+        }
+    }
+    Ok(())
+}
+
+/// A call of a volume's whole life on a network backend, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    CreateVolume,
+    /// From 1 GiB to 2 (the volume is 2 GiB for the calls after it, as the host records).
+    Extend,
+    CreateExport,
+    Initialize,
+    Terminate,
+    RemoveExport,
+    DeleteVolume,
+}
+
+const LIFE: [Life; 7] = [
+    Life::CreateVolume,
+    Life::Extend,
+    Life::CreateExport,
+    Life::Initialize,
+    Life::Terminate,
+    Life::RemoveExport,
+    Life::DeleteVolume,
+];
+
+impl Life {
+    fn name(self) -> &'static str {
+        match self {
+            Life::CreateVolume => "create-volume",
+            Life::Extend => "extend-volume",
+            Life::CreateExport => "create-export",
+            Life::Initialize => "initialize-connection",
+            Life::Terminate => "terminate-connection",
+            Life::RemoveExport => "remove-export",
+            Life::DeleteVolume => "delete-volume",
+        }
+    }
+
+    fn request(self, v: &Volume) -> Request {
+        match self {
+            Life::CreateVolume => Request::CreateVolume(v.clone()),
+            Life::Extend => Request::ExtendVolume(v.clone(), 2),
+            Life::CreateExport => Request::CreateExport(v.clone(), None),
+            Life::Initialize => Request::InitializeConnection(v.clone(), a()),
+            Life::Terminate => Request::TerminateConnection(v.clone(), Some(a()), Vec::new()),
+            Life::RemoveExport => Request::RemoveExport(v.clone()),
+            Life::DeleteVolume => Request::DeleteVolume(v.clone()),
+        }
+    }
+
+    /// Runs the call; `unsupported` is a driver's way of having nothing to do here.
+    async fn run(
+        self,
+        env: &mut Env<'_>,
+        v: &mut Volume,
+        fault: Option<(u32, NetFault)>,
+    ) -> Result<Answer, CallError> {
+        let r = match fault {
+            Some(f) => env.call_with_network_fault(self.request(v), f).await,
+            None => env.call(self.request(v)).await,
+        };
+        match r {
+            Ok(r) => {
+                apply_response(v, &r);
+                if self == Life::Extend {
+                    v.size_gib = 2;
+                }
+                Ok(Answer::of(&r))
+            }
+            Err(e) if e.is_unsupported() => Ok(Answer::Unsupported),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// What a call answered, comparable between two runs: a connection's data with the keys a
+/// backend generates (a keyring) reduced to their presence.
+#[derive(Debug, PartialEq)]
+pub(super) enum Answer {
+    Unsupported,
+    Other(String),
+}
+
+impl Answer {
+    pub(super) fn of(r: &Response) -> Answer {
+        match r {
+            Response::Connection(c) => {
+                let data = crate::runtime::json::connection_data_to_json(&c.info).unwrap_or_default();
+                let shown: serde_json::Map<String, Json> = data
+                    .into_iter()
+                    .map(|(k, v)| if k == "keyring" { (k, Json::String("<present>".into())) } else { (k, v) })
+                    .collect();
+                Answer::Other(format!("{} {} {:?}", c.info.driver_volume_type, Json::Object(shown), c.update))
+            }
+            other => Answer::Other(format!("{other:?}")),
+        }
+    }
+}
+
+/// The network requests of the last call.
+fn requests(env: &Env<'_>) -> u32 {
+    env.last_calls.iter().filter(|c| c.interface == "network").count() as u32
+}
+
+// C34: a lost answer (the request applied), a timeout, a 503, at each request of each call.
+pub(super) async fn network_faults(env: &mut Env<'_>) -> Result<(), String> {
+    let shared = env.shared;
+    let faults = [
+        (NetFault::LostAnswer, "whose answer was lost (the request applied)"),
+        (NetFault::Timeout, "that timed out"),
+        (NetFault::ServerError, "answered 503"),
+    ];
+    for (i, call) in LIFE.into_iter().enumerate() {
+        // The uninterrupted call: its answer and how many requests it makes.
+        let mut clean = Env::new(shared).await?;
+        let mut v = fixed_volume();
+        for before in &LIFE[..i] {
+            before
+                .run(&mut clean, &mut v, None)
+                .await
+                .map_err(|e| format!("{} (no fault): {}", before.name(), failed(&e)))?;
+        }
+        let expected = call
+            .run(&mut clean, &mut v, None)
+            .await
+            .map_err(|e| format!("{} (no fault): {}", call.name(), failed(&e)))?;
+        let n = requests(&clean);
+        for after in &LIFE[i + 1..] {
+            after
+                .run(&mut clean, &mut v, None)
+                .await
+                .map_err(|e| format!("{} (no fault): {}", after.name(), failed(&e)))?;
+        }
+        env.measure.merge(&clean.measure);
+        for k in 1..=n {
+            for (fault, how) in faults {
+                let at = format!("{} with request {k} of {n} {how}", call.name());
+                let mut e = Env::new(shared).await?;
+                let mut v = fixed_volume();
+                for before in &LIFE[..i] {
+                    before.run(&mut e, &mut v, None).await.map_err(|err| {
+                        format!("{at}: {} before it failed: {}", before.name(), failed(&err))
+                    })?;
+                }
+                let record = v.clone();
+                let answer = match call.run(&mut e, &mut v, Some((k, fault))).await {
+                    Ok(answer) => answer,
+                    Err(err) => {
+                        ensure!(
+                            matches!(driver_error(&err), Some(DriverError::Retryable(_))),
+                            "{at}: got {} instead of retryable",
+                            failed(&err)
+                        );
+                        ensure!(v == record, "{at}: the failed call changed the volume record");
+                        call.run(&mut e, &mut v, None)
+                            .await
+                            .map_err(|err| format!("{at}, then retried: {}", failed(&err)))?
+                    }
+                };
+                ensure!(
+                    answer == expected,
+                    "{at}: answered differently from an uninterrupted call: {:?} instead of {:?}",
+                    answer,
+                    expected
+                );
+                for after in &LIFE[i + 1..] {
+                    after
+                        .run(&mut e, &mut v, None)
+                        .await
+                        .map_err(|err| format!("{at}: {} after it failed: {}", after.name(), failed(&err)))?;
+                }
+                env.measure.merge(&e.measure);
+            }
         }
     }
     Ok(())

@@ -32,6 +32,8 @@ pub enum Need {
     Multiattach,
     /// The driver makes this promise (`guarantees()`).
     Promise(Guarantee),
+    /// The driver talks to its backend over the network (`wasi:http`).
+    Network,
 }
 
 /// One check.
@@ -84,7 +86,9 @@ pub enum Id {
     NoLeak,
     Deterministic,
     Convergence,
+    NetworkFaults,
     ArgumentGrammar,
+    Extend,
 }
 
 use Need::*;
@@ -111,13 +115,13 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "validate-connector should accept os-brick's connector with its extra keys",
-        needs: &[Iscsi],
+        needs: &[],
         id: Id::ExtraKeys,
         run: |env| Box::pin(validate::extra_keys(env)),
     },
     Check {
         name: "validate-connector should be pure",
-        needs: &[Iscsi],
+        needs: &[],
         id: Id::ValidatePure,
         run: |env| Box::pin(validate::validate_pure(env)),
     },
@@ -126,6 +130,12 @@ pub const CHECKS: &[Check] = &[
         needs: &[],
         id: Id::VolumeLifecycle,
         run: |env| Box::pin(export::volume_lifecycle(env)),
+    },
+    Check {
+        name: "extend-volume should grow the volume's storage and succeed again when retried, or answer unsupported",
+        needs: &[],
+        id: Id::Extend,
+        run: |env| Box::pin(export::extend(env)),
     },
     Check {
         name: "create-export should be idempotent",
@@ -153,7 +163,7 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "initialize-connection should be idempotent",
-        needs: &[Iscsi],
+        needs: &[],
         id: Id::InitializeIdempotent,
         run: |env| Box::pin(connection::initialize_idempotent(env)),
     },
@@ -171,13 +181,13 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "initialize-connection on a volume that is not exported should fail with not-found",
-        needs: &[Iscsi],
+        needs: &[],
         id: Id::InitializeUnexported,
         run: |env| Box::pin(connection::initialize_unexported(env)),
     },
     Check {
         name: "initialize-connection with another access mode should be refused as incompatible or honoured",
-        needs: &[Iscsi],
+        needs: &[],
         id: Id::AccessModeChange,
         run: |env| Box::pin(connection::access_mode_change(env)),
     },
@@ -189,13 +199,13 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "terminate-connection of a connector that was never connected should succeed and change nothing",
-        needs: &[Iscsi],
+        needs: &[],
         id: Id::TerminateUnknown,
         run: |env| Box::pin(terminate::terminate_unknown(env)),
     },
     Check {
         name: "terminate-connection should be idempotent",
-        needs: &[Iscsi],
+        needs: &[],
         id: Id::TerminateIdempotent,
         run: |env| Box::pin(terminate::terminate_idempotent(env)),
     },
@@ -231,13 +241,13 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "terminate-connection should say whether the export is still in use",
-        needs: &[Iscsi],
+        needs: &[],
         id: Id::ExportInUse,
         run: |env| Box::pin(export::export_in_use(env)),
     },
     Check {
         name: "the shared-connection query should name exactly the attachments of the same host, consistently",
-        needs: &[Iscsi],
+        needs: &[],
         id: Id::SharedQuery,
         run: |env| Box::pin(terminate::shared_query(env)),
     },
@@ -288,6 +298,12 @@ pub const CHECKS: &[Check] = &[
         needs: &[],
         id: Id::Convergence,
         run: |env| Box::pin(faults::convergence(env)),
+    },
+    Check {
+        name: "a request to the backend that is lost, times out or gets a 503 should fail the call as retryable, and the retried call should converge",
+        needs: &[Network],
+        id: Id::NetworkFaults,
+        run: |env| Box::pin(faults::network_faults(env)),
     },
     Check {
         name: "capability calls should carry only arguments the contract allows",

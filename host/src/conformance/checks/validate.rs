@@ -84,6 +84,7 @@ pub(super) async fn extra_keys(env: &mut Env<'_>) -> Result<(), String> {
         "uuid": "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "system uuid": "4c4c4544-0000-1010-8000-c7c04f333533",
         "nvme_hostid": "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "found_dsc": "", "host_ips": ["192.0.2.10"],
         "mountpoint": "/dev/vdb", "nqn": "nqn.2014-08.org.nvmexpress:uuid:1b4e28ba-2fa1-11d2-883f-0016d3cca427",
+        "wwpns": ["10000090fa53c0fe"], "wwnns": ["20000090fa53c0fe"],
     }));
     env.call(Request::ValidateConnector(c)).await.map(drop).map_err(|e| format!("refused: {}", failed(&e)))
 }

@@ -1,8 +1,40 @@
-//! Linux's userspace iSCSI target daemon, tgtd: its control protocol (`protocol.rs`), and the
-//! target service built on it (`service.rs`).
+//! Linux's userspace iSCSI target daemon, tgtd, one type per file:
+//!
+//! - `protocol.rs`: its control protocol (requests, answers, failures);
+//! - `config.rs`: how to reach one tgtd ([`TgtdConfig`]);
+//! - `ceiling.rs`: how many LUNs it may hold on this machine ([`Ceiling`]);
+//! - `model.rs`: what this process knows of its targets;
+//! - `accounts.rs`: the CHAP accounts this process made;
+//! - `tgtd.rs`: [`Tgtd`], the daemon behind its control socket: the model kept fresh, changes
+//!   sent, exports kept for reuse and swept;
+//! - `service.rs`: the iSCSI target service (`TargetService`) on it.
 
+/// Runs an operation (an `async` block, evaluated again for each attempt), starting it again at
+/// most a few times when tgtd turns out to have been restarted, so that it is decided on the new
+/// daemon's state.
+macro_rules! retrying {
+    ($what:expr, $op:expr) => {{
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let result: Result<_, Failure> = $op.await;
+            match result {
+                Err(Failure::Restarted { .. }) if attempts < 4 => continue,
+                result => break result.map_err(|f| f.into_error($what)),
+            }
+        }
+    }};
+}
+
+mod accounts;
+mod ceiling;
+mod config;
+mod model;
 mod protocol;
 mod service;
+mod tgtd;
 
+pub use ceiling::Ceiling;
+pub use config::TgtdConfig;
 pub use protocol::{Request, parse_accounts, parse_connections, parse_show};
-pub use service::{Tgtd, TgtdConfig};
+pub use tgtd::Tgtd;

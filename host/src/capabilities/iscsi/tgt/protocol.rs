@@ -189,7 +189,7 @@ const MAX_ANSWER: usize = 256 << 20;
 
 /// A successful answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer {
+pub(super) struct Answer {
     /// What `tgtadm` would print.
     pub text: String,
     /// The pid of the tgtd that answered.
@@ -198,7 +198,7 @@ pub struct Answer {
 
 /// A failed exchange, classified.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
+pub(super) enum Failure {
     AlreadyExists(String),
     NotFound(String),
     Timeout,
@@ -213,7 +213,7 @@ pub enum Failure {
 
 impl Failure {
     /// Sorts tgtadm's messages (`tgtadm_strerror`) into the outcomes that matter.
-    pub fn classify(message: &str) -> Failure {
+    pub(super) fn classify(message: &str) -> Failure {
         let m = message.trim().trim_start_matches("tgtadm: ").to_string();
         const EXISTS: [&str; 5] = [
             "this target already exists",
@@ -275,14 +275,14 @@ fn strerror(code: u32) -> &'static str {
 
 /// A client of one tgtd's control socket.
 #[derive(Debug, Clone)]
-pub struct Control {
+pub(super) struct Control {
     pub socket: PathBuf,
     pub timeout: Duration,
 }
 
 impl Control {
     /// One exchange. With `daemon`, the request is sent only if that tgtd (by pid) answers.
-    pub async fn send(&self, request: &Request, daemon: Option<i32>) -> Result<Answer, Failure> {
+    pub(super) async fn send(&self, request: &Request, daemon: Option<i32>) -> Result<Answer, Failure> {
         let exchange = async {
             let mut stream = tokio::net::UnixStream::connect(&self.socket)
                 .await
@@ -394,6 +394,21 @@ pub fn parse_accounts(out: &str) -> Vec<String> {
         .filter(|l| !l.is_empty() && !l.ends_with("(outgoing)"))
         .map(str::to_string)
         .collect()
+}
+
+impl Failure {
+    /// The capability's error for a failed operation `what`.
+    pub(super) fn into_error(self, what: &str) -> super::super::TargetError {
+        use super::super::TargetError;
+        match self {
+            Failure::AlreadyExists(m) | Failure::Other(m) => TargetError::Failed(format!("{what}: {m}")),
+            Failure::NotFound(m) => TargetError::NotFound(format!("{what}: {m}")),
+            Failure::Timeout => TargetError::Timeout(format!("{what}: tgtd did not answer in time")),
+            Failure::Restarted { .. } => {
+                TargetError::Failed(format!("{what}: tgtd restarted during the change"))
+            }
+        }
+    }
 }
 
 #[cfg(test)]

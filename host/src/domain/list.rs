@@ -28,6 +28,51 @@ pub struct VolumeFilter {
     pub status: Option<String>,
     pub volume_type: Option<String>,
     pub multiattach: Option<bool>,
+    /// `created_at` compared with a time (microversion 3.60), in microseconds.
+    pub created_at: Option<(Compare, i64)>,
+    /// The same for `updated_at`.
+    pub updated_at: Option<(Compare, i64)>,
+    /// Only volumes that count against quota (`true`: all of them) or that do not (none)
+    /// (microversion 3.65).
+    pub consumes_quota: Option<bool>,
+}
+
+/// A comparison of a time filter (`created_at=gt:2026-11-24T10:00:00`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compare {
+    Gt,
+    Gte,
+    Eq,
+    Neq,
+    Lt,
+    Lte,
+}
+
+impl Compare {
+    /// Cinder's operator names.
+    pub fn parse(op: &str) -> Option<Compare> {
+        Some(match op {
+            "gt" => Compare::Gt,
+            "gte" => Compare::Gte,
+            "eq" => Compare::Eq,
+            "neq" => Compare::Neq,
+            "lt" => Compare::Lt,
+            "lte" => Compare::Lte,
+            _ => return None,
+        })
+    }
+
+    /// The SQL operator.
+    pub fn sql(self) -> &'static str {
+        match self {
+            Compare::Gt => ">",
+            Compare::Gte => ">=",
+            Compare::Eq => "=",
+            Compare::Neq => "<>",
+            Compare::Lt => "<",
+            Compare::Lte => "<=",
+        }
+    }
 }
 
 /// The keys a volume list may be sorted by.

@@ -1,83 +1,24 @@
-//! The host side of the contract's imports (the latest version): glue from WIT calls to
-//! `capabilities/`. Older versions' imports are adapted to these in `since_v0_1.rs`.
-//!
-//! Each function returns `wasmtime::Result<T>`: the outer error is a trap (an injected fault, or a
-//! capability used without a grant, which the loader makes impossible), the inner `result` is the
-//! typed error the guest sees. Arguments are validated by the capability newtypes before any
-//! service runs.
+//! `berth:driver/iscsi-target`, as the runtime links it: each call checked against the grant and
+//! the backend's namespace, recorded (and, in tests, faulted) by the call's scope, its effects
+//! noted for the host, and answered with the typed error the guest sees (redacted).
 
-use super::bindings::latest::berth::driver::{backing_store, config, iscsi_target, log, types};
-use super::call::Effect;
-use super::state::HostState;
-use crate::capabilities::backing::{BackingStores, StoreError, StoreInfo};
+use crate::capabilities::backing::StoreError;
+use crate::capabilities::backing::glue::not_granted;
 use crate::capabilities::iscsi::{
     ChapCredentials, Iqn, IscsiCapability, Lun, Session, TargetError, TargetState,
 };
-use crate::capabilities::log as caplog;
-
-impl types::Host for HostState {}
-
-impl log::Host for HostState {
-    async fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
-        let scope = &mut self.scope;
-        if scope.logs >= scope.log_limit {
-            scope.dropped_logs += 1;
-            return Ok(());
-        }
-        scope.logs += 1;
-        let level = match level {
-            log::Level::Trace => caplog::Level::Trace,
-            log::Level::Debug => caplog::Level::Debug,
-            log::Level::Info => caplog::Level::Info,
-            log::Level::Warn => caplog::Level::Warn,
-            log::Level::Error => caplog::Level::Error,
-        };
-        caplog::emit(&scope.driver, scope.call.as_str(), level, &message, &scope.redactor);
-        Ok(())
-    }
-}
-
-impl config::Host for HostState {
-    async fn get(&mut self, key: String) -> wasmtime::Result<Option<String>> {
-        Ok(self.scope.caps.settings.get(&key).cloned())
-    }
-
-    async fn entries(&mut self) -> wasmtime::Result<Vec<(String, String)>> {
-        Ok(self.scope.caps.settings.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-    }
-}
-
-fn not_granted(what: &str) -> wasmtime::Error {
-    wasmtime::Error::msg(format!("the driver used {what} without a grant"))
-}
+use crate::runtime::Effect;
+use crate::runtime::bindings::latest::berth::driver::iscsi_target;
+use crate::runtime::state::HostState;
 
 impl HostState {
-    fn stores(&self) -> wasmtime::Result<std::sync::Arc<BackingStores>> {
-        self.scope.caps.backing.clone().ok_or_else(|| not_granted("backing-store"))
-    }
-
     fn iscsi(&self) -> wasmtime::Result<IscsiCapability> {
         self.scope.caps.iscsi.clone().ok_or_else(|| not_granted("iscsi-target"))
     }
 
-    fn store_result<T>(&mut self, r: Result<T, StoreError>) -> Result<T, backing_store::StoreError> {
-        self.scope.outcome(r.is_ok(), || match &r {
-            Ok(_) => "ok".into(),
-            Err(e) => e.to_string(),
-        });
-        r.map_err(|e| match e {
-            StoreError::InvalidArgument(m) => backing_store::StoreError::InvalidArgument(m),
-            StoreError::NotFound(m) => backing_store::StoreError::NotFound(m),
-            StoreError::Conflict(m) => backing_store::StoreError::Conflict(m),
-            StoreError::NoSpace(m) => backing_store::StoreError::NoSpace(m),
-            StoreError::Failed(m) => backing_store::StoreError::Failed(m),
-            StoreError::NotPermitted(m) => backing_store::StoreError::NotPermitted(m),
-        })
-    }
-
     /// `deny-initiator`: removes the initiator from the ACL and, when `end_sessions` (the 0.1.0
     /// adapter), also ends its sessions, as one capability call.
-    pub(super) async fn deny(
+    pub(crate) async fn deny(
         &mut self,
         iqn: String,
         initiator: String,
@@ -98,7 +39,7 @@ impl HostState {
         Ok(self.target_result(r))
     }
 
-    pub(super) fn target_result<T>(
+    pub(crate) fn target_result<T>(
         &mut self,
         r: Result<T, TargetError>,
     ) -> Result<T, iscsi_target::TargetError> {
@@ -119,10 +60,6 @@ impl HostState {
     }
 }
 
-fn store_info(i: StoreInfo) -> backing_store::StoreInfo {
-    backing_store::StoreInfo { name: i.name, size_bytes: i.size_bytes, allocated_bytes: i.allocated_bytes }
-}
-
 fn target(t: TargetState) -> iscsi_target::Target {
     iscsi_target::Target {
         iqn: t.iqn,
@@ -131,46 +68,6 @@ fn target(t: TargetState) -> iscsi_target::Target {
         initiators: t.initiators,
         chap_users: t.chap_users,
         sessions: t.sessions,
-    }
-}
-
-impl backing_store::Host for HostState {
-    async fn create(
-        &mut self,
-        name: String,
-        size_bytes: u64,
-    ) -> wasmtime::Result<Result<backing_store::StoreInfo, backing_store::StoreError>> {
-        self.scope.enter("backing-store", "create", &[&name, &size_bytes.to_string()])?;
-        let r = self.stores()?.create(&name, size_bytes).await.map(store_info);
-        crate::failpoint::hit("capability.backing-store.create");
-        Ok(self.store_result(r))
-    }
-
-    async fn resize(
-        &mut self,
-        name: String,
-        size_bytes: u64,
-    ) -> wasmtime::Result<Result<backing_store::StoreInfo, backing_store::StoreError>> {
-        self.scope.enter("backing-store", "resize", &[&name, &size_bytes.to_string()])?;
-        let r = self.stores()?.resize(&name, size_bytes).await.map(store_info);
-        crate::failpoint::hit("capability.backing-store.resize");
-        Ok(self.store_result(r))
-    }
-
-    async fn delete(&mut self, name: String) -> wasmtime::Result<Result<(), backing_store::StoreError>> {
-        self.scope.enter("backing-store", "delete", &[&name])?;
-        let r = self.stores()?.delete(&name).await;
-        crate::failpoint::hit("capability.backing-store.delete");
-        Ok(self.store_result(r))
-    }
-
-    async fn info(
-        &mut self,
-        name: String,
-    ) -> wasmtime::Result<Result<Option<backing_store::StoreInfo>, backing_store::StoreError>> {
-        self.scope.enter("backing-store", "info", &[&name])?;
-        let r = self.stores()?.info(&name).await.map(|i| i.map(store_info));
-        Ok(self.store_result(r))
     }
 }
 

@@ -77,10 +77,10 @@ impl AttachMode {
 
     /// `rw`, `ro`, or anything else (including NULL) as `null`.
     pub fn parse(text: Option<&str>) -> AttachMode {
-        match text {
-            Some("rw") => AttachMode::Rw,
-            Some("ro") => AttachMode::Ro,
-            _ => AttachMode::Null,
+        match text.and_then(AccessMode::parse) {
+            Some(AccessMode::Rw) => AttachMode::Rw,
+            Some(AccessMode::Ro) => AttachMode::Ro,
+            None => AttachMode::Null,
         }
     }
 
@@ -166,11 +166,7 @@ impl Connector {
 
     /// The `mode` key, when it is `rw` or `ro`.
     pub fn requested_mode(&self) -> Option<AccessMode> {
-        match self.json.get("mode").and_then(Json::as_str) {
-            Some("rw") => Some(AccessMode::Rw),
-            Some("ro") => Some(AccessMode::Ro),
-            _ => None,
-        }
+        self.json.get("mode").and_then(Json::as_str).and_then(AccessMode::parse)
     }
 
     pub fn host(&self) -> Option<&str> {
@@ -256,9 +252,13 @@ pub enum OpKind {
     CreateVolume,
     /// The driver releases a volume. Finished on recovery.
     DeleteVolume,
+    /// The driver grows an available volume to `new_size_gib`. Finished on recovery (extend is
+    /// idempotent).
+    ExtendVolume { new_size_gib: i64 },
     /// A connector is granted access to the volume for an attachment. Undone on recovery:
     /// the connector (and `revoke`, a connector this update replaced) is revoked, and the
-    /// attachment removed (`origin = create`) or reserved again (`update`).
+    /// attachment removed (`origin = create`), reserved again (`update`) or attached again
+    /// without connector (`update-unconnected`).
     Connect {
         origin: ConnectOrigin,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -285,6 +285,7 @@ impl OpKind {
         match self {
             OpKind::CreateVolume => "create-volume",
             OpKind::DeleteVolume => "delete-volume",
+            OpKind::ExtendVolume { .. } => "extend-volume",
             OpKind::Connect { .. } => "connect",
             OpKind::Reconnect => "reconnect",
             OpKind::Disconnect { .. } => "disconnect",
@@ -305,15 +306,20 @@ pub enum ConnectOrigin {
     /// An update of an acknowledged reservation (or a legacy initialize of an `os-reserve`d one):
     /// it stays, reserved without connector.
     Update,
+    /// An update of an attachment completed without a connection (Nova's shelved-offloaded
+    /// server, at unshelve): it stays as it was, attached without connector.
+    UpdateUnconnected,
 }
 
 /// What a disconnect does to its attachment once access is revoked (the event applied).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AfterDisconnect {
-    /// Deleted; a legacy detach lock stays (`Event::Remove`).
+    /// Deleted; a legacy detach lock stays (`Event::Remove`: `os-unreserve`, the
+    /// `os-terminate_connection` of a reservation).
     Remove,
-    /// Deleted, and the legacy detach lock released (`Event::Detach`, `os-detach`).
+    /// Deleted, and a detach lock released (`Event::Detach`: legacy `os-detach`, and attachment
+    /// delete, as Cinder's `attachment_delete` derives the volume's status afresh).
     Detach,
     /// Kept without connector (`Event::Terminate`, a completed legacy attachment).
     Terminate,

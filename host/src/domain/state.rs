@@ -12,7 +12,9 @@
 //! - Attachments in `error_attaching`/`error_detaching` keep the volume `in-use`: access may still
 //!   exist, so the volume is not offered for a new attach or a delete until they are cleaned up
 //!   (Cinder ignores them and can show `available` with access still granted, LP 1935057).
-//! - `os-complete` needs a connected attachment (`attaching` or `attached`).
+//! - `os-complete` needs a connected attachment (`attaching` or `attached`), or a reservation
+//!   that has no connector at all (Nova's shelved-offloaded servers: the connector comes later,
+//!   with an update); a reservation whose connect is under way cannot be completed.
 //! - Nova's live migration (`ReserveForMigration`) is a row of its own, and the database bounds
 //!   it: a non-multiattach volume has at most one attachment per [`Slot`].
 
@@ -62,6 +64,7 @@ status_enum!(
         InUse => "in-use",
         Detaching => "detaching",
         Deleting => "deleting",
+        Extending => "extending",
         Error => "error",
         ErrorDeleting => "error_deleting",
         Deleted => "deleted",
@@ -138,6 +141,13 @@ pub enum Event {
     VolumeDeleted,
     /// The driver could not release the volume.
     DeleteFailed,
+    /// An available volume starts growing (`os-extend`).
+    ExtendVolume,
+    /// The driver grew the volume: it is available at its new size.
+    VolumeExtended,
+    /// The driver could not grow it: it is available at its old size (the extend may be tried
+    /// again; Cinder's `error_extending` would need an admin's reset).
+    ExtendFailed,
     /// A new attachment is reserved (attachment create; legacy `os-reserve`).
     Reserve,
     /// Nova's live migration: a non-multiattach volume in use gets a second attachment for the
@@ -149,8 +159,15 @@ pub enum Event {
     /// A connect that failed (or was interrupted) after its reservation was acknowledged is
     /// undone: the attachment is reserved again, without connector.
     UndoConnect,
+    /// The same for an attachment that was completed without a connection
+    /// ([`Event::CompleteUnconnected`]): it is `attached` again, without connector.
+    UndoConnectUnconnected,
     /// The consumer says it is using the connection (`os-complete`; legacy `os-attach`).
     Complete,
+    /// `os-complete` of a reservation that has no connector: Nova attaches a volume to a
+    /// shelved-offloaded server this way, and gives the connector later, at unshelve, with an
+    /// update. The attachment is `attached` with no connection, owed no access, until then.
+    CompleteUnconnected,
     /// Connecting failed and could not be undone.
     FailAttach,
     /// Disconnecting failed.
@@ -158,7 +175,9 @@ pub enum Event {
     /// An attachment is removed (attachment delete; legacy `os-unreserve`, a reservation's
     /// `os-terminate_connection`). A legacy detach lock stays.
     Remove,
-    /// Legacy `os-detach`: the attachment is removed and the detach lock released.
+    /// Legacy `os-detach`, and attachment delete: the attachment is removed and the detach lock
+    /// released (Nova detaches with `os-begin_detaching` and then `DELETE /attachments/{id}`;
+    /// Cinder's `attachment_delete` puts a volume that other attachments keep back to `in-use`).
     Detach,
     /// Legacy `os-terminate_connection` of a completed attachment: its access is revoked and its
     /// connector cleared; the row stays for `os-detach`.
@@ -273,6 +292,9 @@ pub const TRANSITIONS: &[Transition] = &[
     ),
     row!(VolumeDeleted, both(&[V::Deleting]), VolumeTo::Removed, None),
     row!(DeleteFailed, both(&[V::Deleting]), VolumeTo::Set(V::ErrorDeleting, VA::Detached), None),
+    row!(ExtendVolume, both(&[V::Available]), VolumeTo::Set(V::Extending, VA::Detached), None),
+    row!(VolumeExtended, both(&[V::Extending]), VolumeTo::Set(V::Available, VA::Detached), None),
+    row!(ExtendFailed, both(&[V::Extending]), VolumeTo::Set(V::Available, VA::Detached), None),
     row!(
         Reserve,
         (Rows::In(&[V::Available]), Rows::In(&[V::Available, V::Reserved, V::Attaching, V::InUse])),
@@ -295,10 +317,22 @@ pub const TRANSITIONS: &[Transition] = &[
         Some((Rows::In(CONNECTABLE), AttachTo::Set(A::Reserved)))
     ),
     row!(
+        UndoConnectUnconnected,
+        both(ATTACHED_OR_DETACHING),
+        SETTLE,
+        Some((Rows::In(CONNECTABLE), AttachTo::Set(A::Attached)))
+    ),
+    row!(
         Complete,
         both(ATTACHED),
         SETTLE,
         Some((Rows::In(&[A::Attaching, A::Attached]), AttachTo::Set(A::Attached)))
+    ),
+    row!(
+        CompleteUnconnected,
+        both(ATTACHED),
+        SETTLE,
+        Some((Rows::In(&[A::Reserved]), AttachTo::Set(A::Attached)))
     ),
     row!(
         FailAttach,
@@ -438,11 +472,16 @@ mod tests {
             ForceDeleteVolume,
             VolumeDeleted,
             DeleteFailed,
+            ExtendVolume,
+            VolumeExtended,
+            ExtendFailed,
             Reserve,
             ReserveForMigration,
             Connect,
             UndoConnect,
+            UndoConnectUnconnected,
             Complete,
+            CompleteUnconnected,
             FailAttach,
             FailDetach,
             Remove,
@@ -546,6 +585,20 @@ mod tests {
         assert!(t.allows_attachment(A::Attached));
         assert!(!t.allows_attachment(A::Reserved));
         assert_eq!(t.attachment_to(), Some(A::Attached));
+    }
+
+    /// Nova's shelved-offloaded server: a reservation without connector is completed, attached
+    /// without a connection; a connect that fails later leaves it as it was, attached.
+    #[test]
+    fn a_reservation_without_connector_completes_and_an_undone_connect_leaves_it_attached() {
+        let t = transition(Event::CompleteUnconnected);
+        assert_eq!(t.attachment_from(), &[A::Reserved]);
+        assert_eq!(t.attachment_to(), Some(A::Attached));
+        assert!(transition(Event::Connect).allows_attachment(A::Attached));
+        let undo = transition(Event::UndoConnectUnconnected);
+        assert!(undo.allows_attachment(A::Attaching));
+        assert_eq!(undo.attachment_to(), Some(A::Attached));
+        assert_eq!(settle(&[A::Attached], false).0, V::InUse);
     }
 
     #[test]

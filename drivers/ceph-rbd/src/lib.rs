@@ -1,0 +1,227 @@
+//! `ceph-rbd`: volumes as RBD images in a Ceph pool, managed through the Ceph manager's dashboard
+//! REST API over the host's network capability, and attached as Cinder's RBD driver attaches
+//! them (the client, qemu/librbd or os-brick's RBD connector, talks to the monitors itself).
+//!
+//! Settings (the backend's `settings` table):
+//!
+//! | key | default | meaning |
+//! |---|---|---|
+//! | `dashboard` | (required) | the dashboard's URL, `https://mgr.example:8443` (an allowed host) |
+//! | `pool` | `volumes` | the pool of the volumes' images |
+//! | `monitors` | from the dashboard | `host:port,host:port`, the monitors clients connect to |
+//! | `cluster_name` | `ceph` | as Cinder's `rbd_cluster_name` |
+//! | `rbd_user` | `cinder` | the cephx identity clients use (`auth_username`), as Cinder's `rbd_user`; empty: no cephx |
+//! | `secret_uuid` | none | the libvirt secret holding that identity's key, as Cinder's `rbd_secret_uuid` |
+//! | `task_wait_seconds` | `30` | how long a call follows a task the dashboard answered 202 for |
+//!
+//! Every call is idempotent against a dashboard whose answer may have been lost: an image that
+//! exists with the size asked for is a created one, a missing image is a deleted one, and names
+//! come only from the volume record (`volume-<id>`, as Cinder names them).
+
+mod dashboard;
+
+use berth_driver_sdk::prelude::*;
+use berth_driver_sdk::{ConnectionInfoBuilder, config};
+use dashboard::Done;
+
+pub struct CephRbd;
+
+const GIB: u64 = 1 << 30;
+
+fn pool() -> DriverResult<String> {
+    let pool = config::get_or("pool", "volumes");
+    let valid = !pool.is_empty()
+        && pool.len() <= 128
+        && pool.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && !pool.starts_with('.');
+    if valid { Ok(pool) } else { Err(DriverError::Backend(format!("pool {pool:?} is not a pool name"))) }
+}
+
+/// The image of a volume: its name as the host gave it (`volume-<id>`), checked.
+fn image(volume: &Volume) -> DriverResult<&str> {
+    let name = volume.name.as_str();
+    let valid = !name.is_empty()
+        && name.len() <= 128
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && !name.starts_with('.');
+    if valid {
+        Ok(name)
+    } else {
+        Err(DriverError::Backend(format!("volume name {name:?} is not an image name")))
+    }
+}
+
+fn failed(what: &str, status: u16, code: Option<String>, detail: String) -> DriverError {
+    let code = code.map(|c| format!(" (code {c})")).unwrap_or_default();
+    DriverError::Backend(format!("{what}: the dashboard answered {status}{code}: {detail}"))
+}
+
+/// The monitors clients connect to: the `monitors` setting, or the cluster's monitor map.
+fn monitors() -> DriverResult<(Vec<String>, Vec<String>)> {
+    let list = match config::get("monitors").filter(|m| !m.trim().is_empty()) {
+        Some(m) => m
+            .split(',')
+            .map(|a| {
+                let a = a.trim();
+                a.rsplit_once(':')
+                    .map(|(h, p)| {
+                        (h.trim_start_matches('[').trim_end_matches(']').to_string(), p.to_string())
+                    })
+                    .ok_or_else(|| DriverError::Backend(format!("monitor {a:?} is not host:port")))
+            })
+            .collect::<DriverResult<Vec<_>>>()?,
+        None => dashboard::monitors()?,
+    };
+    Ok(list.into_iter().unzip())
+}
+
+impl Driver for CephRbd {
+    fn info() -> DriverInfo {
+        DriverInfo {
+            name: "ceph-rbd".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            vendor: "Berth".into(),
+            description: "Ceph RBD images through the Ceph manager's dashboard REST API".into(),
+            protocols: vec![Protocol::Rbd],
+            capabilities: Capabilities { multiattach: true, shared_targets: false },
+        }
+    }
+
+    /// RBD clients need nothing of the connector: they reach the monitors themselves.
+    fn validate_connector(_connector: &Connector) -> DriverResult<()> {
+        Ok(())
+    }
+
+    fn create_volume(volume: &Volume) -> DriverResult<ModelUpdate> {
+        let (pool, image) = (pool()?, image(volume)?);
+        let size = volume.size_gib * GIB;
+        match dashboard::create_image(&pool, image, size)? {
+            Done::Ok => {}
+            // It exists: made by this call's earlier try, whose answer was lost, if its size is
+            // the one asked for.
+            Done::Failed { code: Some(code), .. } if code == "17" => {
+                match dashboard::image_size(&pool, image)? {
+                    Some(s) if s == size => {}
+                    Some(s) => {
+                        return Err(DriverError::Incompatible(format!(
+                            "{pool}/{image} exists with {s} bytes, not {size}"
+                        )));
+                    }
+                    None => {
+                        return Err(DriverError::Retryable(format!(
+                            "{pool}/{image} exists and then did not"
+                        )));
+                    }
+                }
+            }
+            Done::Failed { status, code, detail } => {
+                return Err(failed(&format!("creating {pool}/{image}"), status, code, detail));
+            }
+        }
+        Ok(ModelUpdate::none())
+    }
+
+    /// Grows the image. The dashboard would shrink it too, without asking: a larger image is
+    /// refused as incompatible, the size asked for is success (a retry after a lost answer).
+    fn extend_volume(volume: &Volume, new_size_gib: u64) -> DriverResult<ModelUpdate> {
+        let (pool, image) = (pool()?, image(volume)?);
+        let size = new_size_gib * GIB;
+        match dashboard::image_size(&pool, image)? {
+            None => return Err(DriverError::NotFound(format!("{pool}/{image} does not exist"))),
+            Some(now) if now == size => return Ok(ModelUpdate::none()),
+            Some(now) if now > size => {
+                return Err(DriverError::Incompatible(format!(
+                    "{pool}/{image} has {now} bytes; shrinking it to {size} is refused"
+                )));
+            }
+            Some(_) => {}
+        }
+        match dashboard::resize_image(&pool, image, size)? {
+            Done::Ok => Ok(ModelUpdate::none()),
+            Done::Failed { status, code, detail } => {
+                Err(failed(&format!("resizing {pool}/{image}"), status, code, detail))
+            }
+        }
+    }
+
+    fn delete_volume(volume: &Volume) -> DriverResult<()> {
+        let (pool, image) = (pool()?, image(volume)?);
+        match dashboard::delete_image(&pool, image)? {
+            Done::Ok => Ok(()),
+            // Gone already: deleted by an earlier try whose answer was lost, or never made.
+            Done::Failed { status: 404, .. } => Ok(()),
+            Done::Failed { code: Some(code), .. } if code == "404" || code == "2" => Ok(()),
+            // Still opened by a client (a crashed one's watch lasts 30 s): try again later.
+            Done::Failed { detail, .. } if detail.contains("watchers") => {
+                Err(DriverError::Retryable(format!("{pool}/{image} is still open somewhere: {detail}")))
+            }
+            Done::Failed { status, code, detail } => {
+                Err(failed(&format!("deleting {pool}/{image}"), status, code, detail))
+            }
+        }
+    }
+
+    /// Nothing to export: clients open the image through the monitors.
+    fn create_export(_volume: &Volume, _connector: Option<&Connector>) -> DriverResult<ModelUpdate> {
+        Err(DriverError::unsupported("create-export"))
+    }
+
+    fn remove_export(_volume: &Volume) -> DriverResult<ModelUpdate> {
+        Err(DriverError::unsupported("remove-export"))
+    }
+
+    /// Cinder's RBD connection info, after checking that the image is there.
+    fn initialize_connection(volume: &Volume, connector: &Connector) -> DriverResult<Connection> {
+        let (pool, image) = (pool()?, image(volume)?);
+        if dashboard::image_size(&pool, image)?.is_none() {
+            return Err(DriverError::NotFound(format!("{pool}/{image} does not exist")));
+        }
+        let (hosts, ports) = monitors()?;
+        let user = config::get_or("rbd_user", "cinder");
+        let info = ConnectionInfoBuilder::new("rbd")
+            .text("name", format!("{pool}/{image}"))
+            .text_list("hosts", hosts)
+            .text_list("ports", ports)
+            .text("cluster_name", config::get_or("cluster_name", "ceph"))
+            .boolean("auth_enabled", !user.is_empty());
+        let info =
+            if user.is_empty() { info.null("auth_username") } else { info.text("auth_username", user) };
+        let info = info.text("secret_type", "ceph");
+        let info = match config::get("secret_uuid").filter(|s| !s.is_empty()) {
+            Some(uuid) => info.text("secret_uuid", uuid),
+            None => info.null("secret_uuid"),
+        };
+        Ok(info
+            .text("volume_id", volume.id.clone())
+            .boolean("discard", true)
+            .text("access_mode", connector.mode.as_str())
+            .connection())
+    }
+
+    /// Nothing to revoke: the clients' identity is the backend's (`rbd_user`), as with Cinder
+    /// (docs/security.md says why, and what per-attachment identities would take).
+    fn terminate_connection(
+        _volume: &Volume,
+        _connector: Option<&Connector>,
+        others: &[Attachment],
+    ) -> DriverResult<Termination> {
+        Ok(Termination {
+            export_in_use: others.iter().any(|a| a.connector.is_some()),
+            update: ModelUpdate::none(),
+        })
+    }
+
+    /// Each attachment opens the image itself; a host's attachments share nothing but the host.
+    fn shared_connections(
+        _volume: &Volume,
+        connector: &Connector,
+        attachments: &[Attachment],
+    ) -> DriverResult<Vec<String>> {
+        let same = |a: &&Attachment| {
+            a.connector.as_ref().is_some_and(|c| c.host.is_some() && c.host == connector.host)
+        };
+        Ok(attachments.iter().filter(same).map(|a| a.id.clone()).collect())
+    }
+}
+
+export_driver!(CephRbd);

@@ -1,0 +1,623 @@
+//! The iSCSI target service on Linux's userspace target daemon, tgtd, driven over its control
+//! socket (`protocol.rs`).
+//!
+//! Safety rules (reliability-notes section 4; Cinder's tgt helper broke each of them):
+//! - No shell, no `tgt-admin` (which runs `system()` on interpolated strings and treats `#` as a
+//!   comment), and no `tgtadm` either: every request, changes included, is one exchange on
+//!   tgtd's root-only control socket, so no CHAP secret is ever on a command line.
+//! - Every argument is a validated newtype (see `iscsi/mod.rs`) and backing paths must lie inside
+//!   the configured backing directory.
+//! - Every request has a timeout; "already exists" and "can't find" are idempotent outcomes.
+//! - Operations act on one target id only: no `--op update` of everything.
+//!
+//! Cost: one exchange per change, whatever the number of targets. tgtd has no view of one target
+//! with its LUNs and ACL (only of all of them), so the service keeps a model of tgtd's targets,
+//! loaded with one listing and kept up to date by its own changes; `show` reads it. The model is
+//! valid for one tgtd only: it names the daemon's pid and its socket's inode, a restarted tgtd
+//! has other ones, and every change is sent only to the daemon the model describes (the socket
+//! tells who answers), so a target id is never used on a restarted tgtd where it may name another
+//! target. tgtd answers each change with its outcome, which is trusted (the control protocol has
+//! no silent success, unlike `tgt-admin --force`, which Cinder re-checks); the reconciler's
+//! periodic listing (`list`) reloads the model and compares everything. Target ids are allocated
+//! from the model, and changes to different targets run in parallel.
+//!
+//! Kept exports: tgtd deletes targets and accounts in time quadratic in their number (tgt 1.0.85
+//! to 1.0.97: deleting a target looks it up by name through a walk of every target with a list
+//! lookup each; adding the k-th account scans for a free id with a list walk per candidate;
+//! deleting one walks every target with a lookup each; at 3,000 targets a target deletion costs
+//! 50 ms, at 10,000 about half a second, and tgtd serves nobody meanwhile). So an export is not
+//! destroyed and made again with every attach cycle. `delete-target` on a target with no session
+//! removes its LUNs, ACL entries and account bindings (each cheap) and *keeps* the bare target:
+//! it exposes nothing and admits nobody, and drivers no longer see it (`show` and `list` leave it
+//! out, as if deleted). `create-target` of its name takes it back; `set-chap` with the volume's
+//! stored credentials binds its kept account again. [`Tgtd::sweep`] (from the reconciler) really
+//! deletes what was kept longer than `keep_exports`, a little at a time, and unbound accounts
+//! this process does not know. The kept targets are listed in `state_file`, so that a restarted
+//! Berth still knows them.
+
+// This room starts tgtd (host/clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+
+use super::super::{ChapCredentials, Iqn, Portal, TargetError, TargetState};
+use super::accounts::Accounts;
+use super::ceiling::Ceiling;
+use super::config::TgtdConfig;
+use super::model::{Daemon, Known, Model, SocketId};
+use super::protocol::{Answer, Control, Failure, Request, parse_accounts, parse_connections, parse_show};
+
+/// tgtd, reached over its control socket.
+pub struct Tgtd {
+    pub(super) cfg: TgtdConfig,
+    /// How many LUNs it may hold on this machine.
+    pub(super) ceiling: Ceiling,
+    pub(super) control: Control,
+    pub(super) model: Mutex<Model>,
+    /// One reload of the model at a time.
+    reloading: AsyncMutex<()>,
+    /// One change at a time per target; different targets change in parallel.
+    locks: Mutex<HashMap<String, Weak<AsyncMutex<()>>>>,
+    /// The CHAP accounts this process made.
+    pub(super) accounts: Accounts,
+    /// Changes sent to tgtd, and listings of all its targets (for tests and benchmarks).
+    changes: AtomicU64,
+    listings: AtomicU64,
+}
+
+/// Locks a mutex, ignoring poisoning (every critical section leaves the data consistent).
+pub(super) fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Tgtd {
+    pub fn new(cfg: TgtdConfig) -> Self {
+        let control = Control { socket: cfg.socket_path(), timeout: cfg.timeout };
+        let ceiling = Ceiling::of_this_machine(cfg.io_threads, cfg.reserve_threads, cfg.max_luns);
+        Tgtd {
+            ceiling,
+            cfg,
+            control,
+            model: Mutex::default(),
+            reloading: AsyncMutex::new(()),
+            locks: Mutex::default(),
+            accounts: Accounts::default(),
+            changes: AtomicU64::new(0),
+            listings: AtomicU64::new(0),
+        }
+    }
+
+    pub fn config(&self) -> &TgtdConfig {
+        &self.cfg
+    }
+
+    /// Changes sent to tgtd since this service was made.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
+    }
+
+    /// Listings of all of tgtd's targets since this service was made.
+    pub fn listings(&self) -> u64 {
+        self.listings.load(Ordering::Relaxed)
+    }
+
+    /// Whether tgtd answers on the control port.
+    pub async fn is_running(&self) -> bool {
+        self.control.send(&Request::show_system(), None).await.is_ok()
+    }
+
+    /// Starts tgtd on `portal` (loopback or as configured) if it does not answer, and waits until
+    /// it does. Returns whether it had to start one. The daemon outlives this process, as a
+    /// system tgtd would; its targets are re-created by Berth's reconciliation anyway.
+    pub async fn ensure_running(&self, portal: &Portal) -> Result<bool, TargetError> {
+        if self.is_running().await {
+            return Ok(false);
+        }
+        let portal_arg = if portal.address.contains(':') {
+            format!("portal=[{}]:{}", portal.address, portal.port)
+        } else {
+            format!("portal={}:{}", portal.address, portal.port)
+        };
+        // tgtd daemonises itself; its stale socket from an earlier run would make it fail.
+        let _ = std::fs::remove_file(self.cfg.socket_path());
+        let _ =
+            std::fs::remove_file(self.cfg.socket_dir.join(format!("socket.{}.lock", self.cfg.control_port)));
+        let status = tokio::process::Command::new(&self.cfg.tgtd)
+            .args(["-C", &self.cfg.control_port.to_string(), "-t", &self.cfg.io_threads.max(1).to_string()])
+            .args(["--iscsi", &portal_arg])
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await
+            .map_err(|e| TargetError::Failed(format!("cannot run {}: {e}", self.cfg.tgtd.display())))?;
+        if !status.success() {
+            return Err(TargetError::Failed(format!("{} exited with {status}", self.cfg.tgtd.display())));
+        }
+        for _ in 0..100 {
+            if self.is_running().await {
+                return Ok(true);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(TargetError::Timeout("tgtd did not start answering within 5 s".into()))
+    }
+
+    /// The control socket's identity, or `None` when it is not there.
+    pub(super) fn socket_id(&self) -> Option<SocketId> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(self.control.socket.as_path())
+            .ok()
+            .map(|m| (m.dev(), m.ino(), i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec())))
+    }
+
+    /// The daemon the model describes, reloading the model first when tgtd changed (or it was
+    /// never loaded).
+    pub(super) async fn fresh(&self) -> Result<i32, Failure> {
+        let daemon = guard(&self.model).daemon;
+        match daemon {
+            Some(d) if self.socket_id() == Some(d.socket) => Ok(d.pid),
+            _ => self.reload().await,
+        }
+    }
+
+    /// Loads the model from one listing of tgtd's targets.
+    pub(super) async fn reload(&self) -> Result<i32, Failure> {
+        let _one = self.reloading.lock().await;
+        Ok(self.listing().await?.1)
+    }
+
+    /// Lists tgtd's targets and installs the listing in the model; returns it with the daemon.
+    pub(super) async fn listing(&self) -> Result<(Vec<TargetState>, i32), Failure> {
+        let since = guard(&self.model).epoch;
+        let socket = self.socket_id();
+        let answer = self.control.send(&Request::show_targets(), None).await?;
+        self.listings.fetch_add(1, Ordering::Relaxed);
+        let targets = parse_show(&answer.text);
+        self.install(&targets, answer.daemon, socket, since);
+        let visible = {
+            let model = guard(&self.model);
+            targets.into_iter().filter(|t| !model.kept.contains_key(&t.iqn)).collect()
+        };
+        Ok((visible, answer.daemon))
+    }
+
+    /// Installs a listing requested when the model was at epoch `since`: what this process
+    /// changed since then stays as it is in the model.
+    pub(super) fn install(&self, listed: &[TargetState], pid: i32, socket: Option<SocketId>, since: u64) {
+        let mut model = guard(&self.model);
+        let same_daemon = model.daemon.is_some_and(|d| d.pid == pid);
+        if model.daemon.is_some() && !same_daemon {
+            tracing::warn!(pid, "tgtd was restarted; reloaded its targets");
+        }
+        if !same_daemon {
+            // A new daemon has none of the accounts this process made.
+            self.accounts.clear();
+        }
+        // Kept targets stay hidden while tgtd still has them, bare; a new daemon has none. At the
+        // first listing of this process, the state file says which bare targets were kept.
+        if !model.kept_loaded {
+            model.kept_loaded = true;
+            for (iqn, tid) in self.load_kept() {
+                model.kept.insert(iqn, (tid, std::time::Instant::now()));
+            }
+        } else if !same_daemon {
+            model.kept.clear();
+        }
+        let bare = |t: &TargetState| t.luns.is_empty() && t.initiators.is_empty() && t.chap_users.is_empty();
+        let listed_kept: HashMap<&str, &TargetState> = listed
+            .iter()
+            .filter(|t| model.kept.get(&t.iqn).is_some_and(|(tid, _)| *tid == t.tid) && bare(t))
+            .map(|t| (t.iqn.as_str(), t))
+            .collect();
+        model.kept.retain(|iqn, _| listed_kept.contains_key(iqn.as_str()));
+        let mut targets: HashMap<String, Known> = listed
+            .iter()
+            .filter(|t| !listed_kept.contains_key(t.iqn.as_str()))
+            .map(|t| (t.iqn.clone(), Known { state: t.clone(), changed: 0 }))
+            .collect();
+        if same_daemon {
+            for (iqn, known) in model.targets.drain().filter(|(_, k)| k.changed > since) {
+                targets.insert(iqn, known);
+            }
+            for (iqn, _) in model.gone.iter().filter(|(_, at)| **at > since) {
+                targets.remove(iqn);
+            }
+            model.gone.retain(|_, at| *at > since);
+        } else {
+            model.gone.clear();
+        }
+        for iqn in model.kept.keys() {
+            targets.remove(iqn);
+        }
+        model.targets = targets;
+        model.daemon = socket.map(|socket| Daemon { pid, socket });
+    }
+
+    /// The kept targets the state file lists: (name, tid).
+    pub(super) fn load_kept(&self) -> Vec<(String, u32)> {
+        let Some(path) = &self.cfg.state_file else { return Vec::new() };
+        let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
+        serde_json::from_str::<HashMap<String, u32>>(&text)
+            .map(|m| m.into_iter().collect())
+            .unwrap_or_default()
+    }
+
+    /// Writes the kept targets to the state file (atomically; not synced: a file lost in a power
+    /// failure only leaves bare targets that the drift report names).
+    pub(super) fn save_kept(&self) {
+        let Some(path) = &self.cfg.state_file else { return };
+        let kept: HashMap<String, u32> =
+            guard(&self.model).kept.iter().map(|(iqn, (tid, _))| (iqn.clone(), *tid)).collect();
+        let tmp = path.with_extension("tmp");
+        let written = std::fs::write(&tmp, serde_json::to_vec(&kept).expect("a map serialises"))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            tracing::warn!("cannot write {}: {e}", path.display());
+        }
+    }
+
+    /// Sends a change to the daemon the model describes. A restarted daemon gets nothing: the
+    /// model is reloaded and the caller starts its operation again.
+    pub(super) async fn change(&self, request: Request, iqn: &str) -> Result<Answer, Failure> {
+        let pid = self.fresh().await?;
+        let answer = self.control.send(&request, Some(pid)).await;
+        match &answer {
+            Err(Failure::Restarted { .. }) => {
+                self.reload().await?;
+            }
+            // The model said the target exists: someone removed it behind this service's back.
+            // Decide again on tgtd's state.
+            Err(Failure::NotFound(m)) if m.contains("can't find the target") => {
+                self.reload().await?;
+                return Err(Failure::Restarted { expected: pid, found: pid });
+            }
+            Err(Failure::Timeout) => {}
+            _ => {
+                self.changes.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    mode = ?request.mode, op = ?request.op, tid = request.tid, target = iqn,
+                    ok = answer.is_ok(), "tgtd change"
+                );
+            }
+        }
+        answer
+    }
+
+    /// The LUNs tgtd holds, as far as the model knows.
+    pub(super) fn luns_held(&self) -> u64 {
+        guard(&self.model).targets.values().map(|k| k.state.luns.len() as u64).sum()
+    }
+
+    pub(super) fn known(&self, iqn: &Iqn) -> Option<TargetState> {
+        guard(&self.model).targets.get(iqn.as_str()).map(|k| k.state.clone())
+    }
+
+    pub(super) fn require(&self, iqn: &Iqn) -> Result<TargetState, Failure> {
+        self.known(iqn).ok_or_else(|| Failure::NotFound(format!("can't find the target {iqn}")))
+    }
+
+    /// Records a change this process made to a target.
+    pub(super) fn update(&self, iqn: &Iqn, f: impl FnOnce(&mut TargetState)) {
+        let mut model = guard(&self.model);
+        let epoch = model.touch();
+        if let Some(known) = model.targets.get_mut(iqn.as_str()) {
+            f(&mut known.state);
+            known.changed = epoch;
+        }
+    }
+
+    pub(super) async fn lock(&self, iqn: &Iqn) -> OwnedMutexGuard<()> {
+        let lock = {
+            let mut map = guard(&self.locks);
+            if map.len() > 1024 {
+                map.retain(|_, weak| weak.strong_count() > 0);
+            }
+            match map.get(iqn.as_str()).and_then(Weak::upgrade) {
+                Some(lock) => lock,
+                None => {
+                    let lock = Arc::new(AsyncMutex::new(()));
+                    map.insert(iqn.as_str().to_string(), Arc::downgrade(&lock));
+                    lock
+                }
+            }
+        };
+        lock.lock_owned().await
+    }
+
+    /// The CHAP account names tgtd has.
+    pub async fn accounts(&self) -> Result<Vec<String>, TargetError> {
+        let answer = self
+            .control
+            .send(&Request::show_accounts(), None)
+            .await
+            .map_err(|f| f.into_error("show accounts"))?;
+        Ok(parse_accounts(&answer.text))
+    }
+
+    pub(super) async fn account_delete(&self, user: &str, iqn: &str) -> Result<(), Failure> {
+        match self.change(Request::delete_account(user), iqn).await {
+            Ok(_) | Err(Failure::NotFound(_)) => {
+                self.accounts.forget(user);
+                Ok(())
+            }
+            Err(f) => Err(f),
+        }
+    }
+
+    /// A kept target of that name, taken back (bare) into the targets drivers see.
+    pub(super) fn take_back(&self, iqn: &Iqn) -> Option<TargetState> {
+        let state = {
+            let mut model = guard(&self.model);
+            let (tid, _) = model.kept.remove(iqn.as_str())?;
+            let state = TargetState { iqn: iqn.to_string(), tid, ..Default::default() };
+            let changed = model.touch();
+            model.gone.remove(iqn.as_str());
+            model.targets.insert(iqn.to_string(), Known { state: state.clone(), changed });
+            state
+        };
+        self.save_kept();
+        Some(state)
+    }
+
+    /// Closes every connection of `initiator` on the target and checks that none is left (tgtd
+    /// closes a connection from its event loop, so the check is repeated for a while). Answers
+    /// how many sessions it found open.
+    pub(super) async fn end_sessions(&self, tid: u32, iqn: &Iqn, initiator: &Iqn) -> Result<u32, Failure> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut ended = BTreeSet::new();
+        loop {
+            let answer = self.change_read(Request::show_connections(tid), iqn.as_str()).await?;
+            let mine: Vec<_> = parse_connections(&answer.text)
+                .into_iter()
+                .filter(|c| c.initiator == initiator.as_str())
+                .collect();
+            if mine.is_empty() {
+                return Ok(ended.len() as u32);
+            }
+            ended.extend(mine.iter().map(|c| c.sid));
+            if std::time::Instant::now() > deadline {
+                return Err(Failure::Other(format!(
+                    "{} session(s) of {initiator} on {iqn} are still open after being closed",
+                    mine.len()
+                )));
+            }
+            for c in &mine {
+                match self.change(Request::delete_connection(tid, c.sid, c.cid), iqn.as_str()).await {
+                    Ok(_) | Err(Failure::NotFound(_)) => {}
+                    Err(f) => return Err(f),
+                }
+            }
+            tracing::info!(target = %iqn, %initiator, connections = mine.len(), "closed a denied initiator's connections");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Whether the target has iSCSI sessions now (asked of tgtd, not of the model).
+    pub(super) async fn has_sessions(&self, tid: u32, iqn: &Iqn) -> Result<bool, Failure> {
+        let answer = self.change_read(Request::show_connections(tid), iqn.as_str()).await?;
+        Ok(answer.text.lines().any(|l| l.trim_start().starts_with("Session:")))
+    }
+
+    /// A read that must reach the daemon the model describes.
+    pub(super) async fn change_read(&self, request: Request, iqn: &str) -> Result<Answer, Failure> {
+        let pid = self.fresh().await?;
+        match self.control.send(&request, Some(pid)).await {
+            Err(Failure::Restarted { .. }) => {
+                self.reload().await?;
+                Err(Failure::Restarted { expected: pid, found: pid })
+            }
+            Err(Failure::NotFound(m)) if m.contains("can't find the target") => {
+                self.reload().await?;
+                Err(Failure::Restarted { expected: pid, found: pid })
+            }
+            other => other.map_err(|f| match f {
+                Failure::Other(m) => Failure::Other(format!("{iqn}: {m}")),
+                f => f,
+            }),
+        }
+    }
+
+    /// Deletes a target from tgtd (closing its sessions), and its accounts unless they are kept.
+    pub(super) async fn destroy(&self, target: &TargetState, iqn: &Iqn) -> Result<(), Failure> {
+        match self.change(Request::delete_target(target.tid), iqn.as_str()).await {
+            Ok(_) | Err(Failure::NotFound(_)) => {}
+            Err(f) => return Err(f),
+        }
+        {
+            let mut model = guard(&self.model);
+            let epoch = model.touch();
+            model.targets.remove(iqn.as_str());
+            model.gone.insert(iqn.to_string(), epoch);
+        }
+        for user in &target.chap_users {
+            self.release_account(user, iqn.as_str()).await?;
+        }
+        Ok(())
+    }
+
+    /// Keeps a target for reuse when it has no session: its ACL entries go first (so that nobody
+    /// logs in any more), then, if no session is left, its LUNs and account bindings (each cheap
+    /// for tgtd), and the bare target stays, hidden from drivers. A target with sessions is
+    /// destroyed, which closes them: a session must never outlive its target's export.
+    pub(super) async fn strip(&self, target: &TargetState, iqn: &Iqn) -> Result<(), Failure> {
+        let (tid, name) = (target.tid, iqn.as_str());
+        for initiator in &target.initiators {
+            match self.change(Request::unbind_initiator(tid, initiator), name).await {
+                Ok(_) | Err(Failure::NotFound(_)) => {}
+                Err(f) => return Err(f),
+            }
+            self.update(iqn, |t| t.initiators.retain(|i| i != initiator));
+        }
+        if self.has_sessions(tid, iqn).await? {
+            let now = self.known(iqn).unwrap_or_else(|| target.clone());
+            return self.destroy(&now, iqn).await;
+        }
+        for (lun, _) in &target.luns {
+            match self.change(Request::delete_lun(tid, *lun), name).await {
+                Ok(_) | Err(Failure::NotFound(_)) => {}
+                Err(f) => return Err(f),
+            }
+            self.update(iqn, |t| t.luns.retain(|(l, _)| l != lun));
+        }
+        for user in &target.chap_users {
+            match self.change(Request::unbind_account(tid, user), name).await {
+                Ok(_) | Err(Failure::NotFound(_)) => {}
+                Err(f) => return Err(f),
+            }
+            self.update(iqn, |t| t.chap_users.retain(|u| u != user));
+            self.release_account(user, name).await?;
+        }
+        {
+            let mut model = guard(&self.model);
+            let epoch = model.touch();
+            model.targets.remove(name);
+            model.gone.insert(name.to_string(), epoch);
+            model.kept.insert(name.to_string(), (tid, std::time::Instant::now()));
+        }
+        self.save_kept();
+        Ok(())
+    }
+
+    /// Creates an account (replacing one of that name whose secret this process does not know:
+    /// tgtd never shows secrets).
+    ///
+    /// The account is known to this process before tgtd has it: the sweep deletes unbound
+    /// accounts this process does not know, and one that ran between the creation and the bind
+    /// would delete the new account under the bind's feet.
+    pub(super) async fn create_account(
+        &self,
+        credentials: &ChapCredentials,
+        iqn: &str,
+    ) -> Result<(), Failure> {
+        let (user, secret) = (credentials.user.as_str(), credentials.secret.expose());
+        let created = async {
+            match self.change(Request::new_account(user, secret), iqn).await {
+                Ok(_) => {
+                    crate::failpoint::hit("tgt.account-created");
+                    Ok(())
+                }
+                Err(Failure::AlreadyExists(_)) => {
+                    self.account_delete(user, iqn).await?;
+                    self.accounts.remember(credentials);
+                    self.change(Request::new_account(user, secret), iqn).await.map(drop)
+                }
+                Err(f) => Err(f),
+            }
+        };
+        self.accounts.remember(credentials);
+        let result = created.await;
+        if result.is_err() {
+            self.accounts.forget(user);
+        }
+        result
+    }
+
+    /// An account no target of this service needs any more: kept unbound for reuse, or deleted.
+    pub(super) async fn release_account(&self, user: &str, iqn: &str) -> Result<(), Failure> {
+        if self.bound_elsewhere(user, &Iqn::parse(iqn).map_err(|e| Failure::Other(e.to_string()))?) {
+            return Ok(());
+        }
+        if self.cfg.keep_exports.is_zero() || !self.accounts.made(user) {
+            return self.account_delete(user, iqn).await;
+        }
+        self.accounts.keep(user);
+        Ok(())
+    }
+
+    /// Deletes a target and accounts kept longer than `keep_exports`, and unbound accounts this
+    /// process does not know, a few per call (each deletion costs tgtd O(targets²)). Returns how
+    /// many it deleted.
+    pub async fn sweep(&self) -> Result<usize, TargetError> {
+        const AT_MOST: usize = 4;
+        self.fresh().await.map_err(|f| f.into_error("sweep accounts"))?;
+        let expired = self.accounts.kept_for(self.cfg.keep_exports);
+        let bound: BTreeSet<String> =
+            guard(&self.model).targets.values().flat_map(|k| k.state.chap_users.clone()).collect();
+        let unknown: Vec<String> = self
+            .accounts()
+            .await?
+            .into_iter()
+            .filter(|u| !bound.contains(u) && !self.accounts.made(u))
+            .collect();
+        let mut deleted = 0;
+        // A kept target's deletion is the expensive one: one per sweep.
+        let expired_target = guard(&self.model)
+            .kept
+            .iter()
+            .find(|(_, (_, since))| since.elapsed() >= self.cfg.keep_exports)
+            .map(|(iqn, (tid, _))| (iqn.clone(), *tid));
+        if let Some((iqn, tid)) = expired_target {
+            match self.change(Request::delete_target(tid), &iqn).await {
+                Ok(_) | Err(Failure::NotFound(_)) => {}
+                Err(f) => return Err(f.into_error("delete a kept target")),
+            }
+            guard(&self.model).kept.remove(&iqn);
+            self.save_kept();
+            tracing::info!(target_iqn = %iqn, "deleted a target kept unused");
+            deleted += 1;
+        }
+        for user in expired.into_iter().chain(unknown).take(AT_MOST) {
+            if bound.contains(&user) {
+                self.accounts.unkeep(&user);
+                continue;
+            }
+            self.account_delete(&user, "").await.map_err(|f| f.into_error("delete account"))?;
+            tracing::info!("deleted a CHAP account no target uses any more");
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+
+    /// Whether another known target has this account bound.
+    pub(super) fn bound_elsewhere(&self, user: &str, iqn: &Iqn) -> bool {
+        guard(&self.model)
+            .targets
+            .values()
+            .any(|k| k.state.iqn != iqn.as_str() && k.state.chap_users.iter().any(|u| u == user))
+    }
+
+    pub(super) fn check_backing_path(&self, path: &str) -> Result<(), TargetError> {
+        let p = Path::new(path);
+        let inside = p.is_absolute()
+            && p.starts_with(&self.cfg.backing_dir)
+            && p.components()
+                .all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)))
+            && path.bytes().all(|b| b.is_ascii_graphic() && b != b',');
+        if !inside {
+            return Err(TargetError::InvalidArgument(format!(
+                "backing store path is not inside {}",
+                self.cfg.backing_dir.display()
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backing_paths_must_stay_inside_the_directory() {
+        let tgtd = Tgtd::new(TgtdConfig::new(0, "/var/lib/berth/volumes"));
+        assert!(tgtd.check_backing_path("/var/lib/berth/volumes/volume-1.img").is_ok());
+        for bad in [
+            "/etc/shadow",
+            "/var/lib/berth/volumes/../../../etc/shadow",
+            "relative/volume.img",
+            "/var/lib/berth/volumes/a b.img",
+            "/var/lib/berth/volumes/a,bstype=sg.img",
+        ] {
+            assert!(tgtd.check_backing_path(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! The `attach_events` and `attach_event_heads` tables: the attach history, one hash chain per
+//! volume (`domain/history.rs`). Appended in the transaction of the change it records, which
+//! holds the volume's row: a volume's events are written one at a time, on any node.
+
+use super::StoreError;
+use super::sql::{Param, Row, Tx};
+use crate::domain::history::{Access, AttachEvent, EventFilter, GENESIS, Head, NewEvent};
+use crate::domain::list::Scope;
+use crate::params;
+
+const COLUMNS: &str = "id, seq, volume_id, at, event, access, outcome, project_id, attachment_id, \
+     instance_uuid, host, initiator, user_id, caller_project_id, roles, service_token, request_id, \
+     global_request_id, node, driver_digest, prev_hash, hash";
+
+fn from_row(r: &Row) -> Result<AttachEvent, StoreError> {
+    let id = r.text(0)?;
+    let corrupt = |what: &str| StoreError::Corrupt(format!("attach event {id}: {what}"));
+    let access = Access::parse(&r.text(5)?).ok_or_else(|| corrupt("access"))?;
+    let roles: Vec<String> = serde_json::from_str(&r.text(14)?).map_err(|_| corrupt("roles"))?;
+    Ok(AttachEvent {
+        seq: r.int(1)?,
+        fields: NewEvent {
+            volume_id: r.text(2)?,
+            at: r.int(3)?,
+            event: r.text(4)?,
+            access,
+            outcome: r.text(6)?,
+            project_id: r.text(7)?,
+            attachment_id: r.opt_text(8)?,
+            instance_uuid: r.opt_text(9)?,
+            host: r.opt_text(10)?,
+            initiator: r.opt_text(11)?,
+            user_id: r.text(12)?,
+            caller_project_id: r.text(13)?,
+            roles,
+            service_token: r.flag(15)?,
+            request_id: r.opt_text(16)?,
+            global_request_id: r.opt_text(17)?,
+            node: r.text(18)?,
+            driver_digest: r.opt_text(19)?,
+        },
+        prev_hash: r.text(20)?,
+        hash: r.text(21)?,
+        id,
+    })
+}
+
+fn events(rows: Vec<Row>) -> Result<Vec<AttachEvent>, StoreError> {
+    rows.iter().map(from_row).collect()
+}
+
+/// Appends an event to its volume's chain. The caller's transaction holds the volume's row.
+pub async fn append(tx: &mut Tx, fields: NewEvent) -> Result<AttachEvent, StoreError> {
+    let head = tx
+        .query("SELECT seq, hash FROM attach_event_heads WHERE volume_id = $1", &params![&fields.volume_id])
+        .await?
+        .first()
+        .map(|r| Ok::<_, StoreError>((r.int(0)?, r.text(1)?)))
+        .transpose()?;
+    let (seq, prev) = match &head {
+        Some((seq, hash)) => (seq + 1, hash.clone()),
+        None => (1, GENESIS.to_string()),
+    };
+    let event = AttachEvent::link(uuid::Uuid::new_v4().to_string(), seq, prev, fields);
+    let f = &event.fields;
+    let roles = serde_json::to_string(&f.roles).expect("roles serialise");
+    tx.execute(
+        &format!(
+            "INSERT INTO attach_events ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
+             $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)"
+        ),
+        &params![
+            &event.id,
+            event.seq,
+            &f.volume_id,
+            f.at,
+            &f.event,
+            f.access.as_str(),
+            &f.outcome,
+            &f.project_id,
+            &f.attachment_id,
+            &f.instance_uuid,
+            &f.host,
+            &f.initiator,
+            &f.user_id,
+            &f.caller_project_id,
+            roles,
+            f.service_token,
+            &f.request_id,
+            &f.global_request_id,
+            &f.node,
+            &f.driver_digest,
+            &event.prev_hash,
+            &event.hash,
+        ],
+    )
+    .await?;
+    if head.is_some() {
+        tx.execute(
+            "UPDATE attach_event_heads SET seq = $2, hash = $3 WHERE volume_id = $1",
+            &params![&f.volume_id, event.seq, &event.hash],
+        )
+        .await?;
+    } else {
+        tx.execute(
+            "INSERT INTO attach_event_heads (volume_id, seq, hash, first_seq, first_prev) \
+             VALUES ($1, $2, $3, 1, $4)",
+            &params![&f.volume_id, event.seq, &event.hash, GENESIS],
+        )
+        .await?;
+    }
+    Ok(event)
+}
+
+/// Events in time order (`at`, then id), those of `scope`'s projects matching `filter`, after
+/// the event `marker`, at most `limit`.
+pub async fn list(
+    tx: &mut Tx,
+    scope: Scope<'_>,
+    filter: &EventFilter,
+    marker: Option<&AttachEvent>,
+    limit: i64,
+) -> Result<Vec<AttachEvent>, StoreError> {
+    let mut clauses: Vec<String> = Vec::new();
+    let mut params: Vec<Param> = Vec::new();
+    let mut add = |clause: &str, values: Vec<Param>| {
+        let mut text = clause.to_string();
+        for v in values {
+            params.push(v);
+            text = text.replacen('?', &format!("${}", params.len()), 1);
+        }
+        clauses.push(text);
+    };
+    if let Scope::Project(p) = scope {
+        // With a volume or an attachment named, their index answers (few rows, in order); the
+        // project's, which is also in order, would walk every event of the project: the
+        // expression keeps either planner off it.
+        let narrow = filter.volume_id.is_some() || filter.attachment_id.is_some();
+        add(if narrow { "project_id || '' = ?" } else { "project_id = ?" }, vec![p.into()]);
+    }
+    let text = |v: &Option<String>| v.clone().map(Param::from);
+    for (column, value) in [
+        ("volume_id", &filter.volume_id),
+        ("attachment_id", &filter.attachment_id),
+        ("instance_uuid", &filter.instance_uuid),
+        ("outcome", &filter.outcome),
+    ] {
+        if let Some(v) = text(value) {
+            add(&format!("{column} = ?"), vec![v]);
+        }
+    }
+    if let Some(h) = &filter.host {
+        add("(host = ? OR initiator = ?)", vec![h.into(), h.into()]);
+    }
+    if let Some(a) = filter.access {
+        add("access = ?", vec![a.as_str().into()]);
+    }
+    if let Some(t) = filter.since {
+        add("at >= ?", vec![t.into()]);
+    }
+    if let Some(t) = filter.until {
+        add("at <= ?", vec![t.into()]);
+    }
+    if let Some(m) = marker {
+        add("(at > ? OR (at = ? AND id > ?))", vec![m.fields.at.into(), m.fields.at.into(), (&m.id).into()]);
+    }
+    let condition =
+        if clauses.is_empty() { String::new() } else { format!("WHERE {}", clauses.join(" AND ")) };
+    params.push(limit.into());
+    let q =
+        format!("SELECT {COLUMNS} FROM attach_events {condition} ORDER BY at, id LIMIT ${}", params.len());
+    events(tx.query(&q, &params).await?)
+}
+
+/// One event, when `scope` may see it.
+pub async fn get(tx: &mut Tx, id: &str, scope: Scope<'_>) -> Result<Option<AttachEvent>, StoreError> {
+    let found = match scope {
+        Scope::All => {
+            tx.query(&format!("SELECT {COLUMNS} FROM attach_events WHERE id = $1"), &params![id]).await?
+        }
+        Scope::Project(p) => {
+            tx.query(
+                &format!("SELECT {COLUMNS} FROM attach_events WHERE id = $1 AND project_id = $2"),
+                &params![id, p],
+            )
+            .await?
+        }
+    };
+    Ok(events(found)?.pop())
+}
+
+/// One volume's chain, in order, from `from_seq` on, at most `limit` events.
+pub async fn chain(
+    tx: &mut Tx,
+    volume_id: &str,
+    from_seq: i64,
+    limit: i64,
+) -> Result<Vec<AttachEvent>, StoreError> {
+    events(
+        tx.query(
+            &format!(
+                "SELECT {COLUMNS} FROM attach_events WHERE volume_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3"
+            ),
+            &params![volume_id, from_seq, limit],
+        )
+        .await?,
+    )
+}
+
+/// Every chain's recorded head, and a made-up one (seq 0) for volumes whose events have no
+/// head row (a head deleted by hand): verifying those reports the events as unexpected.
+pub async fn heads(tx: &mut Tx) -> Result<Vec<Head>, StoreError> {
+    let mut out = Vec::new();
+    for r in tx
+        .query(
+            "SELECT volume_id, seq, hash, first_seq, first_prev FROM attach_event_heads ORDER BY volume_id",
+            &[],
+        )
+        .await?
+    {
+        out.push(Head {
+            volume_id: r.text(0)?,
+            seq: r.int(1)?,
+            hash: r.text(2)?,
+            first_seq: r.int(3)?,
+            first_prev: r.text(4)?,
+        });
+    }
+    for r in tx
+        .query(
+            "SELECT DISTINCT volume_id FROM attach_events e WHERE NOT EXISTS \
+             (SELECT 1 FROM attach_event_heads h WHERE h.volume_id = e.volume_id)",
+            &[],
+        )
+        .await?
+    {
+        out.push(Head {
+            volume_id: r.text(0)?,
+            seq: 0,
+            hash: GENESIS.into(),
+            first_seq: 1,
+            first_prev: GENESIS.into(),
+        });
+    }
+    Ok(out)
+}
+
+/// Deletes the events recorded before `before` (microseconds), and moves each chain's start to
+/// its first event left (so the rest still verifies). Returns how many were deleted.
+pub async fn prune(tx: &mut Tx, before: i64) -> Result<u64, StoreError> {
+    let deleted = tx.execute("DELETE FROM attach_events WHERE at < $1", &params![before]).await?;
+    if deleted > 0 {
+        tx.execute(
+            "UPDATE attach_event_heads SET \
+             first_prev = COALESCE((SELECT e.prev_hash FROM attach_events e \
+                 WHERE e.volume_id = attach_event_heads.volume_id ORDER BY e.seq LIMIT 1), hash), \
+             first_seq = COALESCE((SELECT MIN(e.seq) FROM attach_events e \
+                 WHERE e.volume_id = attach_event_heads.volume_id), seq + 1)",
+            &[],
+        )
+        .await?;
+    }
+    Ok(deleted)
+}
+
+/// Every event recorded before `until` (all: `None`), chain by chain, in order: a segment to
+/// archive before [`prune`].
+pub async fn segment(tx: &mut Tx, until: Option<i64>) -> Result<Vec<AttachEvent>, StoreError> {
+    let until = until.unwrap_or(i64::MAX);
+    events(
+        tx.query(
+            &format!("SELECT {COLUMNS} FROM attach_events WHERE at < $1 ORDER BY volume_id, seq"),
+            &params![until],
+        )
+        .await?,
+    )
+}

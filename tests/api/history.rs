@@ -1,0 +1,382 @@
+//! The attach history (`GET /os-attachment-events`, `berth history`): a scripted day of
+//! attaches, detaches, a live migration, a force detach and failed calls by several users is
+//! recorded event by event with who asked and on which request; the history answers "which hosts
+//! could reach volume V between t1 and t2" exactly; members read their own project's events
+//! only; and an event edited or deleted in the database is caught by `verify`.
+
+use berth::domain::history::{Access, AttachEvent, NewEvent, reachable};
+use berth::params;
+use berth_tests::both_databases;
+use berth_tests::server::{Client, TestServer, connector};
+use serde_json::{Value, json};
+
+const INSTANCE_1: &str = "0f0e2a4c-1b57-4a3e-8f6d-6b1c2d3e4f51";
+const INSTANCE_2: &str = "0f0e2a4c-1b57-4a3e-8f6d-6b1c2d3e4f52";
+const GLOBAL: &str = "req-6c8a1d3e-0b7f-4c2a-9e5d-1f2a3b4c5d6e";
+
+fn initiator(host: &str) -> String {
+    format!("iqn.1993-08.org.debian:01:{host}")
+}
+
+fn now_micros() -> i64 {
+    berth::store::now_micros()
+}
+
+/// Nova attaching a server on a host: create with the connector, complete. Returns the
+/// attachment and the request id of the create.
+async fn attach(c: &Client, volume: &str, instance: &str, host: &str) -> (String, String) {
+    let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": instance,
+        "connector": connector(&initiator(host), host)}});
+    let made = c.post("/attachments", body).await.expect(200);
+    let request = made.header("x-openstack-request-id").unwrap().to_string();
+    let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
+    c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    (id, request)
+}
+
+async fn events(c: &Client, query: &str) -> Vec<Value> {
+    let r = c.get(&format!("/os-attachment-events?{query}")).await.expect(200);
+    r.body["attachment_events"].as_array().unwrap().clone()
+}
+
+/// An event of the API as the domain's record, to ask the domain's questions of it.
+fn record(v: &Value) -> AttachEvent {
+    let text = |k: &str| v[k].as_str().map(str::to_string);
+    AttachEvent {
+        id: text("id").unwrap(),
+        seq: v["seq"].as_i64().unwrap(),
+        fields: NewEvent {
+            volume_id: text("volume_id").unwrap(),
+            at: berth::api::volumes::parse_time(v["time"].as_str().unwrap()).unwrap(),
+            event: text("event").unwrap(),
+            access: Access::parse(v["access"].as_str().unwrap()).unwrap(),
+            outcome: text("outcome").unwrap(),
+            project_id: text("project_id").unwrap(),
+            attachment_id: text("attachment_id"),
+            instance_uuid: text("instance_uuid"),
+            host: text("host"),
+            initiator: text("initiator"),
+            user_id: text("user_id").unwrap(),
+            caller_project_id: text("caller_project_id").unwrap(),
+            roles: serde_json::from_value(v["roles"].clone()).unwrap(),
+            service_token: v["service_token"].as_bool().unwrap(),
+            request_id: text("request_id"),
+            global_request_id: text("global_request_id"),
+            node: text("node").unwrap(),
+            driver_digest: text("driver_digest"),
+        },
+        prev_hash: text("prev_hash").unwrap(),
+        hash: text("hash").unwrap(),
+    }
+}
+
+fn hosts(events: &[AttachEvent], from: i64, to: i64) -> Vec<String> {
+    reachable(events, from, to).into_iter().collect()
+}
+
+/// The (event, access, outcome, host) of each event, for assertions that read as the story.
+fn story(events: &[Value]) -> Vec<(String, String, String, String)> {
+    events
+        .iter()
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or("-").to_string();
+            (s("event"), s("access"), s("outcome"), s("host"))
+        })
+        .collect()
+}
+
+fn row(event: &str, access: &str, outcome: &str, host: &str) -> (String, String, String, String) {
+    (event.into(), access.into(), outcome.into(), host.into())
+}
+
+async fn sql(s: &TestServer, statement: &str, id: &str) {
+    s.service.store().write(async |tx| tx.execute(statement, &params![id]).await).await.unwrap();
+}
+
+both_databases! {
+    async fn a_day_of_attaches_is_recorded_and_answers_which_hosts_could_reach_a_volume(s) {
+        let admin = s.client("p1").at("3.54");
+        let nova = admin.with_roles("member").with_service_token().with_header("x-openstack-request-id", GLOBAL);
+        let member = admin.with_roles("member");
+        let shared = admin.create_volume(json!({"size": 1, "volume_type": "multiattach"})).await;
+
+        let t0 = now_micros();
+        let (one, one_request) = attach(&nova, &shared, INSTANCE_1, "h1").await;
+        let t1 = now_micros();
+        let (two, _) = attach(&nova, &shared, INSTANCE_2, "h2").await;
+        let t2 = now_micros();
+        // A failed connect by a member: the driver refuses initialize-connection; nothing granted.
+        admin.post(&format!("/volumes/{shared}/metadata"),
+            json!({"metadata": {"fake.initialize-connection": "backend:the array is on fire"}})).await.expect(200);
+        member.attach(&shared, Some(connector(&initiator("h3"), "h3"))).await.expect(502);
+        admin.post(&format!("/volumes/{shared}/metadata"),
+            json!({"metadata": {"fake.initialize-connection": "ok"}})).await.expect(200);
+        let t3 = now_micros();
+        // Nova detaches h1; an admin force-detaches h2.
+        nova.post(&format!("/volumes/{shared}/action"), json!({"os-begin_detaching": null})).await.expect(202);
+        nova.delete(&format!("/attachments/{one}")).await.expect(200);
+        let t4 = now_micros();
+        admin.post(&format!("/volumes/{shared}/action"),
+            json!({"os-force_detach": {"attachment_id": two}})).await.expect(202);
+        let t5 = now_micros();
+
+        let listed = events(&admin, &format!("volume_id={shared}")).await;
+        assert_eq!(story(&listed), [
+            row("reserve", "none", "reserved", "h1"),
+            row("connect", "granted", "attaching", "h1"),
+            row("complete", "none", "attached", "h1"),
+            row("reserve", "none", "reserved", "h2"),
+            row("connect", "granted", "attaching", "h2"),
+            row("complete", "none", "attached", "h2"),
+            row("reserve", "none", "reserved", "h3"),
+            row("remove", "revoked", "failed", "h3"),
+            row("detach", "revoked", "detached", "h1"),
+            row("force-detach", "revoked", "detached", "h2"),
+        ]);
+
+        // Who asked, on which request, where, with which driver.
+        let connect_one = &listed[1];
+        assert_eq!(connect_one["attachment_id"], json!(one));
+        assert_eq!(connect_one["instance_uuid"], json!(INSTANCE_1));
+        assert_eq!(connect_one["initiator"], json!(initiator("h1")));
+        assert_eq!(connect_one["request_id"], json!(one_request), "the request that made the change");
+        assert_eq!(connect_one["global_request_id"], json!(GLOBAL));
+        assert_eq!((connect_one["service_token"].clone(), connect_one["roles"].clone()), (json!(true), json!(["member"])));
+        assert_eq!(connect_one["user_id"], json!("user-p1"));
+        assert!(!connect_one["node"].as_str().unwrap().is_empty());
+        assert_eq!(connect_one["driver_digest"].as_str().unwrap().len(), 64);
+        let forced = &listed[9];
+        assert_eq!((forced["service_token"].clone(), forced["roles"].clone()), (json!(false), json!(["admin"])));
+        assert_eq!(listed[7]["user_id"], json!("user-p1"));
+        assert_eq!(listed[7]["service_token"], json!(false));
+        let no_secrets = serde_json::to_string(&listed).unwrap();
+        assert!(!no_secrets.contains("auth_password") && !no_secrets.contains("auth_username"));
+
+        // The question an auditor asks, answered exactly for each window.
+        let chain: Vec<AttachEvent> = listed.iter().map(record).collect();
+        assert!(chain.iter().all(AttachEvent::is_intact), "the API shows each event's own hash");
+        assert_eq!(hosts(&chain, 0, t0), Vec::<String>::new());
+        assert_eq!(hosts(&chain, t0, t1), ["h1"]);
+        assert_eq!(hosts(&chain, t1, t2), ["h1", "h2"]);
+        assert_eq!(hosts(&chain, t2, t3), ["h1", "h2"], "the failed connect gave h3 nothing");
+        assert_eq!(hosts(&chain, t4, t4), ["h2"], "h1 was detached");
+        assert_eq!(hosts(&chain, t5, i64::MAX), Vec::<String>::new(), "h2 was force-detached");
+
+        // Filters: host (name or initiator), access, outcome, a time window.
+        let h1 = events(&admin, &format!("volume_id={shared}&host=h1")).await;
+        assert_eq!(h1.len(), 4);
+        assert_eq!(events(&admin, &format!("host={}", initiator("h2"))).await.len(), 3, "the initiator matches the events that carry a connector");
+        let granted = events(&admin, &format!("volume_id={shared}&access=granted")).await;
+        assert_eq!(granted.iter().map(|e| e["host"].as_str().unwrap()).collect::<Vec<_>>(), ["h1", "h2"]);
+        assert_eq!(events(&admin, "outcome=failed").await.len(), 1);
+        let window = |from: i64, to: i64| format!(
+            "volume_id={shared}&since={}&until={}",
+            berth::api::views::timestamp(from), berth::api::views::timestamp(to));
+        assert_eq!(story(&events(&admin, &window(t3, t5)).await), [
+            row("detach", "revoked", "detached", "h1"),
+            row("force-detach", "revoked", "detached", "h2"),
+        ]);
+        assert_eq!(events(&admin, &format!("attachment_id={two}")).await.len(), 4);
+        assert_eq!(events(&admin, &format!("instance_id={INSTANCE_1}")).await.len(), 4);
+
+        // Paging by marker walks the same events in the same order.
+        let mut paged = Vec::new();
+        let mut marker = String::new();
+        loop {
+            let r = admin.get(&format!("/os-attachment-events?volume_id={shared}&limit=3{marker}")).await.expect(200);
+            let page = r.body["attachment_events"].as_array().unwrap().clone();
+            if page.is_empty() { break; }
+            marker = format!("&marker={}", page.last().unwrap()["id"].as_str().unwrap());
+            assert_eq!(r.body["attachment_events_links"].is_array(), page.len() == 3);
+            paged.extend(page);
+        }
+        assert_eq!(paged, listed);
+
+        // Bad input is a 400 or a 404 in Cinder's shape.
+        admin.get("/os-attachment-events?access=maybe").await.fault(400, "badRequest");
+        admin.get("/os-attachment-events?since=yesterday").await.fault(400, "badRequest");
+        admin.get("/os-attachment-events?sort=at").await.fault(400, "badRequest");
+        admin.get("/os-attachment-events?marker=5d9e0c8a-4f1b-4e7e-9d0c-8a4f1b4e7e9d").await.fault(404, "itemNotFound");
+    }
+
+    /// Members read their own project's history; an admin reads every project's with
+    /// `all_tenants`. A live migration's two hosts are both in it.
+    async fn members_read_their_projects_history_and_a_live_migration_shows_both_hosts(s) {
+        let p1 = s.client("p1").at("3.54");
+        let p2 = s.client("p2").at("3.54");
+        let nova = p1.with_roles("member").with_service_token();
+        let volume = p1.create_volume(json!({"size": 1})).await;
+        let (source, _) = attach(&nova, &volume, INSTANCE_1, "src").await;
+        // Live migration: a second attachment for the same instance on the destination, then the
+        // source's goes.
+        let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": INSTANCE_1,
+            "connector": connector(&initiator("dst"), "dst")}});
+        let dest = nova.post("/attachments", body).await.expect(200).body["attachment"]["id"].as_str().unwrap().to_string();
+        nova.post(&format!("/attachments/{dest}/action"), json!({"os-complete": null})).await.expect(204);
+        let migrated = now_micros();
+        nova.delete(&format!("/attachments/{source}")).await.expect(200);
+        let theirs = p2.create_volume(json!({"size": 1})).await;
+        p2.attach(&theirs, Some(connector(&initiator("h9"), "h9"))).await.expect(200);
+
+        let chain: Vec<AttachEvent> = events(&p1, &format!("volume_id={volume}")).await.iter().map(record).collect();
+        assert_eq!(chain.iter().filter(|e| e.fields.event == "reserve-for-migration").count(), 1);
+        assert_eq!(hosts(&chain, migrated, migrated), ["dst", "src"]);
+        assert_eq!(hosts(&chain, now_micros(), i64::MAX), ["dst"]);
+
+        let member = p1.with_roles("member");
+        let own = events(&member, "all_tenants=1").await;
+        assert!(!own.is_empty() && own.iter().all(|e| e["project_id"] == "p1"), "members see their project only");
+        assert!(events(&p2.with_roles("reader"), "").await.iter().all(|e| e["project_id"] == "p2"));
+        let all = events(&p1, "all_tenants=1").await;
+        assert!(all.iter().any(|e| e["project_id"] == "p2") && all.iter().any(|e| e["project_id"] == "p1"));
+        assert!(events(&p1, "").await.iter().all(|e| e["project_id"] == "p1"), "an admin's own project by default");
+        s.client("p3").with_roles("nobody").get("/os-attachment-events").await.fault(403, "forbidden");
+    }
+
+    /// A connect that fails on an attachment that already had access with the same connector (an
+    /// update replayed, or interrupted and undone by recovery) ends that access: the history says
+    /// so, and the host is not counted as reaching the volume afterwards.
+    async fn a_failed_reconnect_with_the_same_connector_records_the_access_revoked(s) {
+        let c = s.client("p1").at("3.54");
+        let volume = c.create_volume(json!({"size": 1})).await;
+        let made = c.attach(&volume, Some(connector(&initiator("h1"), "h1"))).await.expect(200);
+        let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
+        c.post(&format!("/volumes/{volume}/metadata"),
+            json!({"metadata": {"fake.initialize-connection": "backend:the array is on fire"}})).await.expect(200);
+        c.put(&format!("/attachments/{id}"), json!({"attachment": {"connector": connector(&initiator("h1"), "h1")}}))
+            .await
+            .expect(502);
+        let listed = events(&c, &format!("attachment_id={id}")).await;
+        assert_eq!(story(&listed).last().unwrap(), &row("undo-connect", "revoked", "failed", "h1"));
+        let chain: Vec<AttachEvent> = listed.iter().map(record).collect();
+        assert_eq!(hosts(&chain, now_micros(), i64::MAX), Vec::<String>::new());
+    }
+
+    /// Tamper evidence: an edited event, a deleted event in the middle of a chain and the deleted
+    /// last event of a chain are each found by `verify`, named by volume and event.
+    async fn an_edited_or_deleted_event_is_caught_by_verify(s) {
+        let c = s.client("p1").at("3.54").with_service_token();
+        let mut volumes = Vec::new();
+        for host in ["a", "b", "c", "d"] {
+            let v = c.create_volume(json!({"size": 1})).await;
+            let (id, _) = attach(&c, &v, INSTANCE_1, host).await;
+            c.delete(&format!("/attachments/{id}")).await.expect(200);
+            volumes.push(v);
+        }
+        let store = s.service.store();
+        let clean = berth::attach::history::verify(store).await.unwrap();
+        assert_eq!((clean.chains, clean.events, clean.breaks.len()), (4, 16, 0));
+
+        let chain = |v: &str| {
+            let v = v.to_string();
+            async move { events(&s.client("p1"), &format!("volume_id={v}")).await.iter().map(record).collect::<Vec<_>>() }
+        };
+        let edited = chain(&volumes[0]).await[1].clone();
+        sql(s, "UPDATE attach_events SET host = 'elsewhere' WHERE id = $1", &edited.id).await;
+        let middle = chain(&volumes[1]).await[2].clone();
+        sql(s, "DELETE FROM attach_events WHERE id = $1", &middle.id).await;
+        let last = chain(&volumes[2]).await[3].clone();
+        sql(s, "DELETE FROM attach_events WHERE id = $1", &last.id).await;
+
+        let found = berth::attach::history::verify(store).await.unwrap();
+        let mut breaks: Vec<(String, Option<String>, i64)> =
+            found.breaks.iter().map(|b| (b.volume_id.clone(), b.event_id.clone(), b.seq)).collect();
+        breaks.sort();
+        let next_after_middle = chain(&volumes[1]).await[2].clone();
+        let mut expected = vec![
+            (volumes[0].clone(), Some(edited.id.clone()), 2),
+            (volumes[1].clone(), Some(next_after_middle.id.clone()), 4),
+            (volumes[2].clone(), None, 3),
+        ];
+        expected.sort();
+        assert_eq!(breaks, expected, "{:?}", found.breaks);
+        assert!(found.breaks.iter().all(|b| b.volume_id != volumes[3]), "the untouched chain verifies");
+
+        // Export, prune and verify the archived segment: what is left still verifies from
+        // where it now starts (the broken chains aside).
+        let segment = berth::attach::history::export(store, None).await.unwrap();
+        assert_eq!(segment.len(), 14);
+        let fourth: Vec<AttachEvent> = segment.iter().filter(|e| e.fields.volume_id == volumes[3]).cloned().collect();
+        assert_eq!(berth::domain::history::verify_segment(&fourth), Ok(1));
+        let cut = fourth[2].fields.at;
+        let pruned = berth::attach::history::prune(store, cut).await.unwrap();
+        assert!(pruned >= 2, "{pruned}");
+        let after = berth::attach::history::verify(store).await.unwrap();
+        assert!(after.breaks.iter().all(|b| b.volume_id != volumes[3]), "{:?}", after.breaks);
+    }
+}
+
+/// `berth history` on the service's SQLite file: `list` prints the events as a table, `verify`
+/// passes, then names the edited event and exits 1; an exported segment verifies on its own.
+#[tokio::test]
+async fn the_history_command_lists_verifies_and_names_what_was_edited() {
+    let s = TestServer::start(berth_tests::server::Db::Sqlite).await;
+    let c = s.client("p1").at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (id, _) = attach(&c, &volume, INSTANCE_1, "cli-host").await;
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+    let url = s.config.database_url();
+    let berth = |args: &[&str]| {
+        let out = std::process::Command::new(berth_tests::process::berth_binary())
+            .args(["history"])
+            .args(args)
+            .args(["--database-url", &url])
+            .output()
+            .expect("run berth history");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
+    };
+
+    let (code, table) = berth(&["list", "--volume", &volume]);
+    assert_eq!(code, Some(0), "{table}");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("TIME") && lines.len() == 5, "{table}");
+    assert!(
+        lines[2].contains("connect") && lines[2].contains("granted") && lines[2].contains("cli-host"),
+        "{table}"
+    );
+    assert!(lines[4].contains("detach") && lines[4].contains("revoked"), "{table}");
+    let (code, out) = berth(&["verify"]);
+    assert_eq!((code, out.trim()), (Some(0), "verified 4 events in 1 chains: 0 broken"));
+
+    let (code, exported) = berth(&["export"]);
+    assert_eq!(code, Some(0));
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &exported).unwrap();
+    let path = file.path().to_str().unwrap().to_string();
+    let (code, out) = berth(&["verify", "--file", &path]);
+    assert_eq!((code, out.trim()), (Some(0), "verified 4 events in 1 chains"));
+    std::fs::write(file.path(), exported.replace("cli-host", "other-host")).unwrap();
+    let (code, out) = berth(&["verify", "--file", &path]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("BROKEN") && out.contains("edited"), "{out}");
+
+    let third = events(&c, &format!("volume_id={volume}")).await[2]["id"].as_str().unwrap().to_string();
+    sql(&s, "UPDATE attach_events SET user_id = 'someone-else' WHERE id = $1", &third).await;
+    let (code, out) = berth(&["verify"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains(&format!("BROKEN volume {volume}: event {third} (seq 3)")), "{out}");
+}
+
+/// `[history] keep_days`: the pruner deletes events older than that, and each volume's chain
+/// still verifies from its first event left.
+#[tokio::test]
+async fn events_older_than_keep_days_are_pruned_and_the_rest_still_verifies() {
+    let s = TestServer::start(berth_tests::server::Db::Sqlite).await;
+    let c = s.client("p1").at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (id, _) = attach(&c, &volume, INSTANCE_1, "old-host").await;
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+    let chain = events(&c, &format!("volume_id={volume}")).await;
+    assert_eq!(chain.len(), 4);
+    // The first two events happened three days ago.
+    for e in &chain[..2] {
+        sql(&s, "UPDATE attach_events SET at = at - 259200000000 WHERE id = $1", e["id"].as_str().unwrap())
+            .await;
+    }
+    let pruner = berth::serve::prune_history(s.service.clone(), 1);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), pruner).await;
+    let left = events(&c, &format!("volume_id={volume}")).await;
+    assert_eq!(left.iter().map(|e| e["seq"].as_i64().unwrap()).collect::<Vec<_>>(), [3, 4]);
+    let verified = berth::attach::history::verify(s.service.store()).await.unwrap();
+    assert_eq!((verified.events, verified.breaks.len()), (2, 0), "{:?}", verified.breaks);
+}

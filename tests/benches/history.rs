@@ -1,0 +1,190 @@
+//! The attach history at scale: 1,000,000 events (10 on each of 100,000 volumes, in one
+//! project), on SQLite and on PostgreSQL, through HTTP: one volume's history (the target: 10 ms),
+//! a time window, the first page of everything, and `verify` of every chain.
+//!
+//! Run: `cargo bench -p berth-tests --bench history` (`BERTH_HISTORY_EVENTS`, default 1000000).
+//! The events are inserted in bulk with chained hashes (as `store/events.rs` writes them, without
+//! the flows that record them). Figures go to BENCHMARKS.md.
+
+use std::time::Instant;
+
+use berth::domain::history::{Access, AttachEvent, GENESIS, NewEvent};
+use berth::store::sql::Param;
+use berth_tests::server::{Db, TestServer};
+use berth_tests::stats::{Summary, human};
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(run());
+}
+
+const PER_VOLUME: usize = 10;
+
+fn event(volume: &str, at: i64, k: usize) -> NewEvent {
+    let host = format!("host-{}", k % 3);
+    NewEvent {
+        volume_id: volume.to_string(),
+        at,
+        event: ["reserve", "connect", "complete", "detach"][k % 4].to_string(),
+        access: [Access::None, Access::Granted, Access::None, Access::Revoked][k % 4],
+        outcome: "attached".into(),
+        project_id: "bench".into(),
+        attachment_id: Some(uuid::Uuid::new_v4().to_string()),
+        instance_uuid: None,
+        initiator: Some(format!("iqn.1993-08.org.debian:01:{host}")),
+        host: Some(host),
+        user_id: "bench".into(),
+        caller_project_id: "bench".into(),
+        roles: vec!["member".into()],
+        service_token: true,
+        request_id: Some(format!("req-{}", uuid::Uuid::new_v4())),
+        global_request_id: None,
+        node: "bench".into(),
+        driver_digest: Some("0".repeat(64)),
+    }
+}
+
+/// Inserts `PER_VOLUME` chained events on each of `n / PER_VOLUME` volumes.
+async fn fill(s: &TestServer, n: usize) -> Vec<String> {
+    let volumes: Vec<String> = (0..n / PER_VOLUME).map(|_| uuid::Uuid::new_v4().to_string()).collect();
+    let store = s.service.store();
+    let t0: i64 = 1_700_000_000_000_000;
+    for (c, chunk) in volumes.chunks(100).enumerate() {
+        store
+            .write(async |tx| {
+                let (mut rows, mut params, mut heads, mut head_params) =
+                    (Vec::new(), Vec::<Param>::new(), Vec::new(), Vec::<Param>::new());
+                for (i, v) in chunk.iter().enumerate() {
+                    let mut prev = GENESIS.to_string();
+                    for k in 0..PER_VOLUME {
+                        let at = t0 + (((c * 100 + i) * PER_VOLUME + k) as i64) * 7;
+                        let e = AttachEvent::link(uuid::Uuid::new_v4().to_string(), k as i64 + 1, prev, event(v, at, k));
+                        prev = e.hash.clone();
+                        let f = &e.fields;
+                        let values: Vec<Param> = vec![
+                            e.id.clone().into(),
+                            e.seq.into(),
+                            f.volume_id.clone().into(),
+                            f.at.into(),
+                            f.event.clone().into(),
+                            f.access.as_str().into(),
+                            f.outcome.clone().into(),
+                            f.project_id.clone().into(),
+                            f.attachment_id.clone().into(),
+                            f.instance_uuid.clone().into(),
+                            f.host.clone().into(),
+                            f.initiator.clone().into(),
+                            f.user_id.clone().into(),
+                            f.caller_project_id.clone().into(),
+                            serde_json::to_string(&f.roles).unwrap().into(),
+                            f.service_token.into(),
+                            f.request_id.clone().into(),
+                            f.global_request_id.clone().into(),
+                            f.node.clone().into(),
+                            f.driver_digest.clone().into(),
+                            e.prev_hash.clone().into(),
+                            e.hash.clone().into(),
+                        ];
+                        let base = params.len();
+                        rows.push(format!(
+                            "({})",
+                            (1..=values.len()).map(|j| format!("${}", base + j)).collect::<Vec<_>>().join(", ")
+                        ));
+                        params.extend(values);
+                    }
+                    let base = head_params.len();
+                    heads.push(format!("(${}, {PER_VOLUME}, ${}, 1, '{GENESIS}')", base + 1, base + 2));
+                    head_params.extend([Param::from(v.as_str()), Param::from(prev)]);
+                }
+                tx.execute(
+                    &format!(
+                        "INSERT INTO attach_events (id, seq, volume_id, at, event, access, outcome, project_id, \
+                         attachment_id, instance_uuid, host, initiator, user_id, caller_project_id, roles, \
+                         service_token, request_id, global_request_id, node, driver_digest, prev_hash, hash) VALUES {}",
+                        rows.join(", ")
+                    ),
+                    &params,
+                )
+                .await?;
+                tx.execute(
+                    &format!(
+                        "INSERT INTO attach_event_heads (volume_id, seq, hash, first_seq, first_prev) VALUES {}",
+                        heads.join(", ")
+                    ),
+                    &head_params,
+                )
+                .await?;
+                Ok::<_, berth::store::StoreError>(())
+            })
+            .await
+            .unwrap();
+    }
+    volumes
+}
+
+async fn timed(n: usize, mut f: impl AsyncFnMut(usize)) -> Summary {
+    let mut samples = Vec::new();
+    for i in 0..n {
+        let t = Instant::now();
+        f(i).await;
+        samples.push(t.elapsed());
+    }
+    Summary::of(&mut samples)
+}
+
+async fn run() {
+    let n: usize =
+        std::env::var("BERTH_HISTORY_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    println!("berth history benchmark: {n} events on {} volumes, one project, over HTTP", n / PER_VOLUME);
+    for db in [Db::Sqlite, Db::Postgres] {
+        let s = TestServer::start(db).await;
+        let t = Instant::now();
+        let volumes = fill(&s, n).await;
+        let filled = t.elapsed();
+        let c = s.client("bench").at("3.54");
+        let one = timed(200, async |i| {
+            let v = &volumes[(i * 7919) % volumes.len()];
+            let r = c.get(&format!("/os-attachment-events?volume_id={v}")).await.expect(200);
+            assert_eq!(r.body["attachment_events"].as_array().unwrap().len(), PER_VOLUME);
+        })
+        .await;
+        let host = timed(20, async |_| {
+            c.get("/os-attachment-events?host=host-1&limit=100").await.expect(200);
+        })
+        .await;
+        let window = timed(20, async |i| {
+            let from = 1_700_000_000_000_000 + (i as i64) * 1_000_000;
+            let q = format!(
+                "/os-attachment-events?since={}&until={}&limit=100",
+                berth::api::views::timestamp(from),
+                berth::api::views::timestamp(from + 700)
+            );
+            c.get(&q).await.expect(200);
+        })
+        .await;
+        let page = timed(20, async |_| {
+            let r = c.get("/os-attachment-events").await.expect(200);
+            assert_eq!(r.body["attachment_events"].as_array().unwrap().len(), 1000);
+        })
+        .await;
+        let t = Instant::now();
+        let verified = berth::attach::history::verify(s.service.store()).await.unwrap();
+        let verify = t.elapsed();
+        assert_eq!((verified.events, verified.breaks.len()), (n, 0));
+        println!("{db:?}: filled in {:.1} s", filled.as_secs_f64());
+        println!("  one volume's history (GET ?volume_id=): p50 {} p99 {}", human(one.p50), human(one.p99));
+        println!(
+            "  a host's events, a page of 100 (GET ?host=): p50 {} p99 {}",
+            human(host.p50),
+            human(host.p99)
+        );
+        println!(
+            "  a time window, a page of 100 (GET ?since=&until=): p50 {} p99 {}",
+            human(window.p50),
+            human(window.p99)
+        );
+        println!("  the first page of 1,000: p50 {} p99 {}", human(page.p50), human(page.p99));
+        println!("  verify every chain: {:.1} s ({} chains)", verify.as_secs_f64(), verified.chains);
+        drop(s);
+    }
+}

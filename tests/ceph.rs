@@ -1,0 +1,522 @@
+//! `ceph-rbd` on a real Ceph cluster (`harness/ceph.rs`: one monitor, one manager with the
+//! dashboard, one OSD on loopback), driven through Berth's API as Nova drives Cinder: volumes are
+//! RBD images of the right size, an attachment's connection info is Cinder's RBD driver's and a
+//! librbd client reaches the image with it, a delete removes the image, the suite's checks pass
+//! against the cluster (faults injected in front of the dashboard), and nothing is left behind.
+
+use std::time::{Duration, Instant};
+
+use berth_tests::ceph::{Ceph, cluster};
+use berth_tests::process::BerthProcess;
+use berth_tests::server::{Client, connector};
+use serde_json::{Value, json};
+
+/// Waits until the volume has `status` (or is gone, for `deleted`).
+async fn wait_status(c: &Client, volume: &str, status: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = c.get(&format!("/volumes/{volume}")).await;
+        let now = if r.status == 404 {
+            "deleted".to_string()
+        } else {
+            r.body["volume"]["status"].as_str().unwrap_or("").to_string()
+        };
+        if now == status {
+            return;
+        }
+        assert!(Instant::now() < deadline, "volume {volume} stayed {now}, not {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn image(volume: &str) -> String {
+    format!("volume-{volume}")
+}
+
+/// One `berth serve` with a `ceph` backend on the test cluster, as the default volume type.
+fn serve(ceph: &Ceph) -> BerthProcess {
+    BerthProcess::start(&format!(
+        "{}\n[[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"ceph\"\n",
+        ceph.backend_toml("ceph", true)
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_is_an_rbd_image_that_a_client_reaches_with_the_connection_info_and_a_delete_removes() {
+    let ceph = cluster();
+    let server = serve(ceph);
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+
+    let volume = c.create_volume(json!({"size": 2})).await;
+    wait_status(&c, &volume, "available").await;
+    assert_eq!(ceph.image_size(&image(&volume)), Some(2 << 30), "a 2 GiB image");
+    // os-extend grows the image; the API shows the new size once Ceph has it.
+    c.post(&format!("/volumes/{volume}/action"), json!({"os-extend": {"new_size": 3}})).await.expect(202);
+    assert_eq!(ceph.image_size(&image(&volume)), Some(3 << 30), "a 3 GiB image");
+    assert_eq!(c.get(&format!("/volumes/{volume}")).await.body["volume"]["size"], 3);
+
+    let made = c
+        .attach(&volume, Some(connector("iqn.1993-08.org.debian:01:rbd-host", "rbd-host")))
+        .await
+        .expect(200);
+    let info = &made.body["attachment"]["connection_info"];
+    // Cinder's RBD driver's keys, with what Cinder's volume manager adds.
+    assert_eq!(info["driver_volume_type"], "rbd");
+    assert_eq!(info["name"], format!("volumes/{}", image(&volume)));
+    assert_eq!(info["hosts"], json!([ceph.monitors.split(':').next().unwrap()]));
+    assert_eq!(info["ports"], json!([ceph.monitors.rsplit(':').next().unwrap()]));
+    assert_eq!(info["cluster_name"], "ceph");
+    assert_eq!(info["auth_enabled"], true);
+    assert_eq!(info["auth_username"], "cinder");
+    assert_eq!(info["secret_type"], "ceph");
+    assert_eq!(info["secret_uuid"], "457eb676-33da-42ec-9a8c-9293d545c337");
+    assert_eq!(info["volume_id"], volume);
+    assert_eq!(info["discard"], true);
+    assert!(info.get("keyring").is_none(), "no keyring unless configured");
+
+    // A compute host's librbd, with the connection info's monitors and identity: 4 MiB in, the
+    // same 4 MiB out.
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let info = json!({"driver_volume_type": "rbd", "data": info});
+    let back = ceph.write_and_read(&info, 8 << 20, &data).expect("the client reaches the image");
+    assert!(back == data, "the data read back differs");
+
+    let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
+    c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+    wait_status(&c, &volume, "available").await;
+    c.delete(&format!("/volumes/{volume}")).await.expect(202);
+    wait_status(&c, &volume, "deleted").await;
+    assert_eq!(ceph.image_size(&image(&volume)), None, "the image is gone");
+
+    let log = server.log_text();
+    let password = std::fs::read_to_string(&ceph.password_file).unwrap();
+    assert!(!log.contains(password.trim()), "the dashboard's password reached the log");
+    assert_eq!(log.matches("session login").count(), 1, "one login for every call: {log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_image_is_not_found_and_a_lost_volume_is_reported_not_attached() {
+    let ceph = cluster();
+    let server = serve(ceph);
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    wait_status(&c, &volume, "available").await;
+    // The image goes behind Berth's back (an operator's mistake): an attachment is refused with
+    // the driver's not-found, and the volume stays available.
+    let out = std::process::Command::new("rbd")
+        .arg("-c")
+        .arg(&ceph.conf)
+        .args(["-n", "client.admin", "rm", "--no-progress", &format!("volumes/{}", image(&volume))])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:x", "x"))).await;
+    assert!(r.status >= 400 && r.status < 600 && r.status != 500, "{} {}", r.status, r.body);
+    let shown: Value = c.get(&format!("/volumes/{volume}")).await.body;
+    assert_eq!(shown["volume"]["status"], "available", "{shown}");
+    // Deleting it succeeds (a missing image is a deleted one).
+    c.delete(&format!("/volumes/{volume}")).await.expect(202);
+    wait_status(&c, &volume, "deleted").await;
+}
+
+/// The conformance suite on `ceph-rbd` against the cluster, as a vendor runs it
+/// (`berth conformance ceph-rbd.wasm --config ceph.toml`): every check that applies to an RBD
+/// driver passes, faults injected in front of the dashboard at each request of each call among
+/// them, the iSCSI-only checks say why they were skipped, and no image is left in the pool (a
+/// pool of its own: the other tests of this process make images in theirs meanwhile).
+#[test]
+fn ceph_rbd_passes_the_conformance_suite_against_the_cluster() {
+    let ceph = &cluster().in_pool("conformance");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ceph.toml");
+    std::fs::write(&config, ceph.conformance_toml()).unwrap();
+    let json = dir.path().join("report.json");
+    let before = ceph.images();
+    let out = std::process::Command::new(berth_tests::process::berth_binary())
+        .arg("conformance")
+        .arg(berth_tests::drivers::component("ceph-rbd"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let checks = report["checks"].as_array().unwrap();
+    let faults =
+        checks.iter().find(|c| c["name"].as_str().unwrap().starts_with("a request to the backend")).unwrap();
+    assert_eq!(faults["status"], "passed", "{faults}");
+    for c in checks.iter().filter(|c| c["status"] == "skipped") {
+        let why = c["reason"].as_str().unwrap_or_default();
+        assert!(why.contains("iscsi") || why.contains("iSCSI target service"), "{}: {why}", c["name"]);
+    }
+    assert_eq!(ceph.images(), before, "the suite left images in the pool");
+}
+
+/// Three nodes on one PostgreSQL database serve the same `ceph-rbd` backend (`shared = true`):
+/// clients spread over the nodes create, attach and detach volumes through any of them (the
+/// history-checked workload), and node b is killed with SIGKILL a third of the way in and not
+/// started again. Afterwards: no anomaly in the history, every operation b left unfinished taken
+/// over and finished by the others, every volume attachable through each surviving node, and
+/// Ceph's pool holding exactly the images of the volumes in the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_share_the_backend_and_a_killed_node_leaves_every_volume_attachable() {
+    use berth_tests::history::{self, Workload};
+    use berth_tests::invariants;
+    let ceph = cluster();
+    let url = berth_tests::pg::fresh_database().await;
+    let config = format!(
+        "[operations]\nlease_seconds = 2\nshutdown_wait_seconds = 1\n\n{}\n\
+         [[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"ceph\"\n\n\
+         [[volume_types]]\nname = \"multiattach\"\nbackend = \"ceph\"\nextra_specs = {{ multiattach = \"<is> True\" }}\n",
+        ceph.backend_toml("ceph", true)
+    );
+    let mut nodes: Vec<BerthProcess> = ["node-a", "node-b", "node-c"]
+        .iter()
+        .map(|name| {
+            BerthProcess::start_full(&format!("node = \"{name}\"\ndatabase_url = \"{url}\""), &config)
+        })
+        .collect();
+    let clients: Vec<Client> = nodes.iter().map(|n| Client::for_base(&n.base, "e2e").at("3.54")).collect();
+    let w = Workload {
+        clients: 6,
+        duration: Duration::from_secs(
+            std::env::var("BERTH_CEPH_WORKLOAD_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(12),
+        ),
+        volumes: 6,
+        multiattach: 2,
+        abandon: 0.0,
+    };
+    // The pool, made through every node in turn.
+    let mut volumes = Vec::new();
+    for i in 0..w.volumes {
+        let multi = i < w.multiattach;
+        let body = if multi { json!({"size": 1, "volume_type": "multiattach"}) } else { json!({"size": 1}) };
+        let id = clients[i % 3].create_volume(body).await;
+        wait_status(&clients[0], &id, "available").await;
+        volumes.push((id, multi));
+    }
+    let store = invariants::open(&url).await;
+    let third = w.duration / 3;
+    let node_b = &mut nodes[1];
+    let chaos = async {
+        tokio::time::sleep(third).await;
+        node_b.kill9();
+    };
+    let (outcome, ()) = tokio::join!(history::run(&clients, &store, &volumes, &w), chaos);
+
+    // What b left is taken over (its lease is 2 s) and finished.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let world = invariants::snapshot_database(&store).await;
+        let wrong = invariants::violations_with(&world, |_| false);
+        if wrong.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "after the workload:\n  {}", wrong.join("\n  "));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let live: std::collections::BTreeSet<String> = store
+        .read(async |tx| {
+            let rows = tx.query("SELECT id FROM volume_attachment WHERE deleted = 0", &[]).await?;
+            rows.iter().map(|r| r.text(0)).collect::<Result<std::collections::BTreeSet<_>, _>>()
+        })
+        .await
+        .unwrap();
+    let mut anomalies = outcome.anomalies;
+    anomalies.extend(history::check_acknowledged(&outcome.calls, &live));
+    let calls = outcome.calls.iter().filter(|c| c.op != "idle").count();
+    let ok = outcome.calls.iter().filter(|c| c.op != "idle" && c.ok()).count();
+    eprintln!(
+        "ceph workload over 3 nodes, b killed: {calls} calls, {ok} acknowledged, {} anomalies",
+        anomalies.len()
+    );
+    assert!(anomalies.is_empty(), "{} anomalies:\n  {}", anomalies.len(), anomalies.join("\n  "));
+    assert!(ok > calls / 10, "too few calls succeeded to mean anything: {ok} of {calls}");
+
+    // Every volume is attachable through each surviving node, once what the workload left
+    // attached is detached.
+    for (volume, _) in &volumes {
+        let listed = clients[0].get(&format!("/attachments?volume_id={volume}")).await.body;
+        for a in listed["attachments"].as_array().unwrap() {
+            clients[0].delete(&format!("/attachments/{}", a["id"].as_str().unwrap())).await.expect(200);
+        }
+        wait_status(&clients[0], volume, "available").await;
+        for (i, c) in [(0, &clients[0]), (2, &clients[2])] {
+            let r = c.attach(volume, Some(connector("iqn.1993-08.org.debian:01:after", "after"))).await;
+            assert_eq!(r.status, 200, "through node {i}: {}", r.body);
+            let id = r.body["attachment"]["id"].as_str().unwrap();
+            c.delete(&format!("/attachments/{id}")).await.expect(200);
+        }
+    }
+    // Ceph and the database agree: an image for every volume, none for anything else.
+    let mut images: Vec<String> =
+        ceph.images().into_iter().filter(|i| volumes.iter().any(|(v, _)| image(v) == *i)).collect();
+    images.sort();
+    let mut expected: Vec<String> = volumes.iter().map(|(v, _)| image(v)).collect();
+    expected.sort();
+    assert_eq!(images, expected);
+    for (volume, _) in &volumes {
+        clients[2].delete(&format!("/volumes/{volume}")).await.expect(202);
+    }
+    for (volume, _) in &volumes {
+        wait_status(&clients[0], volume, "deleted").await;
+        assert_eq!(ceph.image_size(&image(volume)), None);
+    }
+}
+
+/// A changing flow whose driver calls reach Ceph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    CreateVolume,
+    DeleteVolume,
+    CreateAttachment,
+    DeleteAttachment,
+    /// `os-extend` from 1 GiB to 2.
+    ExtendVolume,
+}
+
+async fn failpoints(c: &Client, what: &str, body: Value) -> Value {
+    let url = format!("{}/_failpoints/{what}", c.base);
+    let http = reqwest::Client::new();
+    let r = if what == "hits" { http.get(url).send().await } else { http.post(url).json(&body).send().await };
+    r.unwrap().json().await.unwrap_or(Value::Null)
+}
+
+impl Flow {
+    /// Makes what the flow starts from; returns the volume (and attachment) it acts on.
+    async fn set_up(self, c: &Client) -> (String, Option<String>) {
+        if self == Flow::CreateVolume {
+            return (String::new(), None);
+        }
+        let volume = c.create_volume(json!({"size": 1})).await;
+        wait_status(c, &volume, "available").await;
+        if self == Flow::DeleteAttachment {
+            let r = c
+                .attach(&volume, Some(connector("iqn.1993-08.org.debian:01:crash", "crash")))
+                .await
+                .expect(200);
+            return (volume, Some(r.body["attachment"]["id"].as_str().unwrap().to_string()));
+        }
+        (volume, None)
+    }
+
+    async fn act(self, c: &Client, volume: &str, attachment: Option<&str>) -> Result<u16, String> {
+        use reqwest::Method;
+        let (method, path, body) = match self {
+            Flow::CreateVolume => {
+                (Method::POST, "/volumes".to_string(), Some(json!({"volume": {"size": 1}})))
+            }
+            Flow::DeleteVolume => (Method::DELETE, format!("/volumes/{volume}"), None),
+            Flow::CreateAttachment => (
+                Method::POST,
+                "/attachments".to_string(),
+                Some(
+                    json!({"attachment": {"volume_uuid": volume, "connector": connector("iqn.1993-08.org.debian:01:crash", "crash")}}),
+                ),
+            ),
+            Flow::DeleteAttachment => (Method::DELETE, format!("/attachments/{}", attachment.unwrap()), None),
+            Flow::ExtendVolume => (
+                Method::POST,
+                format!("/volumes/{volume}/action"),
+                Some(json!({"os-extend": {"new_size": 2}})),
+            ),
+        };
+        c.try_send(method, &path, body, None).await.map(|r| r.status)
+    }
+}
+
+/// The database and Ceph agree: every volume in the database has its image, of its size (an
+/// interrupted extend is finished, so both have the new one), and
+/// every image of the pool that names a volume has that volume in the database.
+async fn agreement(
+    store: &berth::store::Store,
+    ceph: &Ceph,
+    ours: &std::collections::BTreeSet<String>,
+) -> Vec<String> {
+    let world = berth_tests::invariants::snapshot_database(store).await;
+    let mut wrong = berth_tests::invariants::violations_with(&world, |_| false);
+    for (v, stored) in &world.volumes {
+        let size = ceph.image_size(&image(v));
+        if stored.status != "extending" && size != Some((stored.size_gib as u64) << 30) {
+            wrong.push(format!("volume {v} of {} GiB has an image of {size:?} bytes", stored.size_gib));
+        }
+    }
+    for i in ceph.images() {
+        let Some(id) = i.strip_prefix("volume-") else { continue };
+        if ours.contains(id) && !world.volumes.contains_key(id) {
+            wrong.push(format!("image {i} has no volume"));
+        }
+    }
+    wrong
+}
+
+/// `berth serve` killed with SIGKILL at every failpoint of each flow whose driver calls reach
+/// Ceph, started again: once recovery and the reconciler have run, no operation is unfinished,
+/// no volume stuck, and the database and the pool agree both ways (no image without a volume, no
+/// volume without its image).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_at_every_failpoint_of_the_rbd_flows_leaves_ceph_and_the_database_agreeing() {
+    let ceph = cluster();
+    let mut server = BerthProcess::start(&format!(
+        "[reconcile]\ninterval_seconds = 1\ngrace_seconds = 1\n\n{}\n[[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"ceph\"\n",
+        ceph.backend_toml("ceph", false)
+    ));
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    let url = format!("sqlite://{}", server.dir.path().join("data/berth.db").display());
+    let store = berth_tests::invariants::open(&url).await;
+    let mut kills = 0;
+    for flow in [
+        Flow::CreateVolume,
+        Flow::DeleteVolume,
+        Flow::CreateAttachment,
+        Flow::DeleteAttachment,
+        Flow::ExtendVolume,
+    ] {
+        let (volume, attachment) = flow.set_up(&c).await;
+        failpoints(&c, "reset", json!({"trace": true})).await;
+        let answered =
+            flow.act(&c, &volume, attachment.as_deref()).await.expect("an answer when nothing fails");
+        assert!(answered < 300, "{flow:?} answered {answered}");
+        let trace: Vec<String> =
+            serde_json::from_value::<Vec<String>>(failpoints(&c, "hits", Value::Null).await)
+                .unwrap()
+                .into_iter()
+                .filter(|h| !h.starts_with("reconcile."))
+                .collect();
+        assert!(trace.len() >= 2, "{flow:?} passed {trace:?}");
+        for (k, name) in trace.iter().enumerate() {
+            let nth = trace[..=k].iter().filter(|n| *n == name).count();
+            let (volume, attachment) = flow.set_up(&c).await;
+            failpoints(&c, "reset", json!({"trace": false})).await;
+            failpoints(&c, "arm", json!({"name": name, "nth": nth, "action": "kill", "millis": 0})).await;
+            let answer = flow.act(&c, &volume, attachment.as_deref()).await;
+            assert!(
+                server.wait_exit(Duration::from_secs(10)).is_some(),
+                "{flow:?}: survived {name}: {answer:?}"
+            );
+            server.start_again();
+            let ours: std::collections::BTreeSet<String> = store
+                .read(async |tx| {
+                    let rows = tx.query("SELECT id FROM volumes", &[]).await?;
+                    rows.iter().map(|r| r.text(0)).collect::<Result<_, _>>()
+                })
+                .await
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let wrong = agreement(&store, ceph, &ours).await;
+                if wrong.is_empty() {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{flow:?} killed at {name} #{nth}:\n  {}",
+                    wrong.join("\n  ")
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            kills += 1;
+        }
+        eprintln!("{flow:?}: killed at each of {trace:?}");
+    }
+    eprintln!("{kills} kills, Ceph and the database agreeing after each");
+}
+
+/// `berth local-attach` on an RBD volume: without rbd-nbd and its kernel module (or the kernel's
+/// RBD driver) it says what this machine needs, exits 6 and leaves nothing behind; with them (a
+/// stand-in `rbd-nbd` that proves what it was told by reaching the image with librbd as the
+/// identity and through the monitors it was given), it maps the image, completes the attachment
+/// and prints the device; `local-detach` unmaps it and deletes the attachment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_attach_maps_an_rbd_volume_where_this_machine_can_and_says_what_it_needs_where_not() {
+    let ceph = cluster();
+    let server = serve(ceph);
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    wait_status(&c, &volume, "available").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (bin, sys) = (dir.path().join("bin"), dir.path().join("root"));
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&sys).unwrap();
+    let log = dir.path().join("rbd-nbd.log");
+    let cli = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(berth_tests::process::berth_binary());
+        cmd.args(args)
+            .arg("--sys-root")
+            .arg(&sys)
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .env("CINDER_ENDPOINT", format!("{}/v3", server.base))
+            .env("OS_AUTH_TYPE", "noauth")
+            .env("OS_PROJECT_ID", "p1")
+            .env("OS_USER_ID", "cli")
+            .env_remove("OS_TOKEN");
+        cmd.output().unwrap()
+    };
+    let attachments = || async {
+        c.get(&format!("/attachments?volume_id={volume}")).await.body["attachments"].as_array().unwrap().len()
+    };
+
+    // Neither rbd-nbd nor a kernel module here (the `rbd` tool of ceph-common is, but not its
+    // module): what is missing is named, and the reservation is undone.
+    let out = cli(&["local-attach", &volume]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{stderr}");
+    assert!(
+        stderr.contains("rbd-nbd") && stderr.contains("modprobe nbd") && stderr.contains("modprobe rbd"),
+        "{stderr}"
+    );
+    assert_eq!(attachments().await, 0, "the reservation was undone");
+    assert_eq!(c.get(&format!("/volumes/{volume}")).await.body["volume"]["status"], "available");
+
+    // With them: a stand-in rbd-nbd that reaches the image as it was told to.
+    std::fs::create_dir_all(sys.join("sys/module/nbd")).unwrap();
+    let client = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ceph/client.py");
+    let script = format!(
+        r#"#!/bin/sh
+printf '%s\n' "$*" >> '{log}'
+case "$1" in
+  map)
+    shift; mons=; id=admin; spec=
+    while [ $# -gt 0 ]; do
+      case "$1" in -m) mons=$2; shift;; --id) id=$2; shift;; --cluster|--keyring) shift;; --read-only) ;; *) spec=$1;; esac
+      shift
+    done
+    head -c 4096 /dev/urandom > '{dir}/block'
+    /usr/bin/python3 '{client}' "v1:$mons" "$id" '{keyrings}'/ceph.client."$id".keyring "$spec" write_read 0 '{dir}/block' > '{dir}/back' || exit 1
+    cmp -s '{dir}/block' '{dir}/back' || exit 1
+    echo "$spec" > '{dir}/mapped'
+    echo /dev/nbd7;;
+  list-mapped)
+    if [ -s '{dir}/mapped' ]; then p=$(cut -d/ -f1 '{dir}/mapped'); i=$(cut -d/ -f2 '{dir}/mapped');
+      echo "[{{\"id\":\"1\",\"pool\":\"$p\",\"namespace\":\"\",\"image\":\"$i\",\"snap\":\"-\",\"device\":\"/dev/nbd7\"}}]"; else echo '[]'; fi;;
+  unmap) rm -f '{dir}/mapped';;
+esac
+"#,
+        log = log.display(),
+        dir = dir.path().display(),
+        client = client.display(),
+        keyrings = ceph.path().display(),
+    );
+    std::fs::write(bin.join("rbd-nbd"), script).unwrap();
+    std::fs::set_permissions(bin.join("rbd-nbd"), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    let out = cli(&["local-attach", &volume]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.trim(), "/dev/nbd7");
+    let told = std::fs::read_to_string(&log).unwrap();
+    assert!(told.contains(&format!("volumes/volume-{volume}")) && told.contains("--id cinder"), "{told}");
+    assert!(told.contains(&format!("-m {}", ceph.monitors)), "{told}");
+    let listed = c.get(&format!("/attachments?volume_id={volume}")).await.body;
+    assert_eq!(listed["attachments"][0]["status"], "attached", "{listed}");
+
+    let out = cli(&["local-detach", &volume]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::read_to_string(&log).unwrap().contains("unmap /dev/nbd7"));
+    assert_eq!(attachments().await, 0);
+    wait_status(&c, &volume, "available").await;
+}
