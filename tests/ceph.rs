@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use berth_tests::ceph::{Ceph, cluster};
 use berth_tests::process::BerthProcess;
-use berth_tests::server::{Client, connector};
+use berth_tests::server::{Client, Resp, connector};
 use serde_json::{Value, json};
 
 /// Waits until the volume has `status` (or is gone, for `deleted`).
@@ -304,7 +304,7 @@ impl Flow {
         (volume, None)
     }
 
-    async fn act(self, c: &Client, volume: &str, attachment: Option<&str>) -> Result<u16, String> {
+    async fn act(self, c: &Client, volume: &str, attachment: Option<&str>) -> Result<Resp, String> {
         use reqwest::Method;
         let (method, path, body) = match self {
             Flow::CreateVolume => {
@@ -325,7 +325,7 @@ impl Flow {
                 Some(json!({"os-extend": {"new_size": 2}})),
             ),
         };
-        c.try_send(method, &path, body, None).await.map(|r| r.status)
+        c.try_send(method, &path, body, None).await
     }
 }
 
@@ -354,6 +354,73 @@ async fn agreement(
     wrong
 }
 
+/// The manager connects its RADOS handle at its first use after it starts (or fails over), and a
+/// request that arrives during another's connect is answered 400 `RadosStateError` ("in state
+/// configuring"), with nothing done. The driver sends it again after a pause; if the manager stays
+/// unconnected for seconds, the call is retryable (503), not a backend failure. Played by a
+/// stand-in for the dashboard: the race cannot be provoked at will on a real manager.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_not_yet_connected_to_rados_is_waited_for_then_reported_retryable() {
+    use berth::capabilities::Grant;
+    use berth::capabilities::network::{NetworkCapability, NetworkConfig};
+    use berth::runtime::contract::DriverError;
+    use berth::runtime::{CallErrorKind, CallOptions, Request};
+    use berth_tests::drivers::{load, spec, volume, with_grants, with_settings};
+    use std::sync::Arc;
+
+    let manager = berth_tests::https::ArrayServer::http().await;
+    let base = format!("http://127.0.0.1:{}", manager.port());
+    let mut spec = with_grants(
+        with_settings(spec("ceph-rbd"), &[("dashboard", &base), ("pool", "volumes")]),
+        &[Grant::Network],
+    );
+    let network = NetworkConfig { allowed_hosts: vec![base.clone()], ..Default::default() };
+    spec.capabilities.network = Some(Arc::new(NetworkCapability::new("ceph", &network).unwrap()));
+    let driver = load(spec).await.expect("ceph-rbd loads with the network granted");
+    let configuring = json!({
+        "detail": "RADOS rados state (You cannot perform that operation on a Rados object in state configuring.)",
+        "code": "RadosStateError",
+        "component": null
+    });
+    let creates =
+        || manager.requests().iter().filter(|r| r.method == "POST" && r.path == "/api/block/image").count();
+    let create = || async {
+        let v = volume(&uuid::Uuid::new_v4().to_string(), &[]);
+        driver.invoke(&Request::CreateVolume(v), &CallOptions::default()).await.result.map_err(|e| e.kind)
+    };
+
+    // Connected after two refusals: the third try creates the image.
+    manager.script(
+        "/api/block/image",
+        &[(400, configuring.clone()), (400, configuring.clone()), (201, Value::Null)],
+    );
+    let created = create().await;
+    assert!(created.is_ok(), "{created:?}");
+    assert_eq!(creates(), 3);
+
+    // Never connected while the call waits: retryable, after a bounded number of tries.
+    manager.script("/api/block/image", &vec![(400, configuring.clone()); 5]);
+    let started = Instant::now();
+    match create().await {
+        Err(CallErrorKind::Driver(DriverError::Retryable(m))) => {
+            assert!(m.contains("not connected"), "{m}")
+        }
+        other => panic!("expected a retryable error, got {other:?}"),
+    }
+    // (A sixth try would have met the stand-in's own route, which wants a login: a backend
+    // failure, not this.)
+    assert_eq!(creates(), 3 + 5, "five tries in all");
+    assert!(started.elapsed() < Duration::from_secs(30), "within the call's limits");
+
+    // Any other 400 is the backend's answer at once.
+    manager.script("/api/block/image", &[(400, json!({"detail": "bad size", "code": "22"}))]);
+    match create().await {
+        Err(CallErrorKind::Driver(DriverError::Backend(m))) => assert!(m.contains("bad size"), "{m}"),
+        other => panic!("expected a backend failure, got {other:?}"),
+    }
+    assert_eq!(creates(), 3 + 5 + 1);
+}
+
 /// `berth serve` killed with SIGKILL at every failpoint of each flow whose driver calls reach
 /// Ceph, started again: once recovery and the reconciler have run, no operation is unfinished,
 /// no volume stuck, and the database and the pool agree both ways (no image without a volume, no
@@ -380,7 +447,13 @@ async fn a_kill_at_every_failpoint_of_the_rbd_flows_leaves_ceph_and_the_database
         failpoints(&c, "reset", json!({"trace": true})).await;
         let answered =
             flow.act(&c, &volume, attachment.as_deref()).await.expect("an answer when nothing fails");
-        assert!(answered < 300, "{flow:?} answered {answered}");
+        assert!(
+            answered.status < 300,
+            "{flow:?} answered {} {}; the service's log ends:\n{}",
+            answered.status,
+            answered.body,
+            server.log_tail(40)
+        );
         let trace: Vec<String> =
             serde_json::from_value::<Vec<String>>(failpoints(&c, "hits", Value::Null).await)
                 .unwrap()
@@ -393,7 +466,7 @@ async fn a_kill_at_every_failpoint_of_the_rbd_flows_leaves_ceph_and_the_database
             let (volume, attachment) = flow.set_up(&c).await;
             failpoints(&c, "reset", json!({"trace": false})).await;
             failpoints(&c, "arm", json!({"name": name, "nth": nth, "action": "kill", "millis": 0})).await;
-            let answer = flow.act(&c, &volume, attachment.as_deref()).await;
+            let answer = flow.act(&c, &volume, attachment.as_deref()).await.map(|r| r.status);
             assert!(
                 server.wait_exit(Duration::from_secs(10)).is_some(),
                 "{flow:?}: survived {name}: {answer:?}"

@@ -227,6 +227,20 @@ if [ ! -s "$dir/dashboard.password" ]; then
   "${ceph_[@]}" dashboard ac-role-add-scope-perms berth-rbd monitor read >/dev/null
   "${ceph_[@]}" dashboard ac-user-create --force-password berth -i "$dir/dashboard.password" berth-rbd >/dev/null
 fi
+# The manager connects its RADOS handle at the first request that needs it, and a request that
+# arrives during that connect is refused ("RadosStateError ... in state configuring"): make that
+# first request now, alone, with the driver's account.
+dashboard_lists_images() {
+  local url="http://127.0.0.1:$((base + 2))" token
+  token=$(python3 -c 'import json, sys; print(json.dumps({"username": "berth", "password": open(sys.argv[1]).read()}))' \
+      "$dir/dashboard.password" \
+    | curl -sf -X POST -H 'Accept: application/vnd.ceph.api.v1.0+json' -H 'Content-Type: application/json' \
+        --data-binary @- "$url/api/auth" \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["token"])') || return 1
+  curl -sf -o /dev/null -H "Authorization: Bearer $token" -H 'Accept: application/vnd.ceph.api.v2.0+json' \
+    "$url/api/block/image?pool_name=volumes"
+}
+until_ok "dashboard reaches RADOS" dashboard_lists_images
 until_ok "placement groups active+clean" sh -c "${ceph_[*]} pg stat | grep -Eq '^[0-9]+ pgs: [0-9]+ active\+clean;'"
 until_ok "client.cinder writes" sh -c "echo ping | rados -c '$conf' -n client.cinder -p volumes put cluster-sh - && rados -c '$conf' -n client.cinder -p volumes rm cluster-sh"
 

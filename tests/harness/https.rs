@@ -86,6 +86,8 @@ pub const ARRAY_PASSWORD: &str = "array-admin-Passw0rd";
 pub struct ArrayState {
     pub volumes: std::collections::BTreeMap<String, (u64, std::collections::BTreeSet<String>)>,
     tokens: std::collections::BTreeSet<String>,
+    /// Answers given, in order, to the next requests for a path, before any route.
+    scripted: std::collections::BTreeMap<String, std::collections::VecDeque<(u16, serde_json::Value)>>,
 }
 
 /// A request the server received.
@@ -218,6 +220,10 @@ async fn answer(
         headers: headers.clone(),
         body: String::from_utf8_lossy(&body).into_owned(),
     });
+    let scripted = state.lock().unwrap().scripted.get_mut(&path).and_then(|q| q.pop_front());
+    if let Some((status, value)) = scripted {
+        return json(status, value);
+    }
     if path.starts_with("/api/") {
         return api(&parts.method, &path, &headers, &body, &state);
     }
@@ -359,5 +365,17 @@ impl ArrayServer {
     /// gets 401.
     pub fn forget_tokens(&self) {
         self.state.lock().unwrap().tokens.clear();
+    }
+
+    /// The next requests for `path` (whatever their method) get `answers`, in order, as JSON;
+    /// after them the routes answer as usual.
+    pub fn script(&self, path: &str, answers: &[(u16, serde_json::Value)]) {
+        self.state
+            .lock()
+            .unwrap()
+            .scripted
+            .entry(path.to_string())
+            .or_default()
+            .extend(answers.iter().cloned());
     }
 }

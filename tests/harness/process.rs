@@ -152,6 +152,13 @@ impl BerthProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The last `lines` lines of the log, for a failing test's message.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = self.log_text();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// The process's id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -23,8 +23,34 @@ fn base() -> DriverResult<String> {
     Ok(url.trim_end_matches('/').to_string())
 }
 
+/// How often a request the manager answered "not connected to RADOS yet" is sent again, and the
+/// first pause between (doubled each time: about 3 s in all).
+const NOT_CONNECTED_TRIES: u32 = 5;
+const NOT_CONNECTED_PAUSE: Duration = Duration::from_millis(200);
+
 fn send(request: Request) -> DriverResult<Response> {
-    let answer = request.header("accept", ACCEPT).send()?;
+    let request = request.header("accept", ACCEPT);
+    let mut pause = NOT_CONNECTED_PAUSE;
+    let mut tries = 1;
+    let answer = loop {
+        let answer = request.clone().send()?;
+        // The manager connects its RADOS handle at its first use; a request that arrives while
+        // another one's connect is under way (after the manager started or failed over) is
+        // answered 400 `RadosStateError` ("in state configuring"): nothing was done, and a
+        // moment later it works.
+        if !(answer.status == 400 && code(&answer).as_deref() == Some("RadosStateError")) {
+            break answer;
+        }
+        if tries == NOT_CONNECTED_TRIES {
+            return Err(DriverError::Retryable(format!(
+                "the manager is not connected to the cluster yet: {}",
+                detail(&answer)
+            )));
+        }
+        std::thread::sleep(pause);
+        pause *= 2;
+        tries += 1;
+    };
     match answer.status {
         401 => Err(DriverError::Backend(
             "the dashboard refused the session: check the backend's [backends.network.sessions] login".into(),
