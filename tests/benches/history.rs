@@ -11,7 +11,7 @@ use std::time::Instant;
 use berth::domain::history::{Access, AttachEvent, GENESIS, NewEvent};
 use berth::store::sql::Param;
 use berth_tests::server::{Db, TestServer};
-use berth_tests::stats::{Summary, human};
+use berth_tests::stats::{human, timed};
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -120,16 +120,6 @@ async fn fill(s: &TestServer, n: usize) -> Vec<String> {
             .unwrap();
     }
     volumes
-}
-
-async fn timed(n: usize, mut f: impl AsyncFnMut(usize)) -> Summary {
-    let mut samples = Vec::new();
-    for i in 0..n {
-        let t = Instant::now();
-        f(i).await;
-        samples.push(t.elapsed());
-    }
-    Summary::of(&mut samples)
 }
 
 async fn run() {

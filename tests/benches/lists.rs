@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use berth::store::sql::Param;
 use berth_tests::server::{Db, TestServer};
-use berth_tests::stats::{Summary, human};
+use berth_tests::stats::{Summary, human, timed};
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -81,16 +81,6 @@ async fn fill(s: &TestServer, n: usize) -> Vec<String> {
     volumes
 }
 
-async fn timed(n: usize, mut f: impl AsyncFnMut() -> ()) -> Summary {
-    let mut samples = Vec::new();
-    for _ in 0..n {
-        let t = Instant::now();
-        f().await;
-        samples.push(t.elapsed());
-    }
-    Summary::of(&mut samples)
-}
-
 async fn run() {
     let n: usize =
         std::env::var("BERTH_LIST_ATTACHMENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
@@ -104,22 +94,22 @@ async fn run() {
         let volumes = fill(&s, n).await;
         let filled = t.elapsed();
         let c = s.client("bench").at("3.54");
-        let first = timed(20, async || {
+        let first = timed(20, async |_| {
             let r = c.get("/attachments").await.expect(200);
             assert_eq!(r.body["attachments"].as_array().unwrap().len(), 1000);
         })
         .await;
-        let detail = timed(20, async || {
+        let detail = timed(20, async |_| {
             c.get("/attachments/detail?limit=100").await.expect(200);
         })
         .await;
-        let one = timed(50, async || {
+        let one = timed(50, async |_| {
             let r =
                 c.get(&format!("/attachments?volume_id={}", volumes[volumes.len() / 2])).await.expect(200);
             assert_eq!(r.body["attachments"].as_array().unwrap().len(), PER_VOLUME);
         })
         .await;
-        let vols = timed(20, async || {
+        let vols = timed(20, async |_| {
             c.get("/volumes/detail?limit=100").await.expect(200);
         })
         .await;

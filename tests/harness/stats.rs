@@ -1,7 +1,7 @@
 //! Summaries of timing samples for the benchmarks.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Median, 99th percentile and mean of a set of samples.
 #[derive(Debug, Clone, Copy)]
@@ -38,4 +38,15 @@ pub fn human(d: Duration) -> String {
     } else {
         format!("{:.2} ms", ns as f64 / 1e6)
     }
+}
+
+/// Runs `f(0)`, ..., `f(n - 1)` one after the other and summarises how long each took.
+pub async fn timed(n: usize, mut f: impl AsyncFnMut(usize)) -> Summary {
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        f(i).await;
+        samples.push(t.elapsed());
+    }
+    Summary::of(&mut samples)
 }
