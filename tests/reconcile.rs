@@ -52,6 +52,20 @@ async fn an_acl_entry_nobody_needs_is_revoked_and_a_missing_one_comes_back() {
     })
     .await;
     assert!(rig.berth.log_text().contains("revoking an ACL entry that no connected attachment needs"));
+    // And the history records it, as the service's own doing.
+    let history =
+        c.get(&format!("/os-attachment-events?volume_id={volume}&access=revoked")).await.expect(200);
+    let revoked = history.body["attachment_events"].as_array().unwrap().clone();
+    assert_eq!(revoked.len(), 1, "{revoked:?}");
+    assert_eq!(
+        (
+            &revoked[0]["event"],
+            &revoked[0]["initiator"],
+            &revoked[0]["user_id"],
+            &revoked[0]["attachment_id"]
+        ),
+        (&json!("revoke"), &json!(MALLORY), &json!("berth"), &Value::Null)
+    );
 
     // Someone removes the attached initiator by hand: it comes back.
     assert!(

@@ -94,6 +94,22 @@ async fn sql(s: &TestServer, statement: &str, id: &str) {
 }
 
 both_databases! {
+    async fn access_ended_where_no_attachment_held_it_is_recorded_as_revoke(s) {
+        let c = s.client("p1").at("3.54");
+        let volume = c.create_volume(json!({"size": 1})).await;
+        // Nova's legacy detach of a connector that no attachment has: the driver is still asked
+        // to end whatever access it may give, and the history says so.
+        c.post(&format!("/volumes/{volume}/action"),
+            json!({"os-terminate_connection": {"connector": connector(&initiator("stray"), "stray")}})).await.expect(202);
+        let listed = events(&c, &format!("volume_id={volume}")).await;
+        assert_eq!(story(&listed), [row("revoke", "revoked", "revoked", "stray")]);
+        assert_eq!(listed[0]["initiator"], json!(initiator("stray")));
+        assert_eq!(listed[0]["attachment_id"], Value::Null);
+        assert_eq!(listed[0]["user_id"], json!("user-p1"), "on behalf of the caller");
+        let chain: Vec<AttachEvent> = listed.iter().map(record).collect();
+        assert!(chain.iter().all(AttachEvent::is_intact));
+    }
+
     async fn a_day_of_attaches_is_recorded_and_answers_which_hosts_could_reach_a_volume(s) {
         let admin = s.client("p1").at("3.54");
         let nova = admin.with_roles("member").with_service_token().with_header("x-openstack-request-id", GLOBAL);

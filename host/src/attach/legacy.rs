@@ -320,7 +320,7 @@ impl Service {
         }
         if targets.is_empty() {
             return match connector {
-                Some(c) => self.revoke(volume_id, &c, &volume.except(&[])).await,
+                Some(c) => self.revoke(volume_id, &c, &volume.except(&[]), None).await,
                 None => Ok(()),
             };
         }
@@ -333,13 +333,15 @@ impl Service {
         Ok(())
     }
 
-    /// Revokes a connector that no attachment holds (the driver may still grant it access); the
-    /// caller holds the volume's lock.
+    /// Revokes a connector that no connected attachment holds (the driver may still grant it
+    /// access); the caller holds the volume's lock. Recorded in the history as `revoke`, on
+    /// `holder` (an attachment in error that had the connector) when there is one.
     pub(super) async fn revoke(
         &self,
         volume_id: &str,
         connector: &Connector,
         others: &[DriverAttachment],
+        holder: Option<&Attachment>,
     ) -> Result<(), AttachError> {
         let volume = self.fresh_volume(volume_id).await?;
         let backend = self.backend(&volume)?;
@@ -353,6 +355,14 @@ impl Service {
         op.write(async |tx| {
             if let Ok(fields) = &revoked {
                 record_fields(tx, &volume, fields).await?;
+                let change = Change {
+                    event: Event::Revoke,
+                    access: Access::Revoked,
+                    attachment: holder,
+                    connector: Some(connector),
+                    outcome: Some("revoked"),
+                };
+                self.record(tx, &volume, change).await?;
             }
             targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
             op.finish(tx).await

@@ -469,18 +469,16 @@ impl Service {
             return Ok(false);
         }
         // The connector of an attachment that had it (an error row), else just the initiator.
-        let connector = live
-            .iter()
-            .filter_map(|l| l.connector.as_ref())
-            .find(|c| c.initiator() == Some(initiator))
-            .cloned()
-            .unwrap_or_else(|| Connector::of_initiator(initiator));
+        let holder =
+            live.iter().find(|l| l.connector.as_ref().and_then(Connector::initiator) == Some(initiator));
+        let connector =
+            holder.and_then(|l| l.connector.clone()).unwrap_or_else(|| Connector::of_initiator(initiator));
         tracing::warn!(
             volume = %volume_id, target_iqn = %iqn, initiator,
             "reconcile: revoking an ACL entry that no connected attachment needs"
         );
         let others: Vec<_> = connected.iter().map(|l| l.contract()).collect();
-        self.revoke(volume_id, &connector, &others).await?;
+        self.revoke(volume_id, &connector, &others, holder.map(|l| &l.attachment)).await?;
         Ok(true)
     }
 

@@ -188,6 +188,10 @@ pub enum Event {
     BeginDetaching,
     /// Legacy `os-roll_detaching`: the detach is abandoned.
     RollDetaching,
+    /// A connector that no connected attachment holds loses the access the backend may still give
+    /// it (legacy `os-terminate_connection` of a connector no attachment has; the reconciler's
+    /// revocation of an ACL entry nobody needs). Only the volume's driver fields change.
+    Revoke,
     /// The driver's fields of a volume are written back after calls that change nothing else
     /// (a replayed connection, a repair).
     Refresh,
@@ -367,6 +371,7 @@ pub const TRANSITIONS: &[Transition] = &[
     ),
     row!(BeginDetaching, both(&[V::InUse]), VolumeTo::Set(V::Detaching, VA::Attached), None),
     row!(RollDetaching, both(&[V::Detaching]), VolumeTo::Settle { keep_detaching: false }, None),
+    row!(Revoke, both(VolumeStatus::ALL), VolumeTo::Unchanged, None),
     row!(Refresh, both(VolumeStatus::ALL), VolumeTo::Unchanged, None),
     row!(UpdateMetadata, both(VolumeStatus::ALL), VolumeTo::Unchanged, None),
 ];
@@ -490,6 +495,7 @@ mod tests {
             ForceDetach,
             BeginDetaching,
             RollDetaching,
+            Revoke,
             Refresh,
             UpdateMetadata,
         ] {
