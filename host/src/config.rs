@@ -42,6 +42,7 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub attachments: AttachmentsConfig,
     pub history: HistoryConfig,
+    pub upgrades: UpgradesConfig,
     pub operations: OperationsConfig,
     pub reconcile: ReconcileConfig,
     pub runtime: RuntimeConfig,
@@ -70,6 +71,7 @@ impl Default for Config {
             operations: OperationsConfig::default(),
             reconcile: ReconcileConfig::default(),
             history: HistoryConfig::default(),
+            upgrades: UpgradesConfig::default(),
             runtime: RuntimeConfig::default(),
             tgt: TgtConfig::default(),
             backends: Vec::new(),
@@ -266,6 +268,47 @@ pub struct HistoryConfig {
     /// at its first event left, and still verifies). Export and archive them first (`berth history
     /// export --until`). Default: kept for ever.
     pub keep_days: Option<u32>,
+}
+
+/// Driver upgrades while serving (`berth driver upgrade`, `upgrade/`): how long a new driver is
+/// watched after the switch, and how much worse than its predecessor it may be before it is
+/// switched back on its own.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpgradesConfig {
+    /// Seconds after a switch during which the new driver's calls are compared with the old
+    /// one's (0: not watched).
+    pub watch_seconds: u64,
+    /// Calls the new driver must have made before it is judged.
+    pub min_calls: u64,
+    /// Switched back when the share of its calls that fail (traps, limits, backend and retryable
+    /// errors) exceeds the old driver's by more than this (0.1: ten points).
+    pub max_failure_increase: f64,
+    /// Switched back when its mean call time exceeds the old driver's this many times over.
+    pub max_latency_factor: f64,
+}
+
+impl Default for UpgradesConfig {
+    fn default() -> Self {
+        let w = crate::runtime::slot::Watch::default();
+        UpgradesConfig {
+            watch_seconds: w.window.as_secs(),
+            min_calls: w.min_calls,
+            max_failure_increase: w.max_failure_increase,
+            max_latency_factor: w.max_latency_factor,
+        }
+    }
+}
+
+impl UpgradesConfig {
+    pub fn watch(&self) -> crate::runtime::slot::Watch {
+        crate::runtime::slot::Watch {
+            window: std::time::Duration::from_secs(self.watch_seconds),
+            min_calls: self.min_calls,
+            max_failure_increase: self.max_failure_increase.max(0.0),
+            max_latency_factor: self.max_latency_factor.max(1.0),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]

@@ -19,3 +19,4 @@ pub mod runtime;
 pub mod serve;
 pub mod shipped;
 pub mod store;
+pub mod upgrade;

@@ -107,7 +107,8 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
-    /// Look at a driver component before running it.
+    /// Look at a driver component before running it; upgrade or roll back a running service's
+    /// driver.
     Driver {
         #[command(subcommand)]
         command: DriverCommand,
@@ -238,6 +239,28 @@ enum DriverCommand {
         #[arg(long)]
         cache_dir: Option<PathBuf>,
     },
+    /// Upgrade a backend's driver on a running service, through its API with an admin's
+    /// credentials: the service inspects the component, runs the conformance suite on it with the
+    /// backend's configuration, switches to it between operations, then watches it and switches
+    /// back on its own if it does worse. The file must be on the service's node (its path is
+    /// sent, not its bytes).
+    Upgrade {
+        backend: String,
+        wasm: PathBuf,
+        #[command(flatten)]
+        credentials: Credentials,
+    },
+    /// Switch a backend back to the driver it ran before the last upgrade.
+    Rollback {
+        backend: String,
+        #[command(flatten)]
+        credentials: Credentials,
+    },
+    /// The driver each backend of a running service runs, the one before it and its watch.
+    List {
+        #[command(flatten)]
+        credentials: Credentials,
+    },
 }
 
 #[derive(Subcommand)]
@@ -362,6 +385,31 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Driver { command: DriverCommand::Upgrade { backend, wasm, credentials } } => {
+            let wasm = match std::path::absolute(&wasm) {
+                Ok(p) => p,
+                Err(e) => return fail(&format!("{}: {e}", wasm.display())),
+            };
+            let body = serde_json::json!({"os-upgrade": {"wasm": wasm.display().to_string()}});
+            driver_call(
+                &credentials,
+                reqwest::Method::POST,
+                &format!("/os-drivers/{backend}/action"),
+                Some(body),
+            )
+        }
+        Command::Driver { command: DriverCommand::Rollback { backend, credentials } } => {
+            let body = serde_json::json!({"os-rollback": {}});
+            driver_call(
+                &credentials,
+                reqwest::Method::POST,
+                &format!("/os-drivers/{backend}/action"),
+                Some(body),
+            )
+        }
+        Command::Driver { command: DriverCommand::List { credentials } } => {
+            driver_call(&credentials, reqwest::Method::GET, "/os-drivers", None)
+        }
         Command::Driver { command: DriverCommand::Inspect { wasm, json, config, cache_dir } } => {
             let bytes = match std::fs::read(&wasm) {
                 Ok(b) => b,
@@ -395,6 +443,30 @@ fn main() -> ExitCode {
                 }
                 Err(e) => fail(&e),
             }
+        }
+    }
+}
+
+/// One call of the drivers API (`api/drivers.rs`); prints its answer as JSON.
+fn driver_call(
+    credentials: &Credentials,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let outcome = runtime.block_on(async {
+        let api = Endpoint::resolve(credentials).await?;
+        api.call(method, path, "3.0", body).await
+    });
+    match outcome {
+        Ok(answer) => {
+            println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("berth: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -29,6 +29,7 @@ use crate::capabilities::{DriverCapabilities, Grant};
 use crate::config::{AuthStrategy, Config, ReconcileMode};
 use crate::runtime::{DriverSpec, Footprint, Runtime, RuntimeOptions, WasmSource};
 use crate::store::{Store, StoreOptions};
+use crate::upgrade::{Loadable, Upgrades};
 
 /// A running service's parts, for tests and benchmarks that embed it.
 pub struct Assembled {
@@ -128,6 +129,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     let iscsi = if wants_iscsi { Some(iscsi_service(&config, &volumes).await?) } else { None };
 
     let mut backends = Vec::new();
+    let mut loadables = BTreeMap::new();
     for ((b, namespace), wasm) in config.backends.iter().zip(&namespaces).zip(sources) {
         let stores = Arc::new(BackingStores::new(&volumes, namespace, Duration::from_secs(60))?);
         let capabilities = DriverCapabilities {
@@ -159,6 +161,19 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
                 b.name
             );
         }
+        let multiattach = config.volume_types.iter().any(|t| {
+            t.backend == b.name
+                && VolumeType::new(&t.name, &t.backend, None, t.extra_specs.clone()).multiattach()
+        });
+        let vendor = crate::conformance::VendorConfig {
+            settings: b.settings.clone(),
+            grants: b.grants.clone(),
+            limits: b.limits,
+            network: b.network.clone(),
+            ..Default::default()
+        };
+        loadables
+            .insert(b.name.clone(), Loadable { spec: spec.clone(), vendor, shared: b.shared, multiattach });
         let driver = runtime.load(spec).await?;
         if let Some(service) = driver.target_service().filter(|_| uses_targets).cloned() {
             crate::metrics::watch_luns(&b.name, move || service.lun_capacity().map(|c| (c.held, c.ceiling)));
@@ -176,8 +191,12 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     let limits = Limits { max_attachments_per_volume: config.attachments.max_per_volume.max(1) };
     let targets = iscsi.as_ref().map(|(service, _, _)| service.clone());
     let service = Arc::new(Service::new(store, catalog, owner).with_limits(limits).with_targets(targets));
+    let cache_dir = Some(config.runtime.cache_dir.clone().unwrap_or_else(|| data_dir.join("cache")));
+    let upgrades = Arc::new(Upgrades::new(runtime, &data_dir, cache_dir, loadables, config.upgrades.watch()));
+    upgrades.resume(&service).await;
     let state = AppState {
         service,
+        upgrades: Some(upgrades),
         auth: Arc::new(auth),
         policy: Arc::new(policy),
         in_flight: InFlight::new(config.http.max_requests_in_flight),
@@ -408,6 +427,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let pruner =
         assembled.config.history.keep_days.map(|days| tokio::spawn(prune_history(service.clone(), days)));
     let heartbeat = tokio::spawn(service.clone().keep_alive());
+    let follower = assembled.state.upgrades.clone().map(|u| tokio::spawn(u.follow(service.clone())));
     let app = app(assembled.state.clone());
     let limits = ServerLimits {
         header_read_timeout: Duration::from_secs_f64(
@@ -424,6 +444,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         // Down at once, for the other nodes: they answer for this node's volumes with 503 now,
         // rather than forwarding to a node that is going away.
         heartbeat.abort();
+        if let Some(f) = &follower {
+            f.abort();
+        }
         if let Err(e) = service.mark_down().await {
             tracing::warn!("could not mark this node down: {e}");
         }

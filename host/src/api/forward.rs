@@ -65,21 +65,37 @@ impl Forwarder {
     /// Sends `request` (its body read into `body`) to `to`; its answer, or 503 when it gives none.
     async fn send(&self, to: &Forward, parts: &axum::http::request::Parts, body: bytes::Bytes) -> Response {
         let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        let id = parts.extensions.get::<super::RequestId>().map(|r| r.0.as_str());
+        self.send_to(to, parts.method.clone(), path, &parts.headers, id, body).await
+    }
+
+    /// Sends a request (the caller's method, path, headers and body) to `to`, marked as
+    /// forwarded: its answer, or 503 when it gives none. The other node authenticates the
+    /// caller's own credentials.
+    pub async fn send_to(
+        &self,
+        to: &Forward,
+        method: axum::http::Method,
+        path: &str,
+        caller_headers: &HeaderMap,
+        request_id: Option<&str>,
+        body: bytes::Bytes,
+    ) -> Response {
         let url = format!("{}{path}", to.url);
-        let mut headers = copyable(&parts.headers);
+        let mut headers = copyable(caller_headers);
         headers.insert(
             FORWARDED_BY,
             HeaderValue::from_str(&self.node).unwrap_or_else(|_| HeaderValue::from_static("?")),
         );
         // The other node's log lines carry this node's request id as the global one, unless the
         // caller sent its own.
-        if let Some(super::RequestId(id)) = parts.extensions.get::<super::RequestId>()
+        if let Some(id) = request_id
             && !headers.contains_key(super::REQUEST_ID)
             && let Ok(value) = HeaderValue::from_str(id)
         {
             headers.insert(super::REQUEST_ID, value);
         }
-        let sent = self.client.request(parts.method.clone(), &url).headers(headers).body(body).send().await;
+        let sent = self.client.request(method, &url).headers(headers).body(body).send().await;
         let outcome = match sent {
             Ok(answer) => {
                 let status = answer.status();

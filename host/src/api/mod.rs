@@ -6,6 +6,7 @@ pub mod actions;
 pub mod attachments;
 pub mod auth;
 pub mod body;
+pub mod drivers;
 pub mod error;
 #[cfg(feature = "failpoints")]
 mod failpoints;
@@ -42,6 +43,9 @@ use error::ApiError;
 #[derive(Clone)]
 pub struct AppState {
     pub service: Arc<Service>,
+    /// Driver upgrades of this node's backends (`upgrade/`); none in a service built without
+    /// `berth serve`'s runtime.
+    pub upgrades: Option<Arc<crate::upgrade::Upgrades>>,
     pub auth: Arc<Auth>,
     /// Which roles may call what (`policy.rs`).
     pub policy: Arc<policy::Policy>,
@@ -85,6 +89,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         history::endpoints(),
         types::endpoints(),
         services::endpoints(),
+        drivers::endpoints(),
     ]
     .into_iter()
     .flatten()
@@ -104,7 +109,7 @@ async fn openapi_json(axum::extract::State(state): axum::extract::State<AppState
     let deployment = openapi::Deployment {
         volume_types: catalog.types.iter().flat_map(|t| [t.name.clone(), t.id.clone()]).collect(),
         connector_requires: openapi::connector_requires(
-            catalog.backends.values().map(|b| &b.driver.info().protocols),
+            catalog.backends().iter().map(|b| &b.driver.info().protocols),
         ),
     };
     axum::Json(openapi::document(&endpoints(), &deployment)).into_response()

@@ -59,6 +59,8 @@ pub enum Rule {
     ExtendVolumeCompletion,
     ServiceIndex,
     AttachmentEventGetAll,
+    DriverGetAll,
+    DriverUpgrade,
 }
 
 /// The least role a rule needs by default.
@@ -70,7 +72,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 31] = [
+    pub const ALL: [Rule; 33] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -102,6 +104,8 @@ impl Rule {
         Rule::ExtendVolumeCompletion,
         Rule::ServiceIndex,
         Rule::AttachmentEventGetAll,
+        Rule::DriverGetAll,
+        Rule::DriverUpgrade,
     ];
 
     /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
@@ -140,6 +144,9 @@ impl Rule {
             Rule::ServiceIndex => "volume_extension:services:index",
             // Berth's: the attach history (members read their projects' events).
             Rule::AttachmentEventGetAll => "volume:attachment_event_get_all",
+            // Berth's: the drivers each backend runs, their upgrades and rollbacks.
+            Rule::DriverGetAll => "berth:driver:get_all",
+            Rule::DriverUpgrade => "berth:driver:upgrade",
         }
     }
 
@@ -156,7 +163,9 @@ impl Rule {
             Rule::VolumeForceDelete
             | Rule::ForceDetach
             | Rule::ExtendVolumeCompletion
-            | Rule::ServiceIndex => Least::Admin,
+            | Rule::ServiceIndex
+            | Rule::DriverGetAll
+            | Rule::DriverUpgrade => Least::Admin,
             _ => Least::Member,
         }
     }

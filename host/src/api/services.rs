@@ -55,6 +55,12 @@ struct ServiceView {
     driver: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     driver_digest: Option<String>,
+    /// Berth's: since when the node runs that driver for the backend, and how it came to
+    /// (`configured`, `upgraded` by `berth driver upgrade`, `rolled back`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    driver_since: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    driver_how: Option<String>,
     /// Berth's: whether the backend is shared between nodes.
     #[serde(skip_serializing_if = "Option::is_none")]
     shared: Option<bool>,
@@ -96,6 +102,8 @@ async fn index(
             frozen: false,
             driver: s.runs.as_ref().map(|r| format!("{} {}", r.driver, r.version)),
             driver_digest: s.runs.as_ref().map(|r| r.digest.clone()),
+            driver_since: s.runs.as_ref().and_then(|r| r.since).map(timestamp),
+            driver_how: s.runs.as_ref().and_then(|r| r.how.clone()),
             shared: s.runs.as_ref().map(|r| r.shared),
             lease_seconds: s.lease_seconds,
             version: s.version,

@@ -269,7 +269,7 @@ impl Service {
         let conn = connector.for_mode(mode);
         let mut fields = volume.fields.clone();
         let connected = async {
-            self.admit_export(backend, &volume).await?;
+            self.admit_export(&backend, &volume).await?;
             if !revoke.is_empty() {
                 let others = self.other_attachments(&volume.id, &row.id).await?;
                 for old in &revoke {

@@ -3,8 +3,11 @@
 //! volumes multiattach.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::runtime::Driver;
+
+use crate::runtime::slot::DriverSlot;
 
 /// A namespace for Berth's name-based UUIDs (volume type ids, backend service ids).
 const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6f1c_58a2_9e0b_4d52_b1e4_2d8a_7c3b_9f10);
@@ -41,7 +44,9 @@ impl VolumeType {
     }
 }
 
-/// A configured backend: its name and the loaded driver.
+/// A configured backend: its name and its driver, as of the moment it was asked for (an operation
+/// holds this snapshot from its start to its end, so a driver switched meanwhile
+/// (`attach/drivers.rs`) serves only the operations that start after the switch).
 #[derive(Clone)]
 pub struct Backend {
     pub name: String,
@@ -93,7 +98,8 @@ pub fn shared_service_uuid(backend: &str) -> String {
 pub struct Catalog {
     pub types: Vec<VolumeType>,
     pub default_type: String,
-    pub backends: HashMap<String, Backend>,
+    /// Each backend as configured, with the slot that holds the driver it runs now.
+    backends: HashMap<String, (Backend, Arc<DriverSlot>)>,
 }
 
 impl Catalog {
@@ -124,6 +130,13 @@ impl Catalog {
         if !types.iter().any(|t| t.name == default_type) {
             return Err(format!("the default volume type {default_type} is not configured"));
         }
+        let backends = backends
+            .into_iter()
+            .map(|(name, b)| {
+                let slot = Arc::new(DriverSlot::new(b.driver.clone()));
+                (name, (b, slot))
+            })
+            .collect();
         Ok(Catalog { types, default_type, backends })
     }
 
@@ -133,8 +146,21 @@ impl Catalog {
         self.types.iter().find(|t| t.name == wanted || t.id == wanted)
     }
 
-    pub fn backend(&self, name: &str) -> Option<&Backend> {
-        self.backends.get(name)
+    /// The backend `name` with the driver it runs now.
+    pub fn backend(&self, name: &str) -> Option<Backend> {
+        self.backends.get(name).map(|(b, slot)| Backend { driver: slot.current(), ..b.clone() })
+    }
+
+    /// Every backend with the driver it runs now, in name order.
+    pub fn backends(&self) -> Vec<Backend> {
+        let mut names: Vec<&String> = self.backends.keys().collect();
+        names.sort();
+        names.into_iter().filter_map(|n| self.backend(n)).collect()
+    }
+
+    /// The slot of backend `name`: where its driver is switched.
+    pub fn slot(&self, name: &str) -> Option<&Arc<DriverSlot>> {
+        self.backends.get(name).map(|(_, slot)| slot)
     }
 }
 

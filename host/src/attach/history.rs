@@ -20,6 +20,15 @@ use crate::store::{Store, events, now_micros};
 tokio::task_local! {
     /// The caller of the operation this task runs.
     static AUDIT: Caller;
+    /// The digest of the driver whose calls the operation writing now made.
+    static RAN_BY: Option<String>;
+}
+
+/// Runs `write`, an operation's transaction, as made by the driver whose digest is `digest`:
+/// what it records names that driver, even if the backend's driver was switched since
+/// (`runtime/slot.rs`).
+pub(super) fn ran_by<F: Future>(digest: Option<String>, write: F) -> impl Future<Output = F::Output> {
+    RAN_BY.scope(digest, write)
 }
 
 /// Runs `flow` on behalf of `caller`: what it records names them.
@@ -104,7 +113,11 @@ impl Service {
             request_id: caller.request.id,
             global_request_id: caller.request.global,
             node: self.owner.node.clone(),
-            driver_digest: self.catalog.backend(&volume.backend).map(|b| b.driver.digest().to_string()),
+            driver_digest: RAN_BY
+                .try_with(Option::clone)
+                .ok()
+                .flatten()
+                .or_else(|| self.catalog.backend(&volume.backend).map(|b| b.driver.digest().to_string())),
         };
         events::append(tx, event).await?;
         Ok(())

@@ -160,8 +160,9 @@ impl Service {
 
     /// The backend that runs the driver calls of a volume. Operations on a volume whose calls run
     /// on another node are refused before they start (`Service::hold`, `Op::begin`), so this is a
-    /// last guard.
-    fn backend(&self, volume: &Volume) -> Result<&Backend, AttachError> {
+    /// last guard. The backend comes with the driver it runs now, which the caller keeps for the
+    /// whole operation (a driver switched meanwhile serves the operations after it).
+    fn backend(&self, volume: &Volume) -> Result<Backend, AttachError> {
         let backend = self
             .catalog
             .backend(&volume.backend)
@@ -178,11 +179,11 @@ impl Service {
 
     /// The driver of a volume for a call that needs no operation (validate-connector): refused,
     /// naming the node, for a volume whose calls run on another node.
-    async fn driver(&self, volume: &Volume) -> Result<&Driver, AttachError> {
+    async fn driver(&self, volume: &Volume) -> Result<Driver, AttachError> {
         if self.backend(volume).is_err() {
             self.store.read(async |tx| self.check_placement(tx, &volume.id).await).await?;
         }
-        Ok(&self.backend(volume)?.driver)
+        Ok(self.backend(volume)?.driver)
     }
 
     /// A live volume visible to the caller.

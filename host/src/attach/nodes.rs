@@ -76,6 +76,15 @@ pub fn refusal(me: &Registration<'_>, nodes: &[Node], lease: Duration, now: i64)
     (!why.is_empty()).then(|| format!("node {} refuses to start: {}", me.name, why.join("; ")))
 }
 
+/// Another node that serves a shared backend.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub node: String,
+    pub url: Option<String>,
+    /// What it runs for the backend, as it registered it.
+    pub runs: Option<BackendInfo>,
+}
+
 /// How a shared backend is named in `os-vol-host-attr:host` (Cinder names an active-active
 /// backend by its cluster): every node that serves it may run its volumes.
 pub const CLUSTER: &str = "berth";
@@ -268,16 +277,19 @@ impl Service {
     /// What this node runs, by backend, as the other nodes compare it.
     pub fn backend_info(&self) -> BTreeMap<String, BackendInfo> {
         self.catalog
-            .backends
-            .values()
+            .backends()
+            .iter()
             .map(|b| {
                 let info = b.driver.info();
+                let running = self.catalog.slot(&b.name).map(|s| s.running().0);
                 let run = BackendInfo {
                     shared: b.shared,
                     driver: info.name.clone(),
                     version: info.version.clone(),
                     digest: b.driver.digest().to_string(),
                     lun_ceiling: self.luns_of(b).map(|c| c.ceiling),
+                    since: running.as_ref().map(|r| r.since),
+                    how: running.map(|r| r.how.to_string()),
                 };
                 (b.name.clone(), run)
             })
@@ -290,10 +302,9 @@ impl Service {
     /// configuration disagrees with a live node's where the guarantees depend on agreement
     /// ([`refusal`]).
     pub async fn register_node(&self, url: Option<&str>, holder: &str) -> Result<(), AttachError> {
-        let mut backends: Vec<String> = self.catalog.backends.keys().cloned().collect();
-        backends.sort();
-        let shared: Vec<String> =
-            backends.iter().filter(|b| self.catalog.backends[*b].shared).cloned().collect();
+        let all = self.catalog.backends();
+        let backends: Vec<String> = all.iter().map(|b| b.name.clone()).collect();
+        let shared: Vec<String> = all.iter().filter(|b| b.shared).map(|b| b.name.clone()).collect();
         let info = self.backend_info();
         let registration = Registration {
             name: &self.owner.node,
@@ -316,6 +327,15 @@ impl Service {
                 Ok(nodes::register(tx, &registration).await?)
             })
             .await
+    }
+
+    /// Records again what this node runs, after a driver was switched (`upgrade/`), so that
+    /// `os-services` and the other nodes see it.
+    pub async fn publish_drivers(&self) -> Result<(), AttachError> {
+        let info = self.backend_info();
+        let (node, incarnation) = (self.owner.node.clone(), self.owner.incarnation.clone());
+        self.store.write(async |tx| nodes::set_backend_info(tx, &node, &incarnation, &info).await).await?;
+        Ok(())
     }
 
     /// Beats this node's heart until the task is dropped. A heartbeat that finds the name held
@@ -362,6 +382,19 @@ impl Service {
         }
     }
 
+    /// The other nodes up now that serve the shared backend `backend`, and what each runs for it.
+    pub async fn peers_serving(&self, backend: &str) -> Result<Vec<Peer>, AttachError> {
+        let nodes: Vec<Node> = self.store.read(async |tx| nodes::list(tx).await).await?;
+        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
+        let now = now_micros();
+        Ok(nodes
+            .into_iter()
+            .filter(|n| n.name != self.owner.node && now - n.heartbeat_at <= lease)
+            .filter(|n| n.shared_backends.iter().any(|b| b == backend))
+            .map(|n| Peer { runs: n.backend_info.get(backend).cloned(), node: n.name, url: n.url })
+            .collect())
+    }
+
     /// Every node and backend, with whether it is up.
     pub async fn services(&self) -> Result<Vec<ServiceState>, AttachError> {
         let nodes: Vec<Node> = self.store.read(async |tx| nodes::list(tx).await).await?;
@@ -393,7 +426,7 @@ impl Service {
                     version: None,
                     // Known live for this node's own backends only.
                     luns: (n.name == self.owner.node)
-                        .then(|| self.catalog.backends.get(b.as_str()).and_then(|b| self.luns_of(b)))
+                        .then(|| self.catalog.backend(b.as_str()).and_then(|b| self.luns_of(&b)))
                         .flatten()
                         .map(|c| c.held),
                 });
@@ -427,7 +460,7 @@ mod tests {
                         driver: "fake".into(),
                         version: "1".into(),
                         digest: "d1".into(),
-                        lun_ceiling: None,
+                        ..BackendInfo::default()
                     };
                     (b.to_string(), run)
                 })
@@ -488,6 +521,7 @@ mod tests {
             version: "1".into(),
             digest: digest.into(),
             lun_ceiling: Some(1),
+            ..BackendInfo::default()
         };
         let agree: BTreeMap<String, BackendInfo> =
             [("array".to_string(), run(true, "d1")), ("tgt".to_string(), run(false, "other"))].into();

@@ -153,6 +153,8 @@ pub(crate) struct Op<'s> {
     service: &'s Service,
     pub(crate) record: Operation,
     lease: Arc<Lease>,
+    /// The digest of the driver whose calls this operation made (the history names it).
+    ran_by: std::sync::Mutex<Option<String>>,
 }
 
 impl Drop for Op<'_> {
@@ -183,6 +185,7 @@ impl Op<'_> {
 
     /// The driver calls of this operation: each is made only while it holds its lease.
     pub(crate) fn calls<'d>(&self, driver: &'d Driver) -> DriverCalls<'d> {
+        *self.ran_by.lock().unwrap_or_else(|p| p.into_inner()) = Some(driver.digest().to_string());
         let lease = self.lease.clone();
         driver.calls().guarded(Arc::new(move || lease.lost()))
     }
@@ -205,7 +208,8 @@ impl Op<'_> {
                 if !operations::fence(tx, &self.record.id, self.lease.generation).await? {
                     return Err(self.taken_over());
                 }
-                f(tx).await
+                let ran_by = self.ran_by.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                super::history::ran_by(ran_by, f(tx)).await
             })
             .await
     }
@@ -299,7 +303,7 @@ impl Service {
         };
         let lease = self.owner.new_lease(record.generation);
         self.owner.running().insert(record.id.clone(), lease.clone());
-        Op { service: self, record, lease }
+        Op { service: self, record, lease, ran_by: Default::default() }
     }
 
     /// Makes an orphaned operation this process's, atomically: only if it is still at the
@@ -331,7 +335,7 @@ impl Service {
         record.generation = generation;
         let lease = self.owner.new_lease(generation);
         self.owner.running().insert(record.id.clone(), lease.clone());
-        Ok(Op { service: self, record, lease })
+        Ok(Op { service: self, record, lease, ran_by: Default::default() })
     }
 
     /// Takes a volume before anything happens to it, for as long as the guard lives: its lock in

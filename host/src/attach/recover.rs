@@ -111,7 +111,8 @@ impl Service {
                     // The attachment is gone: revoke what may remain, and end.
                     return self.revoke_and_end(op, &volume, &connectors, &except(&[])).await;
                 };
-                let calls = op.calls(&self.backend(&volume)?.driver);
+                let backend = self.backend(&volume)?;
+                let calls = op.calls(&backend.driver);
                 let interrupted = AttachError::Unavailable("the connect was interrupted".into());
                 let _ = self
                     .undo_connect(

@@ -80,6 +80,8 @@ struct Inner {
     caps: DriverCapabilities,
     fuel_enabled: bool,
     slots: Arc<tokio::sync::Semaphore>,
+    /// What this driver's calls came to, for the watch after an upgrade (`slot.rs`).
+    tally: super::slot::Tally,
 }
 
 impl Driver {
@@ -107,6 +109,7 @@ impl Driver {
                 caps: parts.caps,
                 fuel_enabled: parts.fuel_enabled,
                 slots: parts.slots,
+                tally: Default::default(),
             }),
         };
         let info = match driver.invoke(&Request::Info, &CallOptions::default()).await.result? {
@@ -165,6 +168,11 @@ impl Driver {
 
     pub fn digest(&self) -> &str {
         &self.inner.digest
+    }
+
+    /// The outcomes of this driver's calls so far.
+    pub fn tally(&self) -> super::slot::Counts {
+        self.inner.tally.counts()
     }
 
     /// Whether the component was compiled at load or came from the artifact cache.
@@ -297,6 +305,7 @@ impl Driver {
             );
         }
         let kind = judge(raw, state, &inner.limits, fuel, &stats.output);
+        inner.tally.count(&kind, stats.wall);
         crate::metrics::driver_call(
             &inner.backend,
             call.as_str(),

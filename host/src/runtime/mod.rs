@@ -18,6 +18,7 @@ mod outcome;
 mod since_v0_1;
 mod since_v0_2;
 mod size;
+pub mod slot;
 pub(crate) mod state;
 mod store;
 
@@ -222,6 +223,11 @@ impl Runtime {
 
     pub fn fuel_enabled(&self) -> bool {
         self.fuel
+    }
+
+    /// What each call slot of the instance pool holds: a driver loaded later must fit in it.
+    pub fn slot(&self) -> Footprint {
+        self.slot
     }
 }
 

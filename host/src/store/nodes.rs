@@ -21,6 +21,12 @@ pub struct BackendInfo {
     /// target service). Not compared between nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lun_ceiling: Option<u64>,
+    /// Since when (Unix time, microseconds) the node has run this driver for the backend, and how it
+    /// came to (`configured`, `upgraded`, `rolled back`). Not compared between nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub how: Option<String>,
 }
 
 /// A registered node.
@@ -83,6 +89,23 @@ pub async fn register(tx: &mut Tx, node: &Registration<'_>) -> Result<(), StoreE
     )
     .await?;
     Ok(())
+}
+
+/// Replaces what a node registered it runs (after a driver switch), if `incarnation` still holds
+/// its name.
+pub async fn set_backend_info(
+    tx: &mut Tx,
+    name: &str,
+    incarnation: &str,
+    info: &BTreeMap<String, BackendInfo>,
+) -> Result<bool, StoreError> {
+    Ok(tx
+        .execute(
+            "UPDATE nodes SET backend_info = $3 WHERE name = $1 AND incarnation = $2",
+            &params![name, incarnation, serde_json::to_string(info).expect("backend info serialises")],
+        )
+        .await?
+        == 1)
 }
 
 /// Records that the node is alive now, if `incarnation` still holds its name; false when another

@@ -141,7 +141,8 @@ pub fn check_project(project: &str) -> Result<(), ApiError> {
 pub struct PathProject(pub String);
 
 /// The collections that may follow `/v3/` directly; anything else there is a project id.
-const COLLECTIONS: &[&str] = &["volumes", "attachments", "types", "os-services"];
+const COLLECTIONS: &[&str] =
+    &["volumes", "attachments", "types", "os-services", "os-attachment-events", "os-drivers"];
 
 /// Rewrites `/v3/{project_id}/rest` to `/v3/rest`, remembering the project, so that both URL
 /// forms reach the same routes.
