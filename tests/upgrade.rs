@@ -143,8 +143,14 @@ async fn a_driver_is_upgraded_and_rolled_back_under_load_and_no_request_fails() 
 
     let load = Load::start(&c, 3).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let up = upgrade(&c, "tgt", &component("tgt-iscsi")).await.expect(200).body["upgrade"].clone();
+    // With the live check: a scratch volume's life on this tgtd through the new driver first.
+    let body = json!({"os-upgrade": {"wasm": component("tgt-iscsi").display().to_string(), "live": true}});
+    let up = c.post("/os-drivers/tgt/action", body).await.expect(200).body["upgrade"].clone();
     assert_eq!((&up["driver"]["sha256"], &up["previous"]["sha256"]), (&json!(new), &json!(old)));
+    assert_eq!(up["live"]["driver_volume_type"], "iscsi", "{}", up["live"]);
+    assert_eq!(up["live"]["steps"].as_array().map(Vec::len), Some(6), "{}", up["live"]);
+    let scratch = up["live"]["volume"].as_str().unwrap().trim_start_matches("volume-").to_string();
+    assert!(!rig.exported(&scratch) && !rig.backing_file(&scratch).exists(), "the scratch volume is gone");
     assert_eq!(up["conformance"]["failed"], 0, "{}", up["conformance"]);
     assert!(up["conformance"]["passed"].as_u64().unwrap() > 20, "{}", up["conformance"]);
     let upgraded_at = up["driver"]["since_us"].as_i64().unwrap();
@@ -158,6 +164,14 @@ async fn a_driver_is_upgraded_and_rolled_back_under_load_and_no_request_fails() 
     let tgt =
         services["services"].as_array().unwrap().iter().find(|s| s["binary"] == "cinder-volume").unwrap();
     assert_eq!((&tgt["driver_digest"], &tgt["driver_how"]), (&json!(new), &json!("upgraded")), "{tgt}");
+    // `berth driver list`, as an operator runs it.
+    let listed = std::process::Command::new(berth_tests::process::berth_binary())
+        .args(["driver", "list", "--os-endpoint", &rig.endpoint(), "--os-auth-type", "noauth"])
+        .args(["--os-project-id", "e2e", "--os-user-id", "operator"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.contains(&new) && listed.contains("\"upgraded\""), "{listed}");
 
     let back =
         c.post("/os-drivers/tgt/action", json!({"os-rollback": {}})).await.expect(200).body["rollback"]

@@ -247,6 +247,10 @@ enum DriverCommand {
     Upgrade {
         backend: String,
         wasm: PathBuf,
+        /// Also run one volume's life on the real backend through the new driver (a scratch
+        /// volume, removed afterwards) before switching.
+        #[arg(long)]
+        live: bool,
         #[command(flatten)]
         credentials: Credentials,
     },
@@ -385,12 +389,12 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Driver { command: DriverCommand::Upgrade { backend, wasm, credentials } } => {
+        Command::Driver { command: DriverCommand::Upgrade { backend, wasm, live, credentials } } => {
             let wasm = match std::path::absolute(&wasm) {
                 Ok(p) => p,
                 Err(e) => return fail(&format!("{}: {e}", wasm.display())),
             };
-            let body = serde_json::json!({"os-upgrade": {"wasm": wasm.display().to_string()}});
+            let body = serde_json::json!({"os-upgrade": {"wasm": wasm.display().to_string(), "live": live}});
             driver_call(
                 &credentials,
                 reqwest::Method::POST,

@@ -54,9 +54,14 @@ pub fn endpoints() -> Vec<Endpoint> {
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 enum DriverAction {
-    /// Switch to the component at `wasm`, a path on this node.
+    /// Switch to the component at `wasm`, a path on this node; with `live`, after one volume's
+    /// life on the real backend through it (a scratch volume, removed afterwards).
     #[serde(rename = "os-upgrade")]
-    Upgrade { wasm: String },
+    Upgrade {
+        wasm: String,
+        #[serde(default)]
+        live: bool,
+    },
     /// Switch back to the driver that ran before; with `from`, only if the backend runs the
     /// driver of that sha256 now (nothing is done otherwise).
     #[serde(rename = "os-rollback")]
@@ -99,7 +104,7 @@ async fn action(
         request_id: request_id.map(|Extension(RequestId(id))| id),
     };
     match body {
-        DriverAction::Upgrade { wasm } => {
+        DriverAction::Upgrade { wasm, live } => {
             let path = std::path::PathBuf::from(&wasm);
             if !path.is_absolute() {
                 return Err(ApiError::bad_request(format!(
@@ -110,9 +115,9 @@ async fn action(
             // upgrade is either refused or done, never half done.
             let (service, relay) = (state.service.clone(), state.clone());
             let done = tokio::spawn(async move {
-                let done = upgrades.upgrade(&service, &backend, &path).await?;
+                let done = upgrades.upgrade(&service, &backend, &path, live).await?;
                 if fan_out {
-                    let body = json!({"os-upgrade": {"wasm": wasm}});
+                    let body = json!({"os-upgrade": {"wasm": wasm, "live": live}});
                     let new = done.driver["sha256"].as_str().unwrap_or_default().to_string();
                     upgrade_peers(&relay, &upgrades, &backend, &request, body, &new).await?;
                 }

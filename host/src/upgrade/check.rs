@@ -137,3 +137,101 @@ pub(super) async fn conformance(
         })
     }
 }
+
+/// `--live`: one volume's life on the real backend, through the new driver as the backend would
+/// run it (its real capabilities: the node's tgtd, its data directory, its array): create,
+/// export, connect a scratch host, disconnect, unexport, delete; then the target service must no
+/// longer show the volume. Anything left by a failed step is removed before the refusal. The
+/// volume is a scratch one no row names, which the reconciler leaves alone.
+pub(super) async fn live(driver: &Driver) -> Result<Json, UpgradeError> {
+    use crate::runtime::contract::{AccessMode, Volume};
+    use crate::runtime::model::VolumeFields;
+
+    let id = uuid::Uuid::new_v4().to_string();
+    let mut volume = Volume {
+        name: format!("volume-{id}"),
+        id: id.clone(),
+        size_gib: 1,
+        multiattach: false,
+        provider_location: None,
+        provider_auth: None,
+        provider_id: None,
+        driver_data: Vec::new(),
+        metadata: Vec::new(),
+    };
+    let connector = crate::conformance::env::connector(
+        "iqn.2010-10.org.openstack:berth-upgrade-check",
+        "berth-upgrade-check",
+        AccessMode::Rw,
+    );
+    let apply = |v: &mut Volume, u: &crate::runtime::contract::ModelUpdate| {
+        let mut fields = VolumeFields::of(v);
+        fields.apply(u).map(|()| fields.write_to(v))
+    };
+    let started = std::time::Instant::now();
+    let mut steps: Vec<&str> = Vec::new();
+    let outcome: Result<String, String> = async {
+        let mut calls = driver.calls();
+        match calls.create_volume(&volume).await {
+            Ok(u) => apply(&mut volume, &u)?,
+            Err(e) if e.is_unsupported() => {}
+            Err(e) => return Err(format!("create-volume: {e}")),
+        }
+        steps.push("create-volume");
+        let u = calls
+            .create_export(&volume, Some(&connector))
+            .await
+            .map_err(|e| format!("create-export: {e}"))?;
+        apply(&mut volume, &u)?;
+        steps.push("create-export");
+        let c = calls
+            .initialize_connection(&volume, &connector)
+            .await
+            .map_err(|e| format!("initialize-connection: {e}"))?;
+        apply(&mut volume, &c.update)?;
+        steps.push("initialize-connection");
+        let kind = c.info.driver_volume_type.clone();
+        calls
+            .terminate_connection(&volume, Some(&connector), &[])
+            .await
+            .map_err(|e| format!("terminate-connection: {e}"))?;
+        steps.push("terminate-connection");
+        let u = calls.remove_export(&volume).await.map_err(|e| format!("remove-export: {e}"))?;
+        apply(&mut volume, &u)?;
+        steps.push("remove-export");
+        match calls.delete_volume(&volume).await {
+            Ok(()) => {}
+            Err(e) if e.is_unsupported() => {}
+            Err(e) => return Err(format!("delete-volume: {e}")),
+        }
+        steps.push("delete-volume");
+        if let Some(service) = driver.target_service() {
+            let left = service.list().await.map_err(|e| format!("cannot list the target service: {e}"))?;
+            if let Some(t) = left.iter().find(|t| t.iqn.ends_with(&id)) {
+                return Err(format!("target {} is still there after remove-export and delete-volume", t.iqn));
+            }
+        }
+        Ok(kind)
+    }
+    .await;
+    match outcome {
+        Ok(kind) => Ok(serde_json::json!({
+            "volume": volume.name,
+            "driver_volume_type": kind,
+            "steps": steps,
+            "seconds": started.elapsed().as_secs_f64(),
+        })),
+        Err(why) => {
+            // Best effort: leave the backend as it was.
+            let mut calls = driver.calls();
+            let _ = calls.terminate_connection(&volume, Some(&connector), &[]).await;
+            let _ = calls.remove_export(&volume).await;
+            let _ = calls.delete_volume(&volume).await;
+            Err(UpgradeError::refused(format!(
+                "the live check on scratch volume {} failed after {}: {why}",
+                volume.name,
+                if steps.is_empty() { "no step".to_string() } else { steps.join(", ") }
+            )))
+        }
+    }
+}

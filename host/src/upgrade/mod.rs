@@ -82,6 +82,8 @@ pub struct Upgraded {
     pub previous: Json,
     pub inspection: Json,
     pub conformance: Json,
+    /// What the live check did on the real backend (`--live`), if asked.
+    pub live: Option<Json>,
     /// Until when the new driver is watched (Unix microseconds), if it is.
     #[serde(rename = "watched_until_us")]
     pub watched_until: Option<i64>,
@@ -176,6 +178,7 @@ impl Upgrades {
         service: &Arc<Service>,
         backend: &str,
         wasm: &Path,
+        live: bool,
     ) -> Result<Upgraded, UpgradeError> {
         let loadable = self.loadable(backend)?;
         let _busy = self.busy.try_lock().map_err(|_| UpgradeError::Busy(backend.to_string()))?;
@@ -195,6 +198,7 @@ impl Upgrades {
         let new = self.load(backend, &kept).await.map_err(UpgradeError::refused)?;
         check::compare(&new, &current, loadable)?;
         let report = check::conformance(&kept, &loadable.vendor, self.cache_dir.clone()).await?;
+        let live = if live { Some(check::live(&new).await?) } else { None };
 
         // 3. Switch: new operations get the new driver; those in flight keep the old one.
         let replaced = slot.switch(new, "upgraded");
@@ -221,6 +225,7 @@ impl Upgrades {
             previous: view(&replaced),
             inspection: inspection.json(),
             conformance: report,
+            live,
             watched_until,
         })
     }
