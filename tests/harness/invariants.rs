@@ -68,6 +68,8 @@ pub struct World {
     pub last_access: BTreeMap<String, String>,
     /// What `berth history verify` finds wrong.
     pub history_breaks: Vec<String>,
+    /// `revoke` events (access ended where no connected attachment held it): (volume, initiator).
+    pub revokes: BTreeSet<(String, String)>,
 }
 
 impl World {
@@ -160,6 +162,11 @@ pub async fn snapshot_database(store: &Store) -> World {
                 .await?
             {
                 w.last_access.insert(r.text(0)?, r.text(1)?);
+            }
+            for r in
+                tx.query("SELECT volume_id, initiator FROM attach_events WHERE event = 'revoke'", &[]).await?
+            {
+                w.revokes.insert((r.text(0)?, r.opt_text(1)?.unwrap_or_default()));
             }
             Ok::<_, berth::store::StoreError>(w)
         })

@@ -19,11 +19,13 @@
 //! (503) until then; a final failure records the error status as the live flow would.
 
 use super::attachments::disconnect;
+use super::history::Change;
 use super::legacy::finish_force_detach;
 use super::model::{AttachMode, Connector, Live, OpKind, Operation};
 use super::ops::Op;
-use super::state::VolumeStatus;
+use super::state::{Event, VolumeStatus};
 use super::{AttachError, Service, record_fields};
+use crate::domain::history::Access;
 use crate::runtime::contract::Attachment as DriverAttachment;
 use crate::runtime::{Failure, contract};
 use crate::store::attachments as rows;
@@ -220,10 +222,14 @@ impl Service {
         let backend = self.backend(volume)?;
         let mut calls = op.calls(&backend.driver);
         let mut fields = volume.fields.clone();
+        let mut revoked = Vec::new();
         for c in connectors {
             let conn: contract::Connector = c.for_mode(AttachMode::Null.effective(Some(c)));
             match disconnect(&mut calls, &volume.with_fields(&fields), others, Some(&conn)).await {
-                Ok(f) => fields = f,
+                Ok(f) => {
+                    fields = f;
+                    revoked.push(c);
+                }
                 Err(AttachError::Driver(e)) if e.failure() == Failure::Transient => {
                     return Err(unavailable(&volume.id, &e));
                 }
@@ -235,6 +241,18 @@ impl Service {
         let id = volume.id.clone();
         op.write(async |tx| {
             record_fields(tx, volume, &fields).await?;
+            // Access ended where no attachment held it: in the history, as the flow that was
+            // interrupted would have recorded it (`Service::revoke`).
+            for c in &revoked {
+                let change = Change {
+                    event: Event::Revoke,
+                    access: Access::Revoked,
+                    attachment: None,
+                    connector: Some(c),
+                    outcome: Some("revoked"),
+                };
+                self.record(tx, volume, change).await?;
+            }
             targets::record(tx, &volume.backend, &id, &calls.effects).await?;
             op.finish(tx).await
         })

@@ -49,8 +49,53 @@ fn events(rows: Vec<Row>) -> Result<Vec<AttachEvent>, StoreError> {
     rows.iter().map(from_row).collect()
 }
 
+/// The heads this process last wrote, by volume: a guess that saves reading the head when it is
+/// right (the usual case: a volume's events come from one node, one after the other). Never
+/// trusted: the head is moved on only where it still is what the guess says (`seq` and `hash`,
+/// in the statement that moves it), so a guess made stale by another node, or by a transaction
+/// of this process that rolled back, costs one statement that changes nothing, then the head is
+/// read.
+static HEADS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, (i64, String)>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Guesses kept at most; beyond, the guesses are dropped and made again.
+const HEADS_KEPT: usize = 100_000;
+
+fn guessed_head(volume_id: &str) -> Option<(i64, String)> {
+    HEADS.lock().unwrap_or_else(|p| p.into_inner()).get(volume_id).cloned()
+}
+
+fn guess_head(volume_id: &str, seq: i64, hash: &str) {
+    let mut heads = HEADS.lock().unwrap_or_else(|p| p.into_inner());
+    if heads.len() >= HEADS_KEPT {
+        heads.clear();
+    }
+    heads.insert(volume_id.to_string(), (seq, hash.to_string()));
+}
+
 /// Appends an event to its volume's chain. The caller's transaction holds the volume's row.
 pub async fn append(tx: &mut Tx, fields: NewEvent) -> Result<AttachEvent, StoreError> {
+    // The head as this process left it, if it still is: moved on in one statement.
+    if let Some((seq, prev)) = guessed_head(&fields.volume_id) {
+        let event = AttachEvent::link(uuid::Uuid::new_v4().to_string(), seq + 1, prev.clone(), fields);
+        let moved = tx
+            .execute(
+                "UPDATE attach_event_heads SET seq = $2, hash = $3 WHERE volume_id = $1 AND seq = $4 AND hash = $5",
+                &params![&event.fields.volume_id, event.seq, &event.hash, seq, &prev],
+            )
+            .await?;
+        if moved == 1 {
+            insert(tx, &event).await?;
+            guess_head(&event.fields.volume_id, event.seq, &event.hash);
+            return Ok(event);
+        }
+        return append_after_reading(tx, event.fields).await;
+    }
+    append_after_reading(tx, fields).await
+}
+
+/// [`append`], reading the chain's head first.
+async fn append_after_reading(tx: &mut Tx, fields: NewEvent) -> Result<AttachEvent, StoreError> {
     let head = tx
         .query("SELECT seq, hash FROM attach_event_heads WHERE volume_id = $1", &params![&fields.volume_id])
         .await?
@@ -62,6 +107,27 @@ pub async fn append(tx: &mut Tx, fields: NewEvent) -> Result<AttachEvent, StoreE
         None => (1, GENESIS.to_string()),
     };
     let event = AttachEvent::link(uuid::Uuid::new_v4().to_string(), seq, prev, fields);
+    insert(tx, &event).await?;
+    let f = &event.fields;
+    if head.is_some() {
+        tx.execute(
+            "UPDATE attach_event_heads SET seq = $2, hash = $3 WHERE volume_id = $1",
+            &params![&f.volume_id, event.seq, &event.hash],
+        )
+        .await?;
+    } else {
+        tx.execute(
+            "INSERT INTO attach_event_heads (volume_id, seq, hash, first_seq, first_prev) \
+             VALUES ($1, $2, $3, 1, $4)",
+            &params![&f.volume_id, event.seq, &event.hash, GENESIS],
+        )
+        .await?;
+    }
+    guess_head(&f.volume_id, event.seq, &event.hash);
+    Ok(event)
+}
+
+async fn insert(tx: &mut Tx, event: &AttachEvent) -> Result<(), StoreError> {
     let f = &event.fields;
     let roles = serde_json::to_string(&f.roles).expect("roles serialise");
     tx.execute(
@@ -95,21 +161,7 @@ pub async fn append(tx: &mut Tx, fields: NewEvent) -> Result<AttachEvent, StoreE
         ],
     )
     .await?;
-    if head.is_some() {
-        tx.execute(
-            "UPDATE attach_event_heads SET seq = $2, hash = $3 WHERE volume_id = $1",
-            &params![&f.volume_id, event.seq, &event.hash],
-        )
-        .await?;
-    } else {
-        tx.execute(
-            "INSERT INTO attach_event_heads (volume_id, seq, hash, first_seq, first_prev) \
-             VALUES ($1, $2, $3, 1, $4)",
-            &params![&f.volume_id, event.seq, &event.hash, GENESIS],
-        )
-        .await?;
-    }
-    Ok(event)
+    Ok(())
 }
 
 /// Events in time order (`at`, then id), those of `scope`'s projects matching `filter`, after
@@ -274,4 +326,68 @@ pub async fn segment(tx: &mut Tx, until: Option<i64>) -> Result<Vec<AttachEvent>
         )
         .await?,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::history::verify_chain;
+    use crate::store::{Store, StoreOptions};
+
+    fn event(volume_id: &str, n: i64) -> NewEvent {
+        NewEvent {
+            volume_id: volume_id.to_string(),
+            at: n,
+            event: "reserve".into(),
+            access: Access::None,
+            outcome: "reserved".into(),
+            project_id: "p".into(),
+            attachment_id: None,
+            instance_uuid: None,
+            host: None,
+            initiator: None,
+            user_id: "u".into(),
+            caller_project_id: "p".into(),
+            roles: Vec::new(),
+            service_token: false,
+            request_id: None,
+            global_request_id: None,
+            node: "n".into(),
+            driver_digest: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_guessed_head_made_stale_by_a_rollback_or_another_writer_is_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        let v = uuid::Uuid::new_v4().to_string();
+        let first = store.write(async |tx| append(tx, event(&v, 1)).await).await.unwrap();
+        // Appended in a transaction that rolls back: the guess names an event that is not there.
+        let rolled_back: Result<(), StoreError> = store
+            .write(async |tx| {
+                append(tx, event(&v, 2)).await?;
+                Err(StoreError::Corrupt("rolled back".into()))
+            })
+            .await;
+        assert!(rolled_back.is_err());
+        let second = store.write(async |tx| append(tx, event(&v, 3)).await).await.unwrap();
+        assert_eq!((second.seq, &second.prev_hash), (2, &first.hash));
+        // Another writer (another node) moves the head on; this process's guess is the old head.
+        let third = store.write(async |tx| append_after_reading(tx, event(&v, 4)).await).await.unwrap();
+        guess_head(&v, second.seq, &second.hash);
+        let fourth = store.write(async |tx| append(tx, event(&v, 5)).await).await.unwrap();
+        assert_eq!((fourth.seq, &fourth.prev_hash), (4, &third.hash));
+        // And a right guess moves the head on without reading it.
+        let fifth = store.write(async |tx| append(tx, event(&v, 6)).await).await.unwrap();
+        assert_eq!((fifth.seq, &fifth.prev_hash), (5, &fourth.hash));
+
+        let (heads, chain) = store
+            .read(async |tx| Ok::<_, StoreError>((heads(tx).await?, chain(tx, &v, 0, i64::MAX).await?)))
+            .await
+            .unwrap();
+        assert_eq!(chain.len(), 5);
+        verify_chain(&heads[0], &chain).expect("the chain holds");
+    }
 }
