@@ -338,8 +338,7 @@ impl Service {
                 let change =
                     Change { connector: Some(connector), ..Change::of(t.event, Access::Granted, &written) };
                 self.record(tx, &locked, change).await?;
-                targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
-                op.finish(tx).await?;
+                op.finish_with(tx, &volume.backend, &calls).await?;
                 Ok(written)
             })
             .await;
@@ -445,8 +444,7 @@ impl Service {
                     // The attachment or volume is gone already: nothing to roll back.
                     (None, _) => {}
                 }
-                targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
-                op.finish(tx).await
+                op.finish_with(tx, &volume.backend, &calls).await
             })
             .await;
         if let Err(e) = recorded {
@@ -608,8 +606,7 @@ impl Service {
                 failpoint::hit("attach.remove.commit");
                 op.write(async |tx| {
                     let remaining = self.apply_after(tx, &volume, id, then, Some(&fields)).await?;
-                    targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
-                    op.finish(tx).await?;
+                    op.finish_with(tx, &volume.backend, &calls).await?;
                     Ok(remaining)
                 })
                 .await
@@ -642,8 +639,7 @@ impl Service {
                         self.record(tx, &locked, Change::of(t.event, Access::None, a)).await?;
                     }
                 }
-                targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
-                op.finish(tx).await
+                op.finish_with(tx, &volume.backend, &calls).await
             })
             .await;
         if let Err(e) = recorded {

@@ -36,7 +36,7 @@ use crate::failpoint;
 use crate::runtime::Call;
 use crate::runtime::contract::Attachment as DriverAttachment;
 use crate::store::attachments as rows;
-use crate::store::{targets, volumes};
+use crate::store::volumes;
 
 /// `os-attach`'s request.
 #[derive(Debug, Clone)]
@@ -169,8 +169,7 @@ impl Service {
             if replayed.is_ok() {
                 record_fields(tx, &volume, &fields).await?;
             }
-            targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
-            op.finish(tx).await
+            op.finish_with(tx, &volume.backend, &calls).await
         })
         .await?;
         Ok(replayed?)
@@ -364,8 +363,7 @@ impl Service {
                 };
                 self.record(tx, &volume, change).await?;
             }
-            targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
-            op.finish(tx).await
+            op.finish_with(tx, &volume.backend, &calls).await
         })
         .await?;
         revoked.map(drop)
@@ -463,12 +461,7 @@ impl Service {
             match disconnect(&mut calls, &volume, &live.except(&id_refs), conn.as_ref()).await {
                 Ok(f) => fields = f,
                 Err(error) => {
-                    let ended = op
-                        .write(async |tx| {
-                            targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
-                            op.finish(tx).await
-                        })
-                        .await;
+                    let ended = op.write(async |tx| op.finish_with(tx, &volume.backend, &calls).await).await;
                     if let Err(e) = ended {
                         tracing::error!(volume = %volume_id, "could not end a failed force-detach: {e}");
                     }
@@ -516,8 +509,7 @@ pub(super) async fn finish_force_detach(
                 op.service().record(tx, &locked, change).await?;
             }
         }
-        targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
-        op.finish(tx).await
+        op.finish_with(tx, &volume.backend, &calls).await
     })
     .await
 }

@@ -24,6 +24,9 @@ pub mod reconcile;
 pub mod recover;
 pub mod volumes;
 
+#[cfg(test)]
+mod table_tests;
+
 pub use crate::domain::{list, model, state};
 
 use std::sync::Arc;

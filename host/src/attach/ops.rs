@@ -222,6 +222,19 @@ impl Op<'_> {
         ))
     }
 
+    /// Ends the operation after driver calls, in the transaction that records its outcome: the
+    /// targets those calls created or removed are recorded with it (what the reconciler later
+    /// compares with the target service).
+    pub(crate) async fn finish_with(
+        &self,
+        tx: &mut Tx,
+        backend: &str,
+        calls: &DriverCalls<'_>,
+    ) -> Result<(), AttachError> {
+        crate::store::targets::record(tx, backend, &self.record.volume_id, &calls.effects).await?;
+        self.finish(tx).await
+    }
+
     /// Ends the operation, in the transaction that records its outcome.
     pub(crate) async fn finish(&self, tx: &mut Tx) -> Result<(), AttachError> {
         if !operations::finish(tx, &self.record.id, self.lease.generation).await? {

@@ -443,8 +443,7 @@ impl Service {
             if replayed.is_ok() {
                 record_fields(tx, &volume, &fields).await?;
             }
-            targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
-            op.finish(tx).await
+            op.finish_with(tx, &volume.backend, &calls).await
         })
         .await?;
         replayed.map(|()| true)

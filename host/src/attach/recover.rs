@@ -29,7 +29,7 @@ use crate::domain::history::Access;
 use crate::runtime::contract::Attachment as DriverAttachment;
 use crate::runtime::{Failure, contract};
 use crate::store::attachments as rows;
-use crate::store::{targets, volumes};
+use crate::store::volumes;
 
 impl Service {
     /// Takes over an orphaned operation and drives it to its end (see the module notes).
@@ -151,8 +151,7 @@ impl Service {
                                     record_fields(tx, &volume, &fields).await?;
                                 }
                             }
-                            targets::record(tx, &volume.backend, id, &calls.effects).await?;
-                            op.finish(tx).await
+                            op.finish_with(tx, &volume.backend, &calls).await
                         })
                         .await
                     }
@@ -203,8 +202,7 @@ impl Service {
                     if removed.is_ok() {
                         record_fields(tx, &volume, &fields).await?;
                     }
-                    targets::record(tx, &volume.backend, id, &calls.effects).await?;
-                    op.finish(tx).await
+                    op.finish_with(tx, &volume.backend, &calls).await
                 })
                 .await
             }
@@ -238,7 +236,6 @@ impl Service {
                 }
             }
         }
-        let id = volume.id.clone();
         op.write(async |tx| {
             record_fields(tx, volume, &fields).await?;
             // Access ended where no attachment held it: in the history, as the flow that was
@@ -253,8 +250,7 @@ impl Service {
                 };
                 self.record(tx, volume, change).await?;
             }
-            targets::record(tx, &volume.backend, &id, &calls.effects).await?;
-            op.finish(tx).await
+            op.finish_with(tx, &volume.backend, &calls).await
         })
         .await
     }

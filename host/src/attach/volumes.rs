@@ -11,7 +11,7 @@ use crate::failpoint;
 use crate::runtime::Call;
 use crate::runtime::model::VolumeFields;
 use crate::store::attachments as rows;
-use crate::store::{now_micros, targets, volumes};
+use crate::store::{now_micros, volumes};
 
 /// The largest volume, in GiB (64 TiB).
 pub const MAX_SIZE_GIB: i64 = 65_536;
@@ -176,8 +176,7 @@ impl Service {
                     Some(locked) => Some(conclude(tx, &locked, t).await?),
                     None => None,
                 };
-                targets::record(tx, &row.backend, &row.id, &calls.effects).await?;
-                op.finish(tx).await?;
+                op.finish_with(tx, &row.backend, &calls).await?;
                 Ok::<_, AttachError>(written)
             })
             .await?;
@@ -236,8 +235,7 @@ impl Service {
             if let Some(locked) = volumes::lock(tx, &volume.id, t, None).await? {
                 conclude(tx, &locked, t).await?;
             }
-            targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
-            op.finish(tx).await
+            op.finish_with(tx, &volume.backend, &calls).await
         })
         .await?;
         Ok(deleted?)
@@ -316,8 +314,7 @@ impl Service {
                     }
                     None => None,
                 };
-                targets::record(tx, &volume.backend, &volume.id, &calls.effects).await?;
-                op.finish(tx).await?;
+                op.finish_with(tx, &volume.backend, &calls).await?;
                 Ok::<_, AttachError>(written)
             })
             .await?;

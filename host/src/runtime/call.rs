@@ -27,6 +27,21 @@ pub enum Call {
 }
 
 impl Call {
+    /// Every call, in the contract's order.
+    pub const ALL: [Call; 11] = [
+        Call::Info,
+        Call::Guarantees,
+        Call::ValidateConnector,
+        Call::CreateVolume,
+        Call::DeleteVolume,
+        Call::ExtendVolume,
+        Call::CreateExport,
+        Call::RemoveExport,
+        Call::InitializeConnection,
+        Call::TerminateConnection,
+        Call::SharedConnections,
+    ];
+
     /// The WIT name of the call.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -305,7 +305,7 @@ impl Driver {
             );
         }
         let kind = judge(raw, state, &inner.limits, fuel, &stats.output);
-        inner.tally.count(&kind, stats.wall);
+        inner.tally.count(call, &kind, stats.wall);
         crate::metrics::driver_call(
             &inner.backend,
             call.as_str(),

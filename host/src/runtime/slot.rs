@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::error::CallErrorKind;
-use super::{Driver, Response};
+use super::{Call, Driver, Response};
 use crate::runtime::contract::DriverError;
 
 /// Counters of one driver's calls.
@@ -18,11 +18,15 @@ pub(crate) struct Tally {
     calls: AtomicU64,
     failures: AtomicU64,
     wall_micros: AtomicU64,
+    /// Calls by kind, in the order of [`Call::ALL`].
+    by_call: [AtomicU64; Call::ALL.len()],
 }
 
 /// What a driver's calls came to.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Counts {
+    /// Calls by kind, in the order of [`Call::ALL`] (see [`Counts::of`]).
+    pub by_call: [u64; Call::ALL.len()],
     pub calls: u64,
     /// Calls that failed by the driver's fault or its backend's: traps, limits, invalid results,
     /// `backend` and `retryable` errors. Answers about the request (an invalid connector, a
@@ -32,8 +36,9 @@ pub struct Counts {
 }
 
 impl Tally {
-    pub(crate) fn count(&self, outcome: &Result<Response, CallErrorKind>, wall: Duration) {
+    pub(crate) fn count(&self, call: Call, outcome: &Result<Response, CallErrorKind>, wall: Duration) {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        self.by_call[index(call)].fetch_add(1, Ordering::Relaxed);
         self.wall_micros.fetch_add(wall.as_micros() as u64, Ordering::Relaxed);
         if outcome.as_ref().is_err_and(is_failure) {
             self.failures.fetch_add(1, Ordering::Relaxed);
@@ -42,11 +47,16 @@ impl Tally {
 
     pub(crate) fn counts(&self) -> Counts {
         Counts {
+            by_call: std::array::from_fn(|i| self.by_call[i].load(Ordering::Relaxed)),
             calls: self.calls.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
             wall_micros: self.wall_micros.load(Ordering::Relaxed),
         }
     }
+}
+
+fn index(call: Call) -> usize {
+    Call::ALL.iter().position(|c| *c == call).expect("every call is in Call::ALL")
 }
 
 /// Whether an error is the driver's (or its backend's) failure rather than an answer about the
@@ -60,9 +70,15 @@ fn is_failure(kind: &CallErrorKind) -> bool {
 }
 
 impl Counts {
+    /// How many `call`s were made.
+    pub fn of(&self, call: Call) -> u64 {
+        self.by_call[index(call)]
+    }
+
     /// The calls made since `earlier` was taken.
     pub fn since(self, earlier: Counts) -> Counts {
         Counts {
+            by_call: std::array::from_fn(|i| self.by_call[i].saturating_sub(earlier.by_call[i])),
             calls: self.calls.saturating_sub(earlier.calls),
             failures: self.failures.saturating_sub(earlier.failures),
             wall_micros: self.wall_micros.saturating_sub(earlier.wall_micros),
@@ -221,7 +237,7 @@ mod tests {
     use super::*;
 
     fn counts(calls: u64, failures: u64, mean_ms: u64) -> Counts {
-        Counts { calls, failures, wall_micros: calls * mean_ms * 1000 }
+        Counts { calls, failures, wall_micros: calls * mean_ms * 1000, ..Counts::default() }
     }
 
     #[test]
@@ -254,11 +270,14 @@ mod tests {
     fn only_the_drivers_own_failures_count() {
         let tally = Tally::default();
         let ms = Duration::from_millis(1);
-        tally.count(&Ok(Response::Unit), ms);
-        tally.count(&Err(CallErrorKind::Driver(DriverError::NotFound("x".into()))), ms);
-        tally.count(&Err(CallErrorKind::NotMade("lease".into())), ms);
-        tally.count(&Err(CallErrorKind::Driver(DriverError::Backend("x".into()))), ms);
-        tally.count(&Err(CallErrorKind::Trap("x".into())), ms);
-        assert_eq!(tally.counts(), Counts { calls: 5, failures: 2, wall_micros: 5000 });
+        let c = Call::InitializeConnection;
+        tally.count(c, &Ok(Response::Unit), ms);
+        tally.count(c, &Err(CallErrorKind::Driver(DriverError::NotFound("x".into()))), ms);
+        tally.count(c, &Err(CallErrorKind::NotMade("lease".into())), ms);
+        tally.count(c, &Err(CallErrorKind::Driver(DriverError::Backend("x".into()))), ms);
+        tally.count(Call::CreateExport, &Err(CallErrorKind::Trap("x".into())), ms);
+        let counts = tally.counts();
+        assert_eq!((counts.calls, counts.failures, counts.wall_micros), (5, 2, 5000));
+        assert_eq!((counts.of(c), counts.of(Call::CreateExport), counts.of(Call::Info)), (4, 1, 0));
     }
 }
