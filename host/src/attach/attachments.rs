@@ -639,7 +639,7 @@ impl Service {
                         self.record(tx, &locked, Change::of(t.event, Access::None, a)).await?;
                     }
                 }
-                op.finish_with(tx, &volume.backend, &calls).await
+                op.finish_with(tx, &volume.backend, calls).await
             })
             .await;
         if let Err(e) = recorded {

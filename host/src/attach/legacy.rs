@@ -509,7 +509,7 @@ pub(super) async fn finish_force_detach(
                 op.service().record(tx, &locked, change).await?;
             }
         }
-        op.finish_with(tx, &volume.backend, &calls).await
+        op.finish_with(tx, &volume.backend, calls).await
     })
     .await
 }
