@@ -208,7 +208,11 @@ async fn an_upgrade_is_refused_with_its_reason_and_changes_nothing() {
     // The released driver ignores these settings; the flawed fixture, posing as a new
     // tgt-iscsi, leaks a backing store, which the conformance suite (run with the backend's own
     // settings) catches.
-    let rig = rig(r#"flaw = "leak-store", pose = "tgt-iscsi""#, "watch_seconds = 0");
+    let port = berth_tests::pg::free_port();
+    let rig = rig(
+        r#"flaw = "leak-store", pose = "tgt-iscsi""#,
+        &format!("watch_seconds = 0\n[metrics]\nlisten = \"127.0.0.1:{port}\""),
+    );
     let c = rig.client();
     let old = sha256(&released());
     let dir = tempfile::tempdir().unwrap();
@@ -246,6 +250,14 @@ async fn an_upgrade_is_refused_with_its_reason_and_changes_nothing() {
 
     let now = running(&c).await;
     assert_eq!((&now["driver"]["sha256"], &now["previous"]), (&json!(old), &Value::Null));
+    // Each refusal is counted for the operator (the file that is not a component too).
+    let metrics =
+        reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.unwrap().text().await.unwrap();
+    let refused = metrics
+        .lines()
+        .find(|l| l.contains("driver_switches_total{backend=\"tgt\",how=\"refused\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert_eq!(refused, Some(4), "{metrics}");
     // A volume still attaches on the driver it had.
     let volume = c.create_volume(json!({"size": 1})).await;
     c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:x", "x"))).await.expect(200);
@@ -354,6 +366,10 @@ async fn a_shared_backends_driver_is_upgraded_and_rolled_back_on_every_node_unde
     let load = Load::start_on(&clients, json!({"size": 1, "volume_type": "shared"})).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
+    // One node was upgraded alone (an upgrade sent again after it reached some nodes): it takes
+    // part as a node that has nothing to do.
+    let alone = clients[1].with_header("x-berth-forwarded-by", "operator");
+    upgrade(&alone, "array", &rebuilt).await.expect(200);
     // Upgraded through one node: every node runs it when the answer comes.
     let up = upgrade(&clients[0], "array", &rebuilt).await.expect(200).body;
     assert_eq!(up["upgrade"]["driver"]["sha256"], json!(new));

@@ -86,6 +86,13 @@ pub struct OutboundLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SwitchLabels {
+    pub backend: String,
+    /// `upgraded`, `rolled back` or `refused`.
+    pub how: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ForwardLabels {
     pub node: String,
     pub outcome: String,
@@ -117,6 +124,7 @@ pub struct Metrics {
     pub reconcile_changes: Family<ChangeLabels, Counter>,
     pub keystone_validations: Family<OutcomeLabels, Counter>,
     pub forwarded: Family<ForwardLabels, Counter>,
+    pub driver_switches: Family<SwitchLabels, Counter>,
     pub outbound_requests: Family<OutboundLabels, Counter>,
     pub outbound_seconds: Family<CallLabels, Histogram, fn() -> Histogram>,
     pub tgt_luns: Family<BackendLabels, Gauge>,
@@ -144,6 +152,7 @@ impl Metrics {
             reconcile_changes: Family::default(),
             keystone_validations: Family::default(),
             forwarded: Family::default(),
+            driver_switches: Family::default(),
             outbound_requests: Family::default(),
             outbound_seconds: Family::new_with_constructor(seconds),
             tgt_luns: Family::default(),
@@ -191,6 +200,12 @@ impl Metrics {
             "keystone_validations",
             "Token validations ([auth] strategy = \"keystone\") by outcome: valid, invalid, cached, unavailable",
             m.keystone_validations.clone(),
+        );
+        registry.register(
+            "driver_switches",
+            "Driver upgrades while serving, by backend and outcome: upgraded, rolled back (by hand, by the \
+             watch, or following another node), refused",
+            m.driver_switches.clone(),
         );
         registry.register(
             "forwarded_requests",
@@ -281,6 +296,11 @@ pub fn outbound(backend: &str, host: &str, method: &str, class: &str, took: Dura
         .outbound_seconds
         .get_or_create(&CallLabels { backend: backend.into(), call: host.into() })
         .observe(took.as_secs_f64());
+}
+
+/// Records a driver upgrade's outcome on a backend (`upgrade/`).
+pub fn driver_switch(backend: &str, how: &str) {
+    METRICS.driver_switches.get_or_create(&SwitchLabels { backend: backend.into(), how: how.into() }).inc();
 }
 
 /// Records a request forwarded to another node.

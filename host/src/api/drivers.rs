@@ -114,14 +114,20 @@ async fn action(
             // The check takes seconds: it runs to its end even if the client goes away, so an
             // upgrade is either refused or done, never half done.
             let (service, relay) = (state.service.clone(), state.clone());
+            let forwarded = headers_forwarded(&request);
             let done = tokio::spawn(async move {
-                let done = upgrades.upgrade(&service, &backend, &path, live).await?;
+                let done = match upgrades.upgrade(&service, &backend, &path, live).await {
+                    // Sent on by another node of a shared backend, to a node that runs it
+                    // already (an upgrade sent again after it reached some nodes): nothing to do.
+                    Err(crate::upgrade::UpgradeError::AlreadyRunning(_)) if forwarded => return Ok(None),
+                    done => done?,
+                };
                 if fan_out {
                     let body = json!({"os-upgrade": {"wasm": wasm, "live": live}});
                     let new = done.driver["sha256"].as_str().unwrap_or_default().to_string();
                     upgrade_peers(&relay, &upgrades, &backend, &request, body, &new).await?;
                 }
-                Ok::<_, ApiError>(done)
+                Ok::<_, ApiError>(Some(done))
             })
             .await
             .map_err(ApiError::internal)??;

@@ -191,7 +191,9 @@ impl From<crate::upgrade::UpgradeError> for ApiError {
         match e {
             U::NotFound(_) => ApiError::not_found(e.to_string()),
             U::Invalid(_) => ApiError::bad_request(e.to_string()),
-            U::Refused { .. } | U::Busy(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+            U::Refused { .. } | U::Busy(_) | U::AlreadyRunning(_) => {
+                ApiError::new(StatusCode::CONFLICT, e.to_string())
+            }
             U::Internal(m) => ApiError::internal(m),
         }
     }

@@ -19,10 +19,7 @@ pub(super) fn inspect(
     slot: Footprint,
 ) -> Result<(), UpgradeError> {
     if inspection.sha256 == current.digest() {
-        return Err(UpgradeError::refused(format!(
-            "the backend already runs this driver (sha256 {})",
-            inspection.sha256
-        )));
+        return Err(UpgradeError::AlreadyRunning(inspection.sha256.clone()));
     }
     match (&inspection.contract, inspection.supported) {
         (None, _) => {

@@ -14,6 +14,9 @@ pub enum UpgradeError {
     /// suite, when that is why).
     #[error("the new driver was refused: {why}")]
     Refused { why: String, report: Option<Json> },
+    /// The backend runs this very component already.
+    #[error("the backend already runs this driver (sha256 {0})")]
+    AlreadyRunning(String),
     /// Another upgrade or rollback of this node is under way.
     #[error("an upgrade or rollback is under way on this node (backend {0}); try again when it ends")]
     Busy(String),

@@ -188,20 +188,32 @@ impl Upgrades {
             .await
             .map_err(|e| UpgradeError::Invalid(format!("cannot read {}: {e}", wasm.display())))?;
         let current = slot.current();
-
-        // 1. Inspect.
-        let inspection = Inspection::of(&bytes).map_err(UpgradeError::Invalid)?;
-        check::inspect(&inspection, &current, loadable, self.runtime.slot())?;
-
-        // 2. Load it as the backend would, and check it with the conformance suite.
-        let kept = self.keep(backend, &inspection.sha256, &bytes)?;
-        let new = self.load(backend, &kept).await.map_err(UpgradeError::refused)?;
-        check::compare(&new, &current, loadable)?;
-        let report = check::conformance(&kept, &loadable.vendor, self.cache_dir.clone()).await?;
-        let live = if live { Some(check::live(&new).await?) } else { None };
+        let checked = async {
+            // 1. Inspect.
+            let inspection = Inspection::of(&bytes).map_err(UpgradeError::Invalid)?;
+            check::inspect(&inspection, &current, loadable, self.runtime.slot())?;
+            // 2. Load it as the backend would, and check it with the conformance suite.
+            let kept = self.keep(backend, &inspection.sha256, &bytes)?;
+            let new = self.load(backend, &kept).await.map_err(UpgradeError::refused)?;
+            check::compare(&new, &current, loadable)?;
+            let report = check::conformance(&kept, &loadable.vendor, self.cache_dir.clone()).await?;
+            let live = if live { Some(check::live(&new).await?) } else { None };
+            Ok((inspection, new, report, live))
+        };
+        let (inspection, new, report, live) = match checked.await {
+            Ok(checked) => checked,
+            Err(e) => {
+                if matches!(e, UpgradeError::Refused { .. } | UpgradeError::Invalid(_)) {
+                    crate::metrics::driver_switch(backend, "refused");
+                    tracing::warn!(backend = %backend, wasm = %wasm.display(), "driver upgrade refused: {e}");
+                }
+                return Err(e);
+            }
+        };
 
         // 3. Switch: new operations get the new driver; those in flight keep the old one.
         let replaced = slot.switch(new, "upgraded");
+        crate::metrics::driver_switch(backend, "upgraded");
         self.remember(backend, slot, &replaced.driver);
         let (running, _) = slot.running();
         let what = format!(
@@ -267,6 +279,7 @@ impl Upgrades {
         why: &str,
     ) -> Option<Json> {
         let (replaced, running) = slot.roll_back(only_if)?;
+        crate::metrics::driver_switch(backend, "rolled back");
         self.remember(backend, slot, &replaced.driver);
         let what = format!(
             "rolled back from {} (sha256 {}) to {} (sha256 {}): {why}",
