@@ -322,6 +322,48 @@ async fn a_new_driver_that_does_worse_is_rolled_back_on_its_own_and_a_restart_ke
     invariants::settled(&store, &rig.tgtd, Duration::from_secs(10)).await.expect("tgtd equals the database");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_driver_that_fails_where_it_is_deployed_is_rolled_back_on_its_own() {
+    // It passes the conformance suite (it only ever met the suite's target prefix) and fails
+    // every connect in service: the watch compares its failures with the old driver's none.
+    let rig = rig(
+        r#"flaw = "lab-only", pose = "tgt-iscsi""#,
+        "watch_seconds = 60\nmin_calls = 10\nmax_failure_increase = 0.1",
+    );
+    let c = rig.client();
+    let old = sha256(&released());
+    let load = Load::start(&c, 2).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while running(&c).await["driver"]["counts"]["calls"].as_u64().unwrap() < 20 {
+        assert!(Instant::now() < deadline, "the old driver got no calls");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    upgrade(&c, "tgt", &component("flawed")).await.expect(200);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let decided = loop {
+        let now = running(&c).await;
+        if now["driver"]["sha256"] == json!(old) {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "the failing driver was not rolled back: {now}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let why = decided["last_change"]["what"].as_str().unwrap().to_string();
+    assert!(why.contains("automatically") && why.contains("calls failed"), "{why}");
+    // Back on the old driver, connects succeed again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, failures) = load.stop().await;
+    assert!(!failures.is_empty(), "the failing driver failed nothing");
+    assert!(
+        failures.iter().all(|f| f.starts_with("create: 502") && f.contains("fails where it is deployed")),
+        "only the new driver's own failures: {failures:#?}"
+    );
+    let volume = c.create_volume(json!({"size": 1})).await;
+    c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:after", "after"))).await.expect(200);
+    let store = invariants::open(&rig.db_url()).await;
+    invariants::settled(&store, &rig.tgtd, Duration::from_secs(10)).await.expect("tgtd equals the database");
+}
+
 /// What each node runs for `backend`: (node, sha256, how).
 async fn everywhere(cluster: &Cluster, backend: &str) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
