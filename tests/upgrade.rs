@@ -58,6 +58,28 @@ async fn running(c: &Client) -> Value {
     drivers["drivers"].as_array().unwrap().iter().find(|d| d["backend"] == "tgt").unwrap().clone()
 }
 
+/// Waits until the running driver has made `calls` calls (the baseline a watch compares with).
+async fn baseline(c: &Client, calls: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while running(c).await["driver"]["counts"]["calls"].as_u64().unwrap() < calls {
+        assert!(Instant::now() < deadline, "the driver got no calls");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the backend runs the driver of `digest` again; what `GET /os-drivers` says then.
+async fn rolled_back_to(c: &Client, digest: &str, what: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = running(c).await;
+        if now["driver"]["sha256"] == json!(digest) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "{what}: {now}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Clients cycling attachments (create with a connector, complete, delete), each on a volume of
 /// its own, until stopped; what failed, by call.
 struct Load {
@@ -277,24 +299,12 @@ async fn a_new_driver_that_does_worse_is_rolled_back_on_its_own_and_a_restart_ke
     let slow = sha256(&component("flawed"));
     let load = Load::start(&c, 2).await;
     // The old driver's calls are the baseline.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while running(&c).await["driver"]["counts"]["calls"].as_u64().unwrap() < 20 {
-        assert!(Instant::now() < deadline, "the old driver got no calls");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    baseline(&c, 20).await;
     let up = upgrade(&c, "tgt", &component("flawed")).await.expect(200).body["upgrade"].clone();
     assert_eq!(up["driver"]["sha256"], json!(slow));
     assert!(up["watched_until_us"].as_i64().is_some());
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let decided = loop {
-        let now = running(&c).await;
-        if now["driver"]["sha256"] == json!(old) {
-            break now;
-        }
-        assert!(Instant::now() < deadline, "the slow driver was not rolled back: {now}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let decided = rolled_back_to(&c, &old, "the slow driver was not rolled back").await;
     let (_, failures) = load.stop().await;
     assert!(failures.is_empty(), "requests failed: {failures:#?}");
     assert_eq!(decided["driver"]["how"], "rolled back");
@@ -333,21 +343,9 @@ async fn a_new_driver_that_fails_where_it_is_deployed_is_rolled_back_on_its_own(
     let c = rig.client();
     let old = sha256(&released());
     let load = Load::start(&c, 2).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while running(&c).await["driver"]["counts"]["calls"].as_u64().unwrap() < 20 {
-        assert!(Instant::now() < deadline, "the old driver got no calls");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    baseline(&c, 20).await;
     upgrade(&c, "tgt", &component("flawed")).await.expect(200);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let decided = loop {
-        let now = running(&c).await;
-        if now["driver"]["sha256"] == json!(old) {
-            break now;
-        }
-        assert!(Instant::now() < deadline, "the failing driver was not rolled back: {now}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let decided = rolled_back_to(&c, &old, "the failing driver was not rolled back").await;
     let why = decided["last_change"]["what"].as_str().unwrap().to_string();
     assert!(why.contains("automatically") && why.contains("calls failed"), "{why}");
     // Back on the old driver, connects succeed again.

@@ -272,18 +272,7 @@ impl<'s> Env<'s> {
 
     /// A new volume record, as the service makes one before `create-volume`.
     pub fn volume(&self, multiattach: bool) -> Volume {
-        let id = uuid::Uuid::new_v4().to_string();
-        Volume {
-            name: format!("volume-{id}"),
-            id,
-            size_gib: 1,
-            multiattach,
-            provider_location: None,
-            provider_auth: None,
-            provider_id: None,
-            driver_data: Vec::new(),
-            metadata: Vec::new(),
-        }
+        new_volume(multiattach)
     }
 
     /// `create-volume`, applying its update (a driver may leave volumes to its backend:
@@ -484,6 +473,22 @@ impl Connected {
             )),
             _ => None,
         }
+    }
+}
+
+/// A new 1 GiB volume record with a fresh id, as the service makes one before `create-volume`.
+pub fn new_volume(multiattach: bool) -> Volume {
+    let id = uuid::Uuid::new_v4().to_string();
+    Volume {
+        name: format!("volume-{id}"),
+        id,
+        size_gib: 1,
+        multiattach,
+        provider_location: None,
+        provider_auth: None,
+        provider_id: None,
+        driver_data: Vec::new(),
+        metadata: Vec::new(),
     }
 }
 

@@ -144,18 +144,8 @@ pub(super) async fn live(driver: &Driver) -> Result<Json, UpgradeError> {
     use crate::runtime::contract::{AccessMode, Volume};
     use crate::runtime::model::VolumeFields;
 
-    let id = uuid::Uuid::new_v4().to_string();
-    let mut volume = Volume {
-        name: format!("volume-{id}"),
-        id: id.clone(),
-        size_gib: 1,
-        multiattach: false,
-        provider_location: None,
-        provider_auth: None,
-        provider_id: None,
-        driver_data: Vec::new(),
-        metadata: Vec::new(),
-    };
+    let mut volume = crate::conformance::env::new_volume(false);
+    let id = volume.id.clone();
     let connector = crate::conformance::env::connector(
         "iqn.2010-10.org.openstack:berth-upgrade-check",
         "berth-upgrade-check",

@@ -213,21 +213,8 @@ impl Upgrades {
 
         // 3. Switch: new operations get the new driver; those in flight keep the old one.
         let replaced = slot.switch(new, "upgraded");
-        crate::metrics::driver_switch(backend, "upgraded");
-        self.remember(backend, slot, &replaced.driver);
         let (running, _) = slot.running();
-        let what = format!(
-            "upgraded from {} (sha256 {}) to {} (sha256 {})",
-            describe(&replaced.driver),
-            replaced.driver.digest(),
-            describe(&running.driver),
-            running.driver.digest()
-        );
-        tracing::warn!(backend = %backend, "driver {what}");
-        self.note(backend, what);
-        if let Err(e) = service.publish_drivers().await {
-            tracing::warn!(backend = %backend, "could not record the switch in the nodes table: {e}");
-        }
+        self.switched(service, backend, slot, "upgraded", &replaced.driver, &running.driver, None).await;
 
         // 4. Watch it.
         let watched_until = self.watch_new(service, backend, &replaced, &running);
@@ -279,20 +266,8 @@ impl Upgrades {
         why: &str,
     ) -> Option<Json> {
         let (replaced, running) = slot.roll_back(only_if)?;
-        crate::metrics::driver_switch(backend, "rolled back");
-        self.remember(backend, slot, &replaced.driver);
-        let what = format!(
-            "rolled back from {} (sha256 {}) to {} (sha256 {}): {why}",
-            describe(&replaced.driver),
-            replaced.driver.digest(),
-            describe(&running.driver),
-            running.driver.digest()
-        );
-        tracing::error!(backend = %backend, "driver {what}");
-        self.note(backend, what.clone());
-        if let Err(e) = service.publish_drivers().await {
-            tracing::warn!(backend = %backend, "could not record the switch in the nodes table: {e}");
-        }
+        self.switched(service, backend, slot, "rolled back", &replaced.driver, &running.driver, Some(why))
+            .await;
         Some(json!({"backend": backend, "driver": view(&running), "previous": view(&replaced), "why": why}))
     }
 
@@ -325,6 +300,41 @@ impl Upgrades {
                     self.roll_back(&service, backend, slot, Some(running.driver.digest()), &why).await;
                 }
             }
+        }
+    }
+
+    /// After a switch from `replaced` to `running` (`how`: upgraded, rolled back, and why):
+    /// counted, kept for a restart, logged (a rollback as an error), listed, and published to
+    /// the other nodes.
+    #[allow(clippy::too_many_arguments)]
+    async fn switched(
+        &self,
+        service: &Service,
+        backend: &str,
+        slot: &DriverSlot,
+        how: &str,
+        replaced: &Driver,
+        running: &Driver,
+        why: Option<&str>,
+    ) {
+        crate::metrics::driver_switch(backend, how);
+        self.remember(backend, slot, replaced);
+        let what = format!(
+            "{how} from {} (sha256 {}) to {} (sha256 {}){}",
+            describe(replaced),
+            replaced.digest(),
+            describe(running),
+            running.digest(),
+            why.map(|w| format!(": {w}")).unwrap_or_default()
+        );
+        if why.is_some() {
+            tracing::error!(backend = %backend, "driver {what}");
+        } else {
+            tracing::warn!(backend = %backend, "driver {what}");
+        }
+        self.note(backend, what);
+        if let Err(e) = service.publish_drivers().await {
+            tracing::warn!(backend = %backend, "could not record the switch in the nodes table: {e}");
         }
     }
 
