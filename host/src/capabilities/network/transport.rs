@@ -24,7 +24,123 @@ pub(super) type Https = hyper_rustls::HttpsConnector<Connector>;
 /// A backend's pooled HTTP client.
 #[derive(Clone)]
 pub(super) struct Client {
-    pool: Pooled<Https, Full<Bytes>>,
+    pool: Pooled<Watching, Full<Bytes>>,
+    endings: Endings,
+}
+
+/// How each host's last connection ended, when it ended with an error. hyper tells a request
+/// whose connection died before the request could be written only that it was canceled; the
+/// reason (in TLS 1.3 a refused client certificate arrives as an alert just after the handshake)
+/// is the connection's, and is found here.
+#[derive(Clone, Default)]
+struct Endings(Arc<std::sync::Mutex<std::collections::HashMap<String, (Instant, NetError)>>>);
+
+impl Endings {
+    fn record(&self, authority: &str, error: NetError) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(authority.to_string(), (Instant::now(), error));
+    }
+
+    /// Why a connection to `authority` ended in the last few seconds, if one did.
+    fn recent(&self, authority: &str) -> Option<NetError> {
+        let endings = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        endings
+            .get(authority)
+            .filter(|(at, _)| at.elapsed() < Duration::from_secs(5))
+            .map(|(_, error)| error.clone())
+    }
+}
+
+/// The TLS connector, with each connection's read and write errors noted in [`Endings`].
+#[derive(Clone)]
+pub(super) struct Watching {
+    https: Https,
+    endings: Endings,
+}
+
+impl tower::Service<http::Uri> for Watching {
+    type Response = Watched;
+    type Error = <Https as tower::Service<http::Uri>>::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Watched, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.https.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let authority = uri.authority().map(|a| a.to_string()).unwrap_or_default();
+        let endings = self.endings.clone();
+        let connecting = self.https.call(uri);
+        Box::pin(async move { Ok(Watched { inner: connecting.await?, authority, endings }) })
+    }
+}
+
+/// A connection whose errors are noted for the requests it could not carry.
+pub(super) struct Watched {
+    inner: hyper_rustls::MaybeHttpsStream<TokioIo<TcpStream>>,
+    authority: String,
+    endings: Endings,
+}
+
+impl Watched {
+    fn note<T>(&self, polled: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+        if let Poll::Ready(Err(e)) = &polled {
+            self.endings.record(&self.authority, classify(e));
+        }
+        polled
+    }
+}
+
+impl hyper::rt::Read for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        self.note(polled)
+    }
+}
+
+impl hyper::rt::Write for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.note(polled)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.note(polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.note(polled)
+    }
+}
+
+impl hyper_util::client::legacy::connect::Connection for Watched {
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        self.inner.connected()
+    }
 }
 
 /// Why the connector could not connect (found again in hyper's error chain).
@@ -221,11 +337,25 @@ pub(super) fn client(
         .https_or_http()
         .enable_http1()
         .wrap_connector(connector);
+    let endings = Endings::default();
+    let https = Watching { https, endings: endings.clone() };
     let pool = Pooled::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(32)
         .build(https);
-    Ok(Client { pool })
+    Ok(Client { pool, endings })
+}
+
+/// Whether hyper gave up on a request because its connection closed before it was sent.
+fn canceled(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_canceled) {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// What a hyper error is, as the driver should see it.
@@ -286,9 +416,14 @@ impl Client {
     ) -> Result<http::Response<Bytes>, NetError> {
         let left = || deadline.saturating_duration_since(Instant::now());
         let first_byte = bounds.first_byte.min(left());
+        let authority = request.uri().authority().map(|a| a.to_string()).unwrap_or_default();
         let request = request.map(Full::new);
         let response = match tokio::time::timeout(first_byte, self.pool.request(request)).await {
             Err(_) => return Err(NetError::FirstByteTimeout(first_byte)),
+            // The connection ended before the request was written: say why it ended.
+            Ok(Err(e)) if canceled(&e) => {
+                return Err(self.endings.recent(&authority).unwrap_or(NetError::ConnectionLost));
+            }
             Ok(Err(e)) => return Err(classify(&e)),
             Ok(Ok(r)) => r,
         };
