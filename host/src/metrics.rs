@@ -1,7 +1,7 @@
 //! Prometheus metrics (the `prometheus-client` crate, OpenMetrics text), served by `berth serve`
 //! on `[metrics] listen` when it is set. One process-wide set: every room records into it where
 //! the thing happens (HTTP in `api/`, driver calls in `runtime/`, capability calls in
-//! each capability's `glue.rs`, transactions in `store/`, operations and reconcile passes in `attach/`,
+//! each capability's glue (`runtime/glue/`), transactions in `store/`, operations and reconcile passes in `attach/`,
 //! token validations in `api/auth/`).
 //! Labels are bounded: routes are templates (`/volumes/{id}`), never raw paths.
 

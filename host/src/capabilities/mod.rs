@@ -1,17 +1,18 @@
 //! Capabilities: what drivers may ask of the host, and the only room that acts on the outside
 //! world for a driver (files under the data directory, tgtd, the array's network).
 //!
-//! One room per capability, each in one shape: the host side (the service, which knows nothing of
-//! wasmtime) and `glue.rs`, the WIT host functions that turn a guest's call into a call on it,
-//! checked, recorded and answered with the typed error the guest sees:
+//! One room per capability: its service, which knows nothing of wasmtime (nothing here imports
+//! `runtime/`). The WIT host functions that turn a guest's call into a call on a service, checked,
+//! recorded and answered with the typed error the guest sees, are the runtime's, one file per
+//! capability in `runtime/glue/`:
 //!
-//! | room | grant | imports |
-//! |---|---|---|
-//! | `iscsi/` (`tgt/` for tgtd, `model.rs` for tests) | `iscsi-target` | `berth:driver/iscsi-target` |
-//! | `backing/` | `backing-store` | `berth:driver/backing-store` |
-//! | `network/` | `network` | `wasi:http/outgoing-handler`, `wasi:http/types` |
-//! | `log/` | always | `berth:driver/log` |
-//! | `settings.rs` | always | `berth:driver/config` |
+//! | room | glue | grant | imports |
+//! |---|---|---|---|
+//! | `iscsi/` (`tgt/` for tgtd, `model.rs` for tests) | `iscsi.rs` | `iscsi-target` | `berth:driver/iscsi-target` |
+//! | `backing/` | `backing.rs` | `backing-store` | `berth:driver/backing-store` |
+//! | `network/` | `network.rs` | `network` | `wasi:http/outgoing-handler`, `wasi:http/types` |
+//! | `log/` | `log.rs` | always | `berth:driver/log` |
+//! | (the backend's `settings`) | `settings.rs` | always | `berth:driver/config` |
 //!
 //! The grants, the interfaces each admits and the first contract that has them are one table,
 //! [`CAPABILITIES`], from which the loader's import rules and `berth driver inspect` derive. A new
@@ -24,7 +25,6 @@ pub mod log;
 pub mod namespace;
 pub mod network;
 pub mod secret;
-mod settings;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -60,7 +60,7 @@ pub enum Grant {
 
 /// One capability: its grant, the imports it admits, and the first contract version that has it.
 /// The loader's import rules and the grants' names all come from [`CAPABILITIES`]: a new
-/// capability is one more row (and its room here, and its glue in `runtime/`).
+/// capability is one more row (and its room here, and its glue in `runtime/glue/`).
 #[derive(Debug, Clone, Copy)]
 pub struct CapabilitySpec {
     pub grant: Grant,

@@ -26,8 +26,8 @@ use super::outcome::judge;
 use super::state::{CallScope, HostState};
 use super::store::call_store;
 use crate::capabilities::DriverCapabilities;
-use crate::capabilities::network::glue::CallNetwork;
 use crate::capabilities::secret::Redactor;
+use crate::runtime::glue::network::CallNetwork;
 
 /// A loaded driver. Cheap to clone.
 #[derive(Clone)]

@@ -73,7 +73,7 @@ mod tests {
 
     #[test]
     fn a_shipped_driver_is_counted() {
-        let wasm = std::fs::read(format!("{}/tgt-iscsi.wasm", crate::shipped::BUILD_DIR)).unwrap();
+        let wasm = std::fs::read(concat!(env!("BERTH_DRIVER_DIR"), "/tgt-iscsi.wasm")).unwrap();
         let f = Footprint::of(&wasm).unwrap();
         assert!(f.core_instances >= 1 && f.memories >= 1, "{f}");
         assert!(f.fits(Footprint::BASELINE), "{f}");

@@ -184,7 +184,7 @@ mod tests {
 
     #[test]
     fn a_shipped_driver_is_described() {
-        let wasm = std::fs::read(format!("{}/tgt-iscsi.wasm", crate::shipped::BUILD_DIR)).unwrap();
+        let wasm = std::fs::read(concat!(env!("BERTH_DRIVER_DIR"), "/tgt-iscsi.wasm")).unwrap();
         let i = Inspection::of(&wasm).unwrap();
         assert_eq!(i.contract.as_deref(), Some(CONTRACT));
         assert!(i.supported);
@@ -198,7 +198,7 @@ mod tests {
 
     #[test]
     fn a_driver_that_reaches_for_the_filesystem_is_flagged() {
-        let wasm = std::fs::read(format!("{}/sneaky.wasm", crate::shipped::BUILD_DIR)).unwrap();
+        let wasm = std::fs::read(concat!(env!("BERTH_DRIVER_DIR"), "/sneaky.wasm")).unwrap();
         let i = Inspection::of(&wasm).unwrap();
         assert!(
             i.imports

@@ -9,6 +9,7 @@ mod call;
 mod driver;
 mod error;
 mod footprint;
+pub(crate) mod glue;
 pub mod inspect;
 pub mod json;
 mod limits;

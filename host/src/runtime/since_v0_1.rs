@@ -1,5 +1,5 @@
 //! The adapter for drivers built against `berth:driver@0.1.0`: its imports, answered by the latest
-//! version's (each capability's `glue.rs`). The `types` interface is shared (see `bindings.rs`), so only what 0.2.0
+//! version's (`runtime/glue/`). The `types` interface is shared (see `bindings.rs`), so only what 0.2.0
 //! changed is adapted here:
 //!
 //! - `target-error` and `store-error` gained `not-permitted`; a 0.1.0 driver sees

@@ -1,5 +1,5 @@
 //! The adapter for drivers built against `berth:driver@0.2.0`: its imports, answered by the
-//! latest version's (each capability's `glue.rs`). 0.3.0 changed no `berth:driver` interface (it added a world with
+//! latest version's (`runtime/glue/`). 0.3.0 changed no `berth:driver` interface (it added a world with
 //! `wasi:http`), so every call here is the same call, its values converted between the two
 //! generated modules. The `types` interface is shared (see `bindings.rs`).
 //!

@@ -4,8 +4,6 @@
 //! can never leave the backend's directory, and a name that another backend's directory holds is
 //! refused (`NotPermitted`) rather than silently made anew.
 
-pub(crate) mod glue;
-
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,6 @@
 //! [`model::TargetModel`] is an in-memory model that records every call (for the conformance
 //! suite and tests).
 
-mod glue;
 pub mod model;
 pub mod tgt;
 

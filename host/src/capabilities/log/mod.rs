@@ -2,8 +2,6 @@
 //! call, bounded in size and count, stripped of control characters, and scrubbed of the secrets
 //! the host knows about for that call.
 
-mod glue;
-
 use super::secret::Redactor;
 
 /// The longest log message kept, in bytes; longer ones are cut at a character boundary.

@@ -26,7 +26,6 @@
 //! class.
 
 pub mod allow;
-pub(crate) mod glue;
 pub mod secrets;
 pub mod sessions;
 mod transport;

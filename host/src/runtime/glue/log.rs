@@ -1,5 +1,5 @@
 //! `berth:driver/log`, as the runtime links it (the latest contract; older ones are adapted in
-//! `runtime/since_*.rs`): a driver's line goes to [`super::emit`], bounded per call and redacted.
+//! `runtime/since_*.rs`): a driver's line goes to [`crate::capabilities::log::emit`], bounded per call and redacted.
 
 use crate::capabilities::log as caplog;
 use crate::runtime::bindings::latest::berth::driver::log;

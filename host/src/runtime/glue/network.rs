@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
-use super::{NetError, NetFault, NetworkCapability};
+use crate::capabilities::network::{NetError, NetFault, NetworkCapability};
 use crate::capabilities::secret::Redactor;
 use crate::runtime::CapabilityCall;
 use crate::runtime::state::HostState;

@@ -3,12 +3,12 @@
 //! noted for the host, and answered with the typed error the guest sees (redacted).
 
 use crate::capabilities::backing::StoreError;
-use crate::capabilities::backing::glue::not_granted;
 use crate::capabilities::iscsi::{
     ChapCredentials, Iqn, IscsiCapability, Lun, Session, TargetError, TargetState,
 };
 use crate::runtime::Effect;
 use crate::runtime::bindings::latest::berth::driver::iscsi_target;
+use crate::runtime::glue::backing::not_granted;
 use crate::runtime::state::HostState;
 
 impl HostState {
