@@ -326,7 +326,7 @@ impl Assembled {
 
     /// One reconciliation pass (see `attach/reconcile.rs`).
     pub async fn reconcile(&self) -> anyhow::Result<Reconciled> {
-        Ok(self.state.service.reconcile(self.targets.as_deref(), &self.reconcile_options()).await?)
+        Ok(self.state.service.reconcile().pass(self.targets.as_deref(), &self.reconcile_options()).await?)
     }
 }
 
@@ -353,7 +353,7 @@ async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
         let started = std::time::Instant::now();
         let outcome = assembled.reconcile().await;
         if pass == 1 {
-            assembled.state.service.first_pass_finished();
+            assembled.state.service.reconcile().first_pass_finished();
         }
         crate::metrics::METRICS.reconcile_passes.inc();
         match outcome {
@@ -421,7 +421,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         advertise_url = %url, ?types, "berth is serving"
     );
     let interval = Duration::from_secs_f64(assembled.config.reconcile.interval_seconds.clamp(0.05, 86_400.0));
-    service.awaiting_first_pass();
+    service.reconcile().awaiting_first_pass();
     let reconciler = tokio::spawn(reconcile_loop(assembled.clone(), interval));
     let leases = tokio::spawn(service.clone().renew_leases());
     let pruner =

@@ -296,11 +296,11 @@ async fn action(
         "os-reimage" => {
             let arg: Reimage = argument(&name, value, None)?;
             uuid_param("image_id", &arg.image_id)?;
-            service.reimage(&caller, &volume, arg.reimage_reserved).await?;
+            service.volumes().reimage(&caller, &volume, arg.reimage_reserved).await?;
         }
         "os-extend_volume_completion" => {
             let _: ExtendCompletion = argument(&name, value, None)?;
-            service.extend_volume_completion(&caller, &volume).await?;
+            service.volumes().extend_volume_completion(&caller, &volume).await?;
         }
         _ => unreachable!("every name in ACTIONS has a branch"),
     }

@@ -210,7 +210,7 @@ async fn show(
     AttachmentId(id): AttachmentId,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::AttachmentGet)?;
-    let (row, shared) = state.service.show_attachment(&caller, &id).await?;
+    let (row, shared) = state.service.attachments().show(&caller, &id).await?;
     let secrets = state.secrets_for(&caller);
     let view = AttachmentDetail {
         shared_connections_by_attachment: Some(shared),
@@ -256,7 +256,7 @@ async fn list(
         instance_uuid: q.filters.get("instance_uuid").cloned(),
         attach_status: q.filters.get("attach_status").cloned(),
     };
-    Ok(state.service.list_attachments(scope, &filter, &q.page).await?)
+    Ok(state.service.attachments().list(scope, &filter, &q.page).await?)
 }
 
 async fn index(

@@ -101,7 +101,7 @@ async fn metadata_show(
     VolumeId(id): VolumeId,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::MetadataGet)?;
-    let (volume, _) = state.service.show_volume(&caller, &id).await?;
+    let (volume, _) = state.service.volumes().show(&caller, &id).await?;
     Ok(Json(MetadataBody { metadata: volume.metadata }).into_response())
 }
 
@@ -142,7 +142,7 @@ async fn metadata_item(
     Path((_, key)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::MetadataGet)?;
-    let (volume, _) = state.service.show_volume(&caller, &id).await?;
+    let (volume, _) = state.service.volumes().show(&caller, &id).await?;
     let value = volume
         .metadata
         .get(&key)
@@ -329,7 +329,7 @@ async fn show(
     VolumeId(id): VolumeId,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::VolumeGet)?;
-    let (volume, attachments) = state.service.show_volume(&caller, &id).await?;
+    let (volume, attachments) = state.service.volumes().show(&caller, &id).await?;
     let hosts = hosts(&state, &caller).await?;
     let view =
         volume_detail(&volume, &attachments, &caller, version, &links(&state, &headers), hosts.as_ref());
@@ -457,12 +457,12 @@ async fn list(
         updated_at,
         consumes_quota,
     };
-    let rows = state.service.list_volumes(scope, &filter, &q.page).await?;
+    let rows = state.service.volumes().list(scope, &filter, &q.page).await?;
     let links = links(state, headers);
     let count = match version >= VOLUME_LIST_COUNT
         && q.flags.get("with_count").is_some_and(|v| v.eq_ignore_ascii_case("true"))
     {
-        true => Some(state.service.count_volumes(scope, &filter).await?),
+        true => Some(state.service.volumes().count(scope, &filter).await?),
         false => None,
     };
     if !detailed {

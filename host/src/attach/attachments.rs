@@ -45,8 +45,26 @@ pub struct NewAttachment {
     pub legacy: bool,
 }
 
+/// The attachments API's flows, over the service's shared core.
+pub struct Attachments<'a>(&'a Service);
+
 impl Service {
-    pub(super) async fn create_attachment(
+    /// Attachments: the flows of `attachments.rs`.
+    pub fn attachments(&self) -> Attachments<'_> {
+        Attachments(self)
+    }
+}
+
+impl std::ops::Deref for Attachments<'_> {
+    type Target = Service;
+
+    fn deref(&self) -> &Service {
+        self.0
+    }
+}
+
+impl Attachments<'_> {
+    pub(super) async fn create(
         &self,
         caller: &Caller,
         req: NewAttachment,
@@ -72,7 +90,7 @@ impl Service {
         req: NewAttachment,
     ) -> Result<Attachment, AttachError> {
         let volume = self.volume(caller, &req.volume_id).await?;
-        self.reconciled_first(&volume.id).await?;
+        self.reconcile().reconciled_first(&volume.id).await?;
         let connector = req.connector.clone().expect("a create that connects has a connector");
         let id = uuid::Uuid::new_v4().to_string();
         let op = self.operation(
@@ -145,7 +163,7 @@ impl Service {
         }
     }
 
-    pub(super) async fn update_attachment(
+    pub(super) async fn update(
         &self,
         caller: &Caller,
         id: &str,
@@ -179,7 +197,7 @@ impl Service {
         connector: Connector,
     ) -> Result<Attachment, AttachError> {
         let row = self.attachment(caller, id).await?;
-        self.reconciled_first(&row.volume_id).await?;
+        self.reconcile().reconciled_first(&row.volume_id).await?;
         let (row, stored) = self
             .store
             .read(async |tx| {
@@ -497,7 +515,7 @@ impl Service {
     /// connector (Nova's shelved-offloaded server, whose connector comes later with an update),
     /// without a connection. A reservation whose connect is under way has its connector already,
     /// and is refused.
-    pub(super) async fn complete_attachment(&self, caller: &Caller, id: &str) -> Result<(), AttachError> {
+    pub(super) async fn complete(&self, caller: &Caller, id: &str) -> Result<(), AttachError> {
         let t = transition(Event::Complete);
         self.store
             .write(async |tx| {
@@ -542,11 +560,7 @@ impl Service {
     /// `attachment_delete`, the volume's status is derived afresh from what remains: a detach lock
     /// (`os-begin_detaching`, which Nova sends before this delete) goes with it, so a multiattach
     /// volume that other attachments keep is `in-use` again.
-    pub(super) async fn delete_attachment(
-        &self,
-        caller: &Caller,
-        id: &str,
-    ) -> Result<Vec<Attachment>, AttachError> {
+    pub(super) async fn delete(&self, caller: &Caller, id: &str) -> Result<Vec<Attachment>, AttachError> {
         let row = self.attachment(caller, id).await?;
         let _held = self.hold(&row.volume_id).await?;
         self.remove_locked(caller, id, AfterDisconnect::Detach).await
@@ -650,11 +664,7 @@ impl Service {
     /// An attachment with the ids of the volume's other live attachments that share its
     /// connection, per the driver's shared-connection query (all of them if the driver fails: the
     /// safe answer).
-    pub async fn show_attachment(
-        &self,
-        caller: &Caller,
-        id: &str,
-    ) -> Result<(Attachment, Vec<String>), AttachError> {
+    pub async fn show(&self, caller: &Caller, id: &str) -> Result<(Attachment, Vec<String>), AttachError> {
         let row = self.attachment(caller, id).await?;
         let live = self.store.read(async |tx| rows::live(tx, &row.volume_id).await).await?;
         let Some(connector) = live.iter().find(|l| l.attachment.id == id).and_then(|l| l.connector.clone())
@@ -688,7 +698,7 @@ impl Service {
         Ok((row, shared))
     }
 
-    pub async fn list_attachments(
+    pub async fn list(
         &self,
         scope: Scope<'_>,
         filter: &AttachmentFilter,
@@ -759,7 +769,7 @@ pub(super) fn after_event(then: AfterDisconnect) -> Event {
     }
 }
 
-impl Service {
+impl Attachments<'_> {
     /// In a write transaction: what a disconnect does to its attachment once access is revoked, with
     /// the driver's fields afterwards (`volume` is as the disconnect read it). Returns the volume's
     /// remaining live attachments.

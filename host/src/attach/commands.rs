@@ -31,7 +31,7 @@ impl Commands {
     /// `POST /volumes`.
     pub async fn create_volume(&self, caller: Caller, req: NewVolume) -> Result<Volume, AttachError> {
         self.0
-            .owned(caller.clone(), (caller, req), |s, (c, r)| async move { s.create_volume(&c, r).await })
+            .owned(caller.clone(), (caller, req), |s, (c, r)| async move { s.volumes().create(&c, r).await })
             .await
     }
 
@@ -39,7 +39,7 @@ impl Commands {
     pub async fn delete_volume(&self, caller: Caller, id: String, force: bool) -> Result<(), AttachError> {
         self.0
             .owned(caller.clone(), (caller, id), move |s, (c, id)| async move {
-                s.delete_volume(&c, &id, force).await
+                s.volumes().delete(&c, &id, force).await
             })
             .await
     }
@@ -53,7 +53,7 @@ impl Commands {
     ) -> Result<Volume, AttachError> {
         self.0
             .owned(caller.clone(), (caller, id), move |s, (c, id)| async move {
-                s.extend_volume(&c, &id, new_size_gib).await
+                s.volumes().extend(&c, &id, new_size_gib).await
             })
             .await
     }
@@ -72,7 +72,7 @@ impl Commands {
                 caller.clone(),
                 (caller, id, changes, remove),
                 move |s, (c, id, changes, remove)| async move {
-                    s.update_metadata(&c, &id, changes, replace, remove.as_deref()).await
+                    s.volumes().update_metadata(&c, &id, changes, replace, remove.as_deref()).await
                 },
             )
             .await
@@ -85,7 +85,11 @@ impl Commands {
         req: NewAttachment,
     ) -> Result<Attachment, AttachError> {
         self.0
-            .owned(caller.clone(), (caller, req), |s, (c, r)| async move { s.create_attachment(&c, r).await })
+            .owned(
+                caller.clone(),
+                (caller, req),
+                |s, (c, r)| async move { s.attachments().create(&c, r).await },
+            )
             .await
     }
 
@@ -98,7 +102,7 @@ impl Commands {
     ) -> Result<Attachment, AttachError> {
         self.0
             .owned(caller.clone(), (caller, id, connector), |s, (c, id, conn)| async move {
-                s.update_attachment(&c, &id, conn).await
+                s.attachments().update(&c, &id, conn).await
             })
             .await
     }
@@ -106,11 +110,9 @@ impl Commands {
     /// `os-complete`.
     pub async fn complete_attachment(&self, caller: Caller, id: String) -> Result<(), AttachError> {
         self.0
-            .owned(
-                caller.clone(),
-                (caller, id),
-                |s, (c, id)| async move { s.complete_attachment(&c, &id).await },
-            )
+            .owned(caller.clone(), (caller, id), |s, (c, id)| async move {
+                s.attachments().complete(&c, &id).await
+            })
             .await
     }
 
@@ -124,7 +126,7 @@ impl Commands {
             .owned(
                 caller.clone(),
                 (caller, id),
-                |s, (c, id)| async move { s.delete_attachment(&c, &id).await },
+                |s, (c, id)| async move { s.attachments().delete(&c, &id).await },
             )
             .await
     }
@@ -135,7 +137,7 @@ impl Commands {
             .owned(
                 caller.clone(),
                 (caller, volume),
-                |s, (c, v)| async move { s.legacy_reserve(&c, &v).await },
+                |s, (c, v)| async move { s.legacy().reserve(&c, &v).await },
             )
             .await
     }
@@ -146,7 +148,7 @@ impl Commands {
             .owned(
                 caller.clone(),
                 (caller, volume),
-                |s, (c, v)| async move { s.legacy_unreserve(&c, &v).await },
+                |s, (c, v)| async move { s.legacy().unreserve(&c, &v).await },
             )
             .await
     }
@@ -155,7 +157,7 @@ impl Commands {
     pub async fn legacy_begin_detaching(&self, caller: Caller, volume: String) -> Result<(), AttachError> {
         self.0
             .owned(caller.clone(), (caller, volume), |s, (c, v)| async move {
-                s.legacy_begin_detaching(&c, &v).await
+                s.legacy().begin_detaching(&c, &v).await
             })
             .await
     }
@@ -164,7 +166,7 @@ impl Commands {
     pub async fn legacy_roll_detaching(&self, caller: Caller, volume: String) -> Result<(), AttachError> {
         self.0
             .owned(caller.clone(), (caller, volume), |s, (c, v)| async move {
-                s.legacy_roll_detaching(&c, &v).await
+                s.legacy().roll_detaching(&c, &v).await
             })
             .await
     }
@@ -178,7 +180,7 @@ impl Commands {
     ) -> Result<Json, AttachError> {
         self.0
             .owned(caller.clone(), (caller, volume, connector), |s, (c, v, conn)| async move {
-                s.legacy_initialize(&c, &v, conn).await
+                s.legacy().initialize(&c, &v, conn).await
             })
             .await
     }
@@ -192,7 +194,7 @@ impl Commands {
     ) -> Result<(), AttachError> {
         self.0
             .owned(caller.clone(), (caller, volume, req), |s, (c, v, r)| async move {
-                s.legacy_attach(&c, &v, r).await
+                s.legacy().attach(&c, &v, r).await
             })
             .await
     }
@@ -206,7 +208,7 @@ impl Commands {
     ) -> Result<(), AttachError> {
         self.0
             .owned(caller.clone(), (caller, volume, connector), |s, (c, v, conn)| async move {
-                s.legacy_terminate(&c, &v, conn).await
+                s.legacy().terminate(&c, &v, conn).await
             })
             .await
     }
@@ -220,7 +222,7 @@ impl Commands {
     ) -> Result<(), AttachError> {
         self.0
             .owned(caller.clone(), (caller, volume, attachment), |s, (c, v, a)| async move {
-                s.legacy_detach(&c, &v, a.as_deref()).await
+                s.legacy().detach(&c, &v, a.as_deref()).await
             })
             .await
     }
@@ -235,7 +237,7 @@ impl Commands {
     ) -> Result<(), AttachError> {
         self.0
             .owned(caller.clone(), (caller, volume, connector, attachment), |s, (c, v, conn, a)| async move {
-                s.force_detach(&c, &v, conn, a.as_deref()).await
+                s.legacy().force_detach(&c, &v, conn, a.as_deref()).await
             })
             .await
     }

@@ -80,32 +80,53 @@ fn is_pending(a: &Attachment) -> bool {
     a.legacy && a.status != AttachStatus::Attached
 }
 
+/// The legacy six-call flows, over the service's shared core.
+pub struct Legacy<'a>(&'a Service);
+
 impl Service {
+    /// Legacy: the flows of `legacy.rs`.
+    pub fn legacy(&self) -> Legacy<'_> {
+        Legacy(self)
+    }
+}
+
+impl std::ops::Deref for Legacy<'_> {
+    type Target = Service;
+
+    fn deref(&self) -> &Service {
+        self.0
+    }
+}
+
+impl Legacy<'_> {
     async fn legacy_volume(&self, volume_id: &str) -> Result<Volume, AttachError> {
         Ok(Volume { live: self.store.read(async |tx| rows::live(tx, volume_id).await).await? })
     }
 
     /// `os-reserve`.
-    pub(super) async fn legacy_reserve(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
+    pub(super) async fn reserve(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
         let request = NewAttachment { volume_id: volume_id.to_string(), legacy: true, ..Default::default() };
-        self.create_attachment(caller, request).await.map(drop)
+        self.attachments().create(caller, request).await.map(drop)
     }
 
     /// `os-unreserve`: removes the newest pending legacy reservation, revoking any access it was
     /// given. Nothing to do is not an error.
-    pub(super) async fn legacy_unreserve(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
+    pub(super) async fn unreserve(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
         self.volume(caller, volume_id).await?;
         let _held = self.hold(volume_id).await?;
         let volume = self.legacy_volume(volume_id).await?;
         let Some(pending) = volume.live.iter().rev().find(|l| is_pending(&l.attachment)) else {
             return Ok(());
         };
-        self.remove_locked(caller, &pending.attachment.id, AfterDisconnect::Remove).await.map(drop)
+        self.attachments()
+            .remove_locked(caller, &pending.attachment.id, AfterDisconnect::Remove)
+            .await
+            .map(drop)
     }
 
     /// `os-initialize_connection`: Cinder's flattened connection info of the connector's
     /// attachment (see the module's notes).
-    pub(super) async fn legacy_initialize(
+    pub(super) async fn initialize(
         &self,
         caller: &Caller,
         volume_id: &str,
@@ -115,7 +136,7 @@ impl Service {
         let mode = AttachMode::Null.effective(Some(&connector));
         self.driver(&found).await?.calls().validate_connector(&connector.for_mode(mode)).await?;
         let _held = self.hold(volume_id).await?;
-        self.reconciled_first(volume_id).await?;
+        self.reconcile().reconciled_first(volume_id).await?;
         let volume = self.legacy_volume(volume_id).await?;
         if let Some(row) = volume.matching(&connector).next() {
             return self.reinitialize(row, &connector).await;
@@ -126,7 +147,7 @@ impl Service {
             .find(|l| is_pending(&l.attachment) && l.connector.is_none())
             .map(|l| l.attachment.id.clone());
         let row = match reserved {
-            Some(id) => self.update_locked(caller, &id, connector).await?,
+            Some(id) => self.attachments().update_locked(caller, &id, connector).await?,
             None => {
                 let request = NewAttachment {
                     volume_id: volume_id.to_string(),
@@ -134,7 +155,7 @@ impl Service {
                     legacy: true,
                     ..Default::default()
                 };
-                self.create_locked(caller, request).await?
+                self.attachments().create_locked(caller, request).await?
             }
         };
         connection_info(&row)
@@ -178,7 +199,7 @@ impl Service {
     /// `os-attach`: completes the connected legacy reservation (the one whose connector names
     /// `host_name`, else the oldest). Repeating it for an instance or host that is attached
     /// changes nothing.
-    pub(super) async fn legacy_attach(
+    pub(super) async fn attach(
         &self,
         caller: &Caller,
         volume_id: &str,
@@ -253,11 +274,7 @@ impl Service {
 
     /// `os-begin_detaching`: an `in-use` volume becomes `detaching` until it is detached or the
     /// detach is rolled back.
-    pub(super) async fn legacy_begin_detaching(
-        &self,
-        caller: &Caller,
-        volume_id: &str,
-    ) -> Result<(), AttachError> {
+    pub(super) async fn begin_detaching(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
         let volume = self.volume(caller, volume_id).await?;
         let t = transition(Event::BeginDetaching);
         self.store
@@ -276,11 +293,7 @@ impl Service {
     }
 
     /// `os-roll_detaching`: releases the `detaching` lock. Nothing to do is not an error.
-    pub(super) async fn legacy_roll_detaching(
-        &self,
-        caller: &Caller,
-        volume_id: &str,
-    ) -> Result<(), AttachError> {
+    pub(super) async fn roll_detaching(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
         self.volume(caller, volume_id).await?;
         let t = transition(Event::RollDetaching);
         self.store
@@ -298,7 +311,7 @@ impl Service {
     /// `os-detach`. With no connector, the volume's one connection (several need an admin, or a
     /// connector, or `os-detach` with an attachment id). An unknown connector is not an error: the
     /// driver is still asked to revoke whatever access it may have.
-    pub(super) async fn legacy_terminate(
+    pub(super) async fn terminate(
         &self,
         caller: &Caller,
         volume_id: &str,
@@ -327,7 +340,7 @@ impl Service {
         // attachments keep their row.
         for (id, pending) in targets {
             let then = if pending { AfterDisconnect::Remove } else { AfterDisconnect::Terminate };
-            self.remove_locked(caller, &id, then).await?;
+            self.attachments().remove_locked(caller, &id, then).await?;
         }
         Ok(())
     }
@@ -371,7 +384,7 @@ impl Service {
 
     /// `os-detach`: removes the attachment (the volume's only one when no id is given), revoking
     /// its access if `os-terminate_connection` did not, and releases the `detaching` lock.
-    pub(super) async fn legacy_detach(
+    pub(super) async fn detach(
         &self,
         caller: &Caller,
         volume_id: &str,
@@ -411,7 +424,7 @@ impl Service {
                 }
             },
         };
-        self.remove_locked(caller, &id, AfterDisconnect::Detach).await.map(drop)
+        self.attachments().remove_locked(caller, &id, AfterDisconnect::Detach).await.map(drop)
     }
 
     /// `os-force_detach` (admins): revokes access on the backend (the attachment's, the

@@ -4,6 +4,13 @@
 //! volume actions (`legacy.rs`) go through here, as do volume create and delete (`volumes.rs`).
 //! Nothing here knows HTTP.
 //!
+//! The flows come in families, each a narrow handle over the one shared core, [`Service`] (the
+//! store, the backends' catalog, the volume locks, the operation machinery of `ops.rs` and the
+//! history of `history.rs`): [`Service::volumes`] (`volumes.rs`), [`Service::attachments`]
+//! (`attachments.rs`), [`Service::legacy`] (`legacy.rs`), [`Service::reconcile`]
+//! (`reconcile.rs`) and [`Service::recovery`] (`recover.rs`). A flow is a method of its family;
+//! what more than one family needs is a method of the core.
+//!
 //! Every flow that changes a backend is an operation the service owns (`ops.rs`), entered only
 //! through [`commands::Commands`] (the flows are visible to this room alone): it runs as a
 //! task of its own, so a client that goes away changes nothing about how far it goes; its intent

@@ -376,7 +376,7 @@ impl Service {
                 return Ok(guard);
             };
             if self.owner.is_orphaned(&op) {
-                self.recover(op).await?;
+                self.recovery().recover(op).await?;
                 return Ok(guard);
             }
             if Instant::now() >= deadline {

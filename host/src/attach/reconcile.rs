@@ -122,7 +122,18 @@ impl Memory {
     }
 }
 
-impl Service {
+/// The reconciler's passes, over the service's shared core.
+pub struct Reconcile<'a>(&'a Service);
+
+impl std::ops::Deref for Reconcile<'_> {
+    type Target = Service;
+
+    fn deref(&self) -> &Service {
+        self.0
+    }
+}
+
+impl Reconcile<'_> {
     /// Marks the start of a service whose reconciler has not run yet (`berth serve`).
     pub fn awaiting_first_pass(&self) {
         self.reconciler.first_pass_done.store(false, std::sync::atomic::Ordering::Release);
@@ -162,10 +173,10 @@ impl Expected {
     }
 }
 
-impl Service {
+impl Reconcile<'_> {
     /// One reconciliation pass (see the module notes). `targets` is the target service shared by
     /// the backends granted it, if any.
-    pub async fn reconcile(
+    pub async fn pass(
         &self,
         targets: Option<&dyn TargetService>,
         options: &Options,
@@ -195,7 +206,7 @@ impl Service {
             }
             let now = self.store.read(async |tx| operations::of_volume(tx, &op.volume_id).await).await?;
             let Some(now) = now.filter(|n| n.id == op.id && self.owner.is_orphaned(n)) else { continue };
-            match self.recover(now).await {
+            match self.recovery().recover(now).await {
                 Ok(()) => report.recovered += 1,
                 Err(e) => report.failed.push((op.volume_id.clone(), e.to_string())),
             }
@@ -477,7 +488,7 @@ impl Service {
             "reconcile: revoking an ACL entry that no connected attachment needs"
         );
         let others: Vec<_> = connected.iter().map(|l| l.contract()).collect();
-        self.revoke(volume_id, &connector, &others, holder.map(|l| &l.attachment)).await?;
+        self.legacy().revoke(volume_id, &connector, &others, holder.map(|l| &l.attachment)).await?;
         Ok(true)
     }
 
@@ -558,5 +569,12 @@ impl Service {
             (Some(_), None) => true,
             (Some(t), Some(i)) => t.initiators.iter().any(|x| x == i),
         })
+    }
+}
+
+impl Service {
+    /// Reconcile: the flows of `reconcile.rs`.
+    pub fn reconcile(&self) -> Reconcile<'_> {
+        Reconcile(self)
     }
 }

@@ -31,7 +31,18 @@ use crate::runtime::{Failure, contract};
 use crate::store::attachments as rows;
 use crate::store::volumes;
 
-impl Service {
+/// Crash recovery's flows, over the service's shared core.
+pub struct Recovery<'a>(&'a Service);
+
+impl std::ops::Deref for Recovery<'_> {
+    type Target = Service;
+
+    fn deref(&self) -> &Service {
+        self.0
+    }
+}
+
+impl Recovery<'_> {
     /// Takes over an orphaned operation and drives it to its end (see the module notes).
     pub(crate) async fn recover(&self, record: Operation) -> Result<(), AttachError> {
         tracing::warn!(
@@ -70,7 +81,7 @@ impl Service {
                 if volume.status != VolumeStatus::Creating {
                     return self.end(op).await;
                 }
-                match self.finish_create(op, &volume).await {
+                match self.volumes().finish_create(op, &volume).await {
                     Err(AttachError::Driver(e)) if e.failure() == Failure::Transient => {
                         Err(unavailable(id, &e))
                     }
@@ -83,7 +94,7 @@ impl Service {
                 if volume.status != VolumeStatus::Deleting {
                     return self.end(op).await;
                 }
-                match self.finish_delete(op, &volume).await {
+                match self.volumes().finish_delete(op, &volume).await {
                     Err(AttachError::Driver(e)) if e.failure() == Failure::Transient => {
                         Err(unavailable(id, &e))
                     }
@@ -95,7 +106,7 @@ impl Service {
                 if volume.status != VolumeStatus::Extending {
                     return self.end(op).await;
                 }
-                match self.finish_extend(op, &volume, *new_size_gib).await {
+                match self.volumes().finish_extend(op, &volume, *new_size_gib).await {
                     Err(AttachError::Driver(e)) if e.failure() == Failure::Transient => {
                         Err(unavailable(id, &e))
                     }
@@ -117,6 +128,7 @@ impl Service {
                 let calls = op.calls(&backend.driver);
                 let interrupted = AttachError::Unavailable("the connect was interrupted".into());
                 let _ = self
+                    .attachments()
                     .undo_connect(
                         op,
                         calls,
@@ -145,7 +157,9 @@ impl Service {
                         op.write(async |tx| {
                             match &attachment {
                                 Some(a) => {
-                                    self.apply_after(tx, &volume, a, *then, Some(&fields)).await?;
+                                    self.attachments()
+                                        .apply_after(tx, &volume, a, *then, Some(&fields))
+                                        .await?;
                                 }
                                 None => {
                                     record_fields(tx, &volume, &fields).await?;
@@ -160,7 +174,7 @@ impl Service {
                     }
                     Err(_) => {
                         let ids: Vec<String> = record.attachment_id.iter().cloned().collect();
-                        self.fail_detach(op, &volume, &ids, &calls).await;
+                        self.attachments().fail_detach(op, &volume, &ids, &calls).await;
                         self.ended(op).await
                     }
                 }
@@ -282,4 +296,11 @@ fn unavailable(volume_id: &str, e: &crate::runtime::CallError) -> AttachError {
     AttachError::Unavailable(format!(
         "volume {volume_id} has an interrupted operation that cannot be finished yet ({e}); retry later"
     ))
+}
+
+impl Service {
+    /// Recovery: the flows of `recover.rs`.
+    pub fn recovery(&self) -> Recovery<'_> {
+        Recovery(self)
+    }
 }

@@ -93,10 +93,28 @@ fn shares_targets(info: &crate::runtime::contract::DriverInfo) -> Option<bool> {
     Some(info.protocols.iter().any(|p| matches!(p, Protocol::Iscsi | Protocol::Iser)))
 }
 
+/// The volume flows, over the service's shared core.
+pub struct Volumes<'a>(&'a Service);
+
 impl Service {
+    /// Volumes: the flows of `volumes.rs`.
+    pub fn volumes(&self) -> Volumes<'_> {
+        Volumes(self)
+    }
+}
+
+impl std::ops::Deref for Volumes<'_> {
+    type Target = Service;
+
+    fn deref(&self) -> &Service {
+        self.0
+    }
+}
+
+impl Volumes<'_> {
     /// Creates a volume through its backend's driver. When the driver fails, the volume is kept
     /// in `error` (it can be deleted) and the driver's error is returned.
-    pub(super) async fn create_volume(&self, caller: &Caller, req: NewVolume) -> Result<Volume, AttachError> {
+    pub(super) async fn create(&self, caller: &Caller, req: NewVolume) -> Result<Volume, AttachError> {
         bounds::text("name", req.name.as_deref(), bounds::MAX_NAME)?;
         bounds::text("description", req.description.as_deref(), bounds::MAX_DESCRIPTION)?;
         bounds::items(&req.metadata)?;
@@ -187,12 +205,7 @@ impl Service {
     /// Deletes a volume that has no attachments, through its driver. When the driver fails the
     /// volume is left in `error_deleting`, from which deleting again retries. `force` (an admin's)
     /// also accepts volumes stuck in `creating` or `deleting`.
-    pub(super) async fn delete_volume(
-        &self,
-        caller: &Caller,
-        id: &str,
-        force: bool,
-    ) -> Result<(), AttachError> {
+    pub(super) async fn delete(&self, caller: &Caller, id: &str, force: bool) -> Result<(), AttachError> {
         self.volume(caller, id).await?;
         let _held = self.hold(id).await?;
         let volume = self.volume(caller, id).await?;
@@ -245,7 +258,7 @@ impl Service {
     /// refused). The new size is recorded once the driver has grown it; when the driver fails,
     /// the volume is available again at its old size and the driver's error is returned (the
     /// extend may be tried again).
-    pub(super) async fn extend_volume(
+    pub(super) async fn extend(
         &self,
         caller: &Caller,
         id: &str,
@@ -323,11 +336,7 @@ impl Service {
     }
 
     /// A volume with its live attachments.
-    pub async fn show_volume(
-        &self,
-        caller: &Caller,
-        id: &str,
-    ) -> Result<(Volume, Vec<Attachment>), AttachError> {
+    pub async fn show(&self, caller: &Caller, id: &str) -> Result<(Volume, Vec<Attachment>), AttachError> {
         self.store
             .read(async |tx| {
                 let volume =
@@ -339,7 +348,7 @@ impl Service {
     }
 
     /// Volumes with their live attachments.
-    pub async fn list_volumes(
+    pub async fn list(
         &self,
         scope: Scope<'_>,
         filter: &VolumeFilter,
@@ -441,7 +450,7 @@ impl Service {
         )))
     }
 
-    pub async fn count_volumes(&self, scope: Scope<'_>, filter: &VolumeFilter) -> Result<i64, AttachError> {
+    pub async fn count(&self, scope: Scope<'_>, filter: &VolumeFilter) -> Result<i64, AttachError> {
         Ok(self.store.read(async |tx| volumes::count(tx, scope, filter).await).await?)
     }
 }
