@@ -1,6 +1,13 @@
 //! The HTTP API: Cinder's Block Storage v3 shapes and microversions. One router per resource,
 //! merged in [`router`]; one error type mapped to HTTP in `error.rs`. Handlers only translate
 //! between HTTP and the attach service.
+//!
+//! **Adding a route** (follow `attachments.rs`'s `os-complete`): one row in its resource's
+//! `endpoints()` (method, path, handler, operation id, `since` the lowest microversion, which the
+//! router enforces, body and answer types, which the OpenAPI document shows); a handler that
+//! takes typed path ids (`path.rs`: a malformed id is Cinder's 404), authorizes one policy rule,
+//! calls the service (a change through `service.commands()`, a read through the family's handle),
+//! and answers a view of `views.rs`.
 
 pub mod actions;
 pub mod attachments;

@@ -11,6 +11,14 @@
 //! (`reconcile.rs`) and [`Service::recovery`] (`recover.rs`). A flow is a method of its family;
 //! what more than one family needs is a method of the core.
 //!
+//! **Adding a flow** (follow `volumes.rs`'s `extend` and `finish_extend`): a method of its family
+//! that holds the volume (`hold`), opens its operation (`operation`) and begins it in the same
+//! transaction as the transition table's conditional update; then a `finish_` method, which
+//! recovery calls too, makes the driver call through the operation (`op.calls`) and writes the
+//! outcome's transition with `op.write`; its entry point is one method of
+//! [`commands::Commands`], which runs it as an owned operation, and its recovery after a kill is
+//! one arm of `recover.rs`'s `drive`.
+//!
 //! Every flow that changes a backend is an operation the service owns (`ops.rs`), entered only
 //! through [`commands::Commands`] (the flows are visible to this room alone): it runs as a
 //! task of its own, so a client that goes away changes nothing about how far it goes; its intent
