@@ -309,7 +309,11 @@ async fn listings_while_targets_change_lose_no_change() {
 #[tokio::test]
 async fn kept_accounts_are_bound_again_and_swept_when_unused() {
     let rig = Rig::start();
-    let t = Tgtd::new(TgtdConfig { keep_exports: Duration::from_millis(300), ..rig.config() });
+    let t = Tgtd::new(TgtdConfig {
+        keep_exports: Duration::from_millis(300),
+        keep_accounts: Duration::from_millis(300),
+        ..rig.config()
+    });
     let (target, chap) = export(&rig, &t, "k", ALICE).await;
     let user = chap.user.as_str().to_string();
     t.deny_initiator(&target, &iqn(ALICE)).await.unwrap();
@@ -354,6 +358,32 @@ async fn kept_accounts_are_bound_again_and_swept_when_unused() {
     );
     assert_eq!(t.sweep().await.unwrap(), 1);
     assert!(t.accounts().await.unwrap().is_empty());
+}
+
+/// A driver that gives every export new credentials (the shipped `tgt-iscsi` does, so that a
+/// detached host cannot log in again) never reuses an account: with the default
+/// `keep_accounts`, the next sweep deletes every account its exports left, however many, while the
+/// targets stay kept; tgtd holds no more accounts than exports.
+#[tokio::test]
+async fn accounts_left_by_exports_with_new_credentials_do_not_pile_up_in_tgtd() {
+    let rig = Rig::start();
+    let t = Tgtd::new(TgtdConfig { keep_exports: Duration::from_secs(3600), ..rig.config() });
+    assert!(t.accounts().await.unwrap().is_empty());
+    for round in 0..3 {
+        for name in ["pa", "pb", "pc", "pd", "pe", "pf", "pg", "ph"] {
+            let (target, _) = export(&rig, &t, name, ALICE).await;
+            t.deny_initiator(&target, &iqn(ALICE)).await.unwrap();
+            t.delete_target(&target).await.unwrap();
+        }
+        assert_eq!(t.accounts().await.unwrap().len(), 8, "round {round}: one left by each export");
+        assert_eq!(t.sweep().await.unwrap(), 8, "round {round}: one sweep deletes them all");
+        assert!(t.accounts().await.unwrap().is_empty(), "round {round}");
+        assert_eq!(rig.tgtd.targets().len(), 8, "the targets are kept for reuse");
+    }
+    // A live export's account is never swept.
+    let (live, chap) = export(&rig, &t, "live", ALICE).await;
+    assert_eq!(t.sweep().await.unwrap(), 0);
+    Session::login(&rig.target(&live, &chap), ALICE).expect("its account logs in");
 }
 
 /// An export whose target goes is kept bare for reuse (tgtd deletes targets in quadratic time):
@@ -409,7 +439,8 @@ async fn a_deleted_target_is_kept_bare_and_taken_back() {
     assert!(rig.tgtd.targets().is_empty(), "deleting a kept target deletes it");
     let (c, _) = export(&rig, &t, "kc", BOB).await;
     t.delete_target(&c).await.unwrap();
-    assert_eq!(t.sweep().await.unwrap(), 0);
+    t.sweep().await.unwrap();
+    assert_eq!(rig.tgtd.targets().len(), 1, "the target is not kept long enough yet (its account goes)");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(t.sweep().await.unwrap() >= 1);
     assert!(rig.tgtd.targets().is_empty(), "swept");

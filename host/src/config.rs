@@ -376,11 +376,16 @@ pub struct TgtConfig {
     /// The most LUNs tgtd may hold (all backends of this node together), when lower than the
     /// ceiling the machine allows. Unset: that ceiling.
     pub max_luns: Option<u64>,
-    /// How long a volume's target and CHAP account stay in tgtd, inert (no LUN, no ACL entry, no
-    /// account bound: they expose nothing and admit nobody), after its last attachment goes, so
-    /// that attaching the volume again reuses them: tgtd deletes targets and accounts in time
-    /// quadratic in their number (see `capabilities/iscsi/tgt/service.rs`). 0: deleted at once.
+    /// How long a volume's target stays in tgtd, inert (no LUN, no ACL entry, no account bound: it
+    /// exposes nothing and admits nobody), after its last attachment goes, so that attaching the
+    /// volume again reuses it: tgtd deletes targets in time quadratic in their number (see
+    /// `capabilities/iscsi/tgt/tgtd.rs`). 0: deleted at once.
     pub keep_exports_seconds: u64,
+    /// How long a CHAP account no target uses any more stays in tgtd for reuse before the
+    /// reconciler's sweep deletes it (0: at the next sweep). The shipped driver gives every export
+    /// new credentials and never reuses an account; each account tgtd holds makes creating the
+    /// next one slower.
+    pub keep_accounts_seconds: u64,
     /// Length of generated CHAP user names (8 to 255).
     pub chap_username_length: usize,
     /// Length of generated CHAP secrets (17 to 255; at least 96 bits).
@@ -400,6 +405,7 @@ impl Default for TgtConfig {
             reserve_threads: 4096,
             max_luns: None,
             keep_exports_seconds: 3600,
+            keep_accounts_seconds: 0,
             chap_username_length: 20,
             chap_secret_length: 20,
         }

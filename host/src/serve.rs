@@ -259,6 +259,7 @@ async fn iscsi_service(config: &Config, volumes: &std::path::Path) -> anyhow::Re
         reserve_threads: config.tgt.reserve_threads,
         max_luns: config.tgt.max_luns,
         keep_exports: Duration::from_secs(config.tgt.keep_exports_seconds),
+        keep_accounts: Duration::from_secs(config.tgt.keep_accounts_seconds),
         state_file: Some(config.data_dir().join(format!("tgt-kept-{}.json", config.tgt.control_port))),
     });
     if config.tgt.start {

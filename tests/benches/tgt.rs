@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use berth_tests::bench::{attach_cycle, closed_loop, workers};
 use berth_tests::process::BerthProcess;
 use berth_tests::server::Client;
-use berth_tests::stats::{Summary, human};
+use berth_tests::stats::{CpuMeter, Summary, human};
 use berth_tests::tgt::TgtdProcess;
 use serde_json::json;
 
@@ -65,11 +65,19 @@ async fn run() {
         .unwrap_or_else(|_| vec![1, 4]);
     for clients in counts {
         let base = Client::for_base(&berth.base, "bench").at("3.54");
-        let (mut latencies, elapsed) = closed_loop(workers(&base, clients).await).await;
+        let workers = workers(&base, clients).await;
+        let cpu = CpuMeter::start(&[
+            ("berth", berth.pid().expect("berth serve runs")),
+            ("tgtd", tgtd.pid().expect("tgtd runs")),
+            ("client", std::process::id()),
+        ]);
+        let (mut latencies, elapsed) = closed_loop(workers).await;
+        let cpu = cpu.per(latencies.len());
         let rate = latencies.len() as f64 / elapsed.as_secs_f64();
         let summary = Summary::of(&mut latencies);
         println!(
-            "{clients} client(s), each on its own volume: {rate:>6.1} cycles/s, cycle p50 {} p99 {} (n={})",
+            "{clients} client(s), each on its own volume: {rate:>6.1} cycles/s, cycle p50 {} p99 {} (n={}); \
+             CPU per cycle: {cpu}",
             human(summary.p50),
             human(summary.p99),
             summary.n

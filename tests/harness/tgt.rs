@@ -66,6 +66,17 @@ impl TgtdProcess {
         }
     }
 
+    /// The tgtd process's id (it runs under a shell that stops it with the test).
+    pub fn pid(&self) -> Option<u32> {
+        let wanted = format!("-C\0{}\0", self.control_port);
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            (cmdline.starts_with("/usr/sbin/tgtd\0") && cmdline.contains(&wanted)).then_some(pid)
+        })
+    }
+
     /// Kills tgtd at once: its targets, LUNs, ACLs and accounts are gone, as after a crash.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -23,9 +23,14 @@ pub struct TgtdConfig {
     pub reserve_threads: u64,
     /// The operator's own limit on LUNs, if any.
     pub max_luns: Option<u64>,
-    /// How long a deleted target and its CHAP account stay in tgtd, inert, for reuse (zero: they
-    /// are deleted at once). See the module notes.
+    /// How long a deleted target stays in tgtd, inert, for reuse (zero: deleted at once). See the
+    /// module notes.
     pub keep_exports: Duration,
+    /// How long a CHAP account no target needs stays in tgtd for reuse before the sweep deletes
+    /// it (zero: at the next sweep; with `keep_exports` zero, deleted at once). Kept short: a
+    /// driver that gives each export new credentials (the shipped `tgt-iscsi`) never reuses one,
+    /// and every account tgtd holds makes the next account's creation slower.
+    pub keep_accounts: Duration,
     /// Where the kept targets are listed (none: nowhere; a restart forgets them).
     pub state_file: Option<PathBuf>,
 }
@@ -42,6 +47,7 @@ impl TgtdConfig {
             reserve_threads: 4096,
             max_luns: None,
             keep_exports: Duration::from_secs(3600),
+            keep_accounts: Duration::ZERO,
             state_file: None,
         }
     }

@@ -30,9 +30,12 @@
 //! removes its LUNs, ACL entries and account bindings (each cheap) and *keeps* the bare target:
 //! it exposes nothing and admits nobody, and drivers no longer see it (`show` and `list` leave it
 //! out, as if deleted). `create-target` of its name takes it back; `set-chap` with the volume's
-//! stored credentials binds its kept account again. [`Tgtd::sweep`] (from the reconciler) really
-//! deletes what was kept longer than `keep_exports`, a little at a time, and unbound accounts
-//! this process does not know. The kept targets are listed in `state_file`, so that a restarted
+//! stored credentials binds its kept account again, if it is still there: accounts are kept
+//! only `keep_accounts` (default: until the next sweep), because a driver that gives each export
+//! new credentials never reuses one, and kept accounts would pile up with every detach and make
+//! every later account's creation slower. [`Tgtd::sweep`] (from the reconciler) really deletes
+//! what was kept longer than that, a little at a time, and unbound accounts this process does not
+//! know. The kept targets are listed in `state_file`, so that a restarted
 //! Berth still knows them.
 
 // This room starts tgtd (host/clippy.toml).
@@ -53,6 +56,9 @@ use super::ceiling::Ceiling;
 use super::config::TgtdConfig;
 use super::model::{Daemon, Known, Model, SocketId};
 use super::protocol::{Answer, Control, Failure, Request, parse_accounts, parse_connections, parse_show};
+
+/// The most of tgtd's time one sweep spends deleting accounts (see [`Tgtd::sweep`]).
+pub const SWEEP_BUDGET: Duration = Duration::from_millis(100);
 
 /// tgtd, reached over its control socket.
 pub struct Tgtd {
@@ -533,13 +539,16 @@ impl Tgtd {
         Ok(())
     }
 
-    /// Deletes a target and accounts kept longer than `keep_exports`, and unbound accounts this
-    /// process does not know, a few per call (each deletion costs tgtd O(targets²)). Returns how
-    /// many it deleted.
+    /// Deletes a target kept longer than `keep_exports`, accounts kept longer than
+    /// `keep_accounts`, and unbound accounts this process does not know. Each deletion costs tgtd
+    /// O(targets²), during which it serves nobody: one target per call, and accounts for at most
+    /// [`SWEEP_BUDGET`] of tgtd's time (at least one), so that the sweep keeps up with accounts
+    /// released by every detach on a small tgtd and stays short on a large one. Returns how many
+    /// it deleted.
     pub async fn sweep(&self) -> Result<usize, TargetError> {
-        const AT_MOST: usize = 4;
         self.fresh().await.map_err(|f| f.into_error("sweep accounts"))?;
-        let expired = self.accounts.kept_for(self.cfg.keep_exports);
+        let started = std::time::Instant::now();
+        let expired = self.accounts.kept_for(self.cfg.keep_accounts);
         let bound: BTreeSet<String> =
             guard(&self.model).targets.values().flat_map(|k| k.state.chap_users.clone()).collect();
         let unknown: Vec<String> = self
@@ -565,7 +574,10 @@ impl Tgtd {
             tracing::info!(target_iqn = %iqn, "deleted a target kept unused");
             deleted += 1;
         }
-        for user in expired.into_iter().chain(unknown).take(AT_MOST) {
+        for user in expired.into_iter().chain(unknown) {
+            if deleted > 0 && started.elapsed() >= SWEEP_BUDGET {
+                break;
+            }
             if bound.contains(&user) {
                 self.accounts.unkeep(&user);
                 continue;
