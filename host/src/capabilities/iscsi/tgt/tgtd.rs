@@ -58,7 +58,7 @@ use super::model::{Daemon, Known, Model, SocketId};
 use super::protocol::{Answer, Control, Failure, Request, parse_accounts, parse_connections, parse_show};
 
 /// The most of tgtd's time one sweep spends deleting accounts (see [`Tgtd::sweep`]).
-pub const SWEEP_BUDGET: Duration = Duration::from_millis(100);
+pub(crate) const SWEEP_BUDGET: Duration = Duration::from_millis(100);
 
 /// tgtd, reached over its control socket.
 pub struct Tgtd {
