@@ -5,6 +5,7 @@
 //! - `ceiling.rs`: how many LUNs it may hold on this machine ([`Ceiling`]);
 //! - `model.rs`: what this process knows of its targets;
 //! - `accounts.rs`: the CHAP accounts this process made;
+//! - `kept.rs`: the kept targets, written down for a restarted Berth;
 //! - `tgtd.rs`: [`Tgtd`], the daemon behind its control socket: the model kept fresh, changes
 //!   sent, exports kept for reuse and swept;
 //! - `service.rs`: the iSCSI target service (`TargetService`) on it.
@@ -29,6 +30,7 @@ macro_rules! retrying {
 mod accounts;
 mod ceiling;
 mod config;
+mod kept;
 mod model;
 mod protocol;
 mod service;

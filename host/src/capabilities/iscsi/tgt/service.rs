@@ -72,7 +72,7 @@ impl TargetService for Tgtd {
             if let Some(tid) = kept {
                 let bare = TargetState { iqn: iqn.to_string(), tid, ..Default::default() };
                 guard(&self.model).kept.remove(iqn.as_str());
-                self.save_kept();
+                self.note_kept(iqn.as_str(), None);
                 return self.destroy(&bare, iqn).await;
             }
             let Some(target) = self.known(iqn) else { return Ok(()) };

@@ -35,7 +35,7 @@
 //! new credentials never reuses one, and kept accounts would pile up with every detach and make
 //! every later account's creation slower. [`Tgtd::sweep`] (from the reconciler) really deletes
 //! what was kept longer than that, a little at a time, and unbound accounts this process does not
-//! know. The kept targets are listed in `state_file`, so that a restarted
+//! know. The kept targets are written down in `state_file` (`kept.rs`), so that a restarted
 //! Berth still knows them.
 
 // This room starts tgtd (host/clippy.toml).
@@ -54,6 +54,7 @@ use super::super::{ChapCredentials, Iqn, Portal, TargetError, TargetState};
 use super::accounts::Accounts;
 use super::ceiling::Ceiling;
 use super::config::TgtdConfig;
+use super::kept::KeptJournal;
 use super::model::{Daemon, Known, Model, SocketId};
 use super::protocol::{Answer, Control, Failure, Request, parse_accounts, parse_connections, parse_show};
 
@@ -71,6 +72,8 @@ pub struct Tgtd {
     reloading: AsyncMutex<()>,
     /// One change at a time per target; different targets change in parallel.
     locks: Mutex<HashMap<String, Weak<AsyncMutex<()>>>>,
+    /// The kept targets, written down for a restarted Berth (`state_file`).
+    kept_journal: KeptJournal,
     /// The CHAP accounts this process made.
     pub(super) accounts: Accounts,
     /// Changes sent to tgtd, and listings of all its targets (for tests and benchmarks).
@@ -89,6 +92,7 @@ impl Tgtd {
         let ceiling = Ceiling::of_this_machine(cfg.io_threads, cfg.reserve_threads, cfg.max_luns);
         Tgtd {
             ceiling,
+            kept_journal: KeptJournal::new(cfg.state_file.clone()),
             cfg,
             control,
             model: Mutex::default(),
@@ -250,25 +254,16 @@ impl Tgtd {
 
     /// The kept targets the state file lists: (name, tid).
     pub(super) fn load_kept(&self) -> Vec<(String, u32)> {
-        let Some(path) = &self.cfg.state_file else { return Vec::new() };
-        let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
-        serde_json::from_str::<HashMap<String, u32>>(&text)
-            .map(|m| m.into_iter().collect())
-            .unwrap_or_default()
+        self.kept_journal.load()
     }
 
-    /// Writes the kept targets to the state file (atomically; not synced: a file lost in a power
-    /// failure only leaves bare targets that the drift report names).
-    pub(super) fn save_kept(&self) {
-        let Some(path) = &self.cfg.state_file else { return };
-        let kept: HashMap<String, u32> =
-            guard(&self.model).kept.iter().map(|(iqn, (tid, _))| (iqn.clone(), *tid)).collect();
-        let tmp = path.with_extension("tmp");
-        let written = std::fs::write(&tmp, serde_json::to_vec(&kept).expect("a map serialises"))
-            .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = written {
-            tracing::warn!("cannot write {}: {e}", path.display());
-        }
+    /// Writes down that `iqn` is kept now (`Some(tid)`) or no longer (`None`), in the state file
+    /// (`kept.rs`). Called without the model's lock held.
+    pub(super) fn note_kept(&self, iqn: &str, tid: Option<u32>) {
+        let count = guard(&self.model).kept.len();
+        self.kept_journal.note(iqn, tid, count, || {
+            guard(&self.model).kept.iter().map(|(iqn, (tid, _))| (iqn.clone(), *tid)).collect()
+        });
     }
 
     /// Sends a change to the daemon the model describes. A restarted daemon gets nothing: the
@@ -370,7 +365,7 @@ impl Tgtd {
             model.targets.insert(iqn.to_string(), Known { state: state.clone(), changed });
             state
         };
-        self.save_kept();
+        self.note_kept(iqn.as_str(), None);
         Some(state)
     }
 
@@ -489,7 +484,7 @@ impl Tgtd {
             model.gone.insert(name.to_string(), epoch);
             model.kept.insert(name.to_string(), (tid, std::time::Instant::now()));
         }
-        self.save_kept();
+        self.note_kept(name, Some(tid));
         Ok(())
     }
 
@@ -570,7 +565,7 @@ impl Tgtd {
                 Err(f) => return Err(f.into_error("delete a kept target")),
             }
             guard(&self.model).kept.remove(&iqn);
-            self.save_kept();
+            self.note_kept(&iqn, None);
             tracing::info!(target_iqn = %iqn, "deleted a target kept unused");
             deleted += 1;
         }
