@@ -173,6 +173,20 @@ pub async fn list(
     marker: Option<&AttachEvent>,
     limit: i64,
 ) -> Result<Vec<AttachEvent>, StoreError> {
+    let (sql, params) = list_query(scope, filter, marker, limit);
+    events(tx.query(&sql, &params).await?)
+}
+
+/// [`list`]'s statement. A volume's events are found through the chain's index, an attachment's
+/// through its volume's (every event of an attachment is in its volume's chain), and a project's
+/// or everyone's through the indexes in time order; nothing else is indexed, so that each event
+/// written costs as few index pages as the lists allow.
+pub(super) fn list_query(
+    scope: Scope<'_>,
+    filter: &EventFilter,
+    marker: Option<&AttachEvent>,
+    limit: i64,
+) -> (String, Vec<Param>) {
     let mut clauses: Vec<String> = Vec::new();
     let mut params: Vec<Param> = Vec::new();
     let mut add = |clause: &str, values: Vec<Param>| {
@@ -183,20 +197,22 @@ pub async fn list(
         }
         clauses.push(text);
     };
+    // With a volume or an attachment named, the chain's index answers (a volume's few rows,
+    // sorted); the project's or the time index, which are in order, would walk every event of the
+    // project or of all: the expressions keep either planner off them.
+    let narrow = filter.volume_id.is_some() || filter.attachment_id.is_some();
     if let Scope::Project(p) = scope {
-        // With a volume or an attachment named, their index answers (few rows, in order); the
-        // project's, which is also in order, would walk every event of the project: the
-        // expression keeps either planner off it.
-        let narrow = filter.volume_id.is_some() || filter.attachment_id.is_some();
         add(if narrow { "project_id || '' = ?" } else { "project_id = ?" }, vec![p.into()]);
     }
     let text = |v: &Option<String>| v.clone().map(Param::from);
-    for (column, value) in [
-        ("volume_id", &filter.volume_id),
-        ("attachment_id", &filter.attachment_id),
-        ("instance_uuid", &filter.instance_uuid),
-        ("outcome", &filter.outcome),
-    ] {
+    if let Some(v) = text(&filter.volume_id) {
+        add("volume_id = ?", vec![v]);
+    }
+    if let Some(a) = text(&filter.attachment_id) {
+        add("volume_id IN (SELECT volume_id FROM volume_attachment WHERE id = ?)", vec![a.clone()]);
+        add("attachment_id = ?", vec![a]);
+    }
+    for (column, value) in [("instance_uuid", &filter.instance_uuid), ("outcome", &filter.outcome)] {
         if let Some(v) = text(value) {
             add(&format!("{column} = ?"), vec![v]);
         }
@@ -207,21 +223,27 @@ pub async fn list(
     if let Some(a) = filter.access {
         add("access = ?", vec![a.as_str().into()]);
     }
+    let at = if narrow { "at + 0" } else { "at" };
     if let Some(t) = filter.since {
-        add("at >= ?", vec![t.into()]);
+        add(&format!("{at} >= ?"), vec![t.into()]);
     }
     if let Some(t) = filter.until {
-        add("at <= ?", vec![t.into()]);
+        add(&format!("{at} <= ?"), vec![t.into()]);
     }
     if let Some(m) = marker {
-        add("(at > ? OR (at = ? AND id > ?))", vec![m.fields.at.into(), m.fields.at.into(), (&m.id).into()]);
+        add(
+            &format!("({at} > ? OR ({at} = ? AND id > ?))"),
+            vec![m.fields.at.into(), m.fields.at.into(), (&m.id).into()],
+        );
     }
     let condition =
         if clauses.is_empty() { String::new() } else { format!("WHERE {}", clauses.join(" AND ")) };
     params.push(limit.into());
-    let q =
-        format!("SELECT {COLUMNS} FROM attach_events {condition} ORDER BY at, id LIMIT ${}", params.len());
-    events(tx.query(&q, &params).await?)
+    let order = if narrow { "at + 0, id || ''" } else { "at, id" };
+    (
+        format!("SELECT {COLUMNS} FROM attach_events {condition} ORDER BY {order} LIMIT ${}", params.len()),
+        params,
+    )
 }
 
 /// One event, when `scope` may see it.

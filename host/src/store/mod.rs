@@ -495,6 +495,43 @@ mod tests {
             crate::params!["a", "b"].to_vec(),
             "volume_attachment_by_volume",
         ));
+        {
+            use crate::domain::history::EventFilter;
+            let volume = EventFilter { volume_id: Some("v".into()), ..Default::default() };
+            let attachment = EventFilter { attachment_id: Some("a".into()), ..Default::default() };
+            let since = EventFilter { since: Some(1), ..volume.clone() };
+            for (what, scope, filter, index) in [
+                ("a volume's events", project, &volume, "attach_events_chain"),
+                ("a volume's events, every project", all, &volume, "attach_events_chain"),
+                ("a volume's events since a time", project, &since, "attach_events_chain"),
+                ("an attachment's events", project, &attachment, "attach_events_chain"),
+                ("a project's events", project, &EventFilter::default(), "attach_events_by_project"),
+                ("every project's events", all, &EventFilter::default(), "attach_events_by_time"),
+            ] {
+                let (sql, params) = events::list_query(scope, filter, None, 100);
+                // A volume's few events are sorted; the lists of many are read in order.
+                let sorted_ok = filter.volume_id.is_some() || filter.attachment_id.is_some();
+                let plan: Vec<String> = store
+                    .read(async |tx| {
+                        let rows = tx.query(&format!("EXPLAIN QUERY PLAN {sql}"), &params).await?;
+                        rows.iter().map(|r| r.text(3)).collect::<Result<Vec<_>, StoreError>>()
+                    })
+                    .await
+                    .unwrap();
+                for step in &plan {
+                    let full_scan = step.starts_with("SCAN ") && !step.contains("USING");
+                    assert!(!full_scan, "{what}: a full scan: {plan:?}\n{sql}");
+                    assert!(
+                        sorted_ok || !step.contains("TEMP B-TREE FOR ORDER BY"),
+                        "{what}: sorts every row: {plan:?}\n{sql}"
+                    );
+                }
+                assert!(
+                    plan.iter().any(|s| s.contains(index)),
+                    "{what}: does not use {index}: {plan:?}\n{sql}"
+                );
+            }
+        }
         for (what, sql, params, index) in queries {
             let plan: Vec<String> = store
                 .read(async |tx| {
