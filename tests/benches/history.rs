@@ -44,6 +44,13 @@ fn event(volume: &str, at: i64, k: usize) -> NewEvent {
     }
 }
 
+/// An event id as the service makes it: a UUIDv7 of the event's millisecond.
+fn event_id(at: i64) -> String {
+    let at = at as u64;
+    let ts = uuid::Timestamp::from_unix(uuid::NoContext, at / 1_000_000, (at % 1_000_000) as u32 * 1000);
+    uuid::Uuid::new_v7(ts).to_string()
+}
+
 /// Inserts `PER_VOLUME` chained events on each of `n / PER_VOLUME` volumes.
 async fn fill(s: &TestServer, n: usize) -> Vec<String> {
     let volumes: Vec<String> = (0..n / PER_VOLUME).map(|_| uuid::Uuid::new_v4().to_string()).collect();
@@ -58,7 +65,7 @@ async fn fill(s: &TestServer, n: usize) -> Vec<String> {
                     let mut prev = GENESIS.to_string();
                     for k in 0..PER_VOLUME {
                         let at = t0 + (((c * 100 + i) * PER_VOLUME + k) as i64) * 7;
-                        let e = AttachEvent::link(uuid::Uuid::new_v4().to_string(), k as i64 + 1, prev, event(v, at, k));
+                        let e = AttachEvent::link(event_id(at), k as i64 + 1, prev, event(v, at, k));
                         prev = e.hash.clone();
                         let f = &e.fields;
                         let values: Vec<Param> = vec![
@@ -93,7 +100,12 @@ async fn fill(s: &TestServer, n: usize) -> Vec<String> {
                         params.extend(values);
                     }
                     let base = head_params.len();
-                    heads.push(format!("(${}, {PER_VOLUME}, ${}, 1, '{GENESIS}')", base + 1, base + 2));
+                    heads.push(format!(
+                        "(${}, 'bench', 'bench', 1, 'default', 'fake', 0, 'available', 'detached', '{{}}', \
+                         '{{}}', 0, 0, {PER_VOLUME}, ${})",
+                        base + 1,
+                        base + 2
+                    ));
                     head_params.extend([Param::from(v.as_str()), Param::from(prev)]);
                 }
                 tx.execute(
@@ -108,7 +120,9 @@ async fn fill(s: &TestServer, n: usize) -> Vec<String> {
                 .await?;
                 tx.execute(
                     &format!(
-                        "INSERT INTO attach_event_heads (volume_id, seq, hash, first_seq, first_prev) VALUES {}",
+                        "INSERT INTO volumes (id, project_id, user_id, size_gib, volume_type, backend, \
+                         multiattach, status, attach_status, driver_data, metadata, created_at, updated_at, \
+                         history_seq, history_hash) VALUES {}",
                         heads.join(", ")
                     ),
                     &head_params,
@@ -157,6 +171,13 @@ async fn run() {
             assert_eq!(r.body["attachment_events"].as_array().unwrap().len(), 1000);
         })
         .await;
+        let first = c.get("/os-attachment-events?limit=100").await.expect(200);
+        let marker = first.body["attachment_events"][99]["id"].as_str().unwrap().to_string();
+        let next = timed(20, async |_| {
+            let r = c.get(&format!("/os-attachment-events?limit=100&marker={marker}")).await.expect(200);
+            assert_eq!(r.body["attachment_events"].as_array().unwrap().len(), 100);
+        })
+        .await;
         let t = Instant::now();
         let verified = berth::attach::history::verify(s.service.store()).await.unwrap();
         let verify = t.elapsed();
@@ -174,6 +195,7 @@ async fn run() {
             human(window.p99)
         );
         println!("  the first page of 1,000: p50 {} p99 {}", human(page.p50), human(page.p99));
+        println!("  the next page of 100 after a marker: p50 {} p99 {}", human(next.p50), human(next.p99));
         println!("  verify every chain: {:.1} s ({} chains)", verify.as_secs_f64(), verified.chains);
         drop(s);
     }

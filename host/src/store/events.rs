@@ -1,6 +1,8 @@
-//! The `attach_events` and `attach_event_heads` tables: the attach history, one hash chain per
-//! volume (`domain/history.rs`). Appended in the transaction of the change it records, which
-//! holds the volume's row: a volume's events are written one at a time, on any node.
+//! The `attach_events` table: the attach history, one hash chain per volume
+//! (`domain/history.rs`), each chain's head on its volume's row and, once retention pruned its
+//! oldest events, its start in `attach_event_starts`. Appended in the transaction of the change
+//! it records, which holds the volume's row: a volume's events are written one at a time, on any
+//! node.
 
 use super::StoreError;
 use super::sql::{Param, Row, Tx};
@@ -73,14 +75,16 @@ fn guess_head(volume_id: &str, seq: i64, hash: &str) {
     heads.insert(volume_id.to_string(), (seq, hash.to_string()));
 }
 
-/// Appends an event to its volume's chain. The caller's transaction holds the volume's row.
+/// Appends an event to its volume's chain. The caller's transaction holds the volume's row,
+/// which holds the chain's head (`history_seq`, `history_hash`).
 pub async fn append(tx: &mut Tx, fields: NewEvent) -> Result<AttachEvent, StoreError> {
     // The head as this process left it, if it still is: moved on in one statement.
     if let Some((seq, prev)) = guessed_head(&fields.volume_id) {
-        let event = AttachEvent::link(uuid::Uuid::new_v4().to_string(), seq + 1, prev.clone(), fields);
+        let event = AttachEvent::link(event_id(fields.at), seq + 1, prev.clone(), fields);
         let moved = tx
             .execute(
-                "UPDATE attach_event_heads SET seq = $2, hash = $3 WHERE volume_id = $1 AND seq = $4 AND hash = $5",
+                "UPDATE volumes SET history_seq = $2, history_hash = $3 \
+                 WHERE id = $1 AND history_seq = $4 AND history_hash = $5",
                 &params![&event.fields.volume_id, event.seq, &event.hash, seq, &prev],
             )
             .await?;
@@ -96,35 +100,45 @@ pub async fn append(tx: &mut Tx, fields: NewEvent) -> Result<AttachEvent, StoreE
 
 /// [`append`], reading the chain's head first.
 async fn append_after_reading(tx: &mut Tx, fields: NewEvent) -> Result<AttachEvent, StoreError> {
-    let head = tx
-        .query("SELECT seq, hash FROM attach_event_heads WHERE volume_id = $1", &params![&fields.volume_id])
-        .await?
-        .first()
-        .map(|r| Ok::<_, StoreError>((r.int(0)?, r.text(1)?)))
-        .transpose()?;
-    let (seq, prev) = match &head {
-        Some((seq, hash)) => (seq + 1, hash.clone()),
-        None => (1, GENESIS.to_string()),
+    let rows = tx
+        .query("SELECT history_seq, history_hash FROM volumes WHERE id = $1", &params![&fields.volume_id])
+        .await?;
+    let row = rows.first().ok_or_else(|| {
+        StoreError::Corrupt(format!("an event of volume {}, which has no row", fields.volume_id))
+    })?;
+    let (seq, prev) = match row.int(0)? {
+        0 => (1, GENESIS.to_string()),
+        last => (last + 1, row.text(1)?),
     };
-    let event = AttachEvent::link(uuid::Uuid::new_v4().to_string(), seq, prev, fields);
+    let event = AttachEvent::link(event_id(fields.at), seq, prev, fields);
     insert(tx, &event).await?;
     let f = &event.fields;
-    if head.is_some() {
-        tx.execute(
-            "UPDATE attach_event_heads SET seq = $2, hash = $3 WHERE volume_id = $1",
-            &params![&f.volume_id, event.seq, &event.hash],
-        )
-        .await?;
-    } else {
-        tx.execute(
-            "INSERT INTO attach_event_heads (volume_id, seq, hash, first_seq, first_prev) \
-             VALUES ($1, $2, $3, 1, $4)",
-            &params![&f.volume_id, event.seq, &event.hash, GENESIS],
-        )
-        .await?;
-    }
+    tx.execute(
+        "UPDATE volumes SET history_seq = $2, history_hash = $3 WHERE id = $1",
+        &params![&f.volume_id, event.seq, &event.hash],
+    )
+    .await?;
     guess_head(&f.volume_id, event.seq, &event.hash);
     Ok(event)
+}
+
+/// A new event's id: a UUIDv7 whose time is the event's millisecond, so that [`get`] finds it
+/// through the time index (events have no index on their id: one page fewer for each written).
+fn event_id(at: i64) -> String {
+    let at = u64::try_from(at).unwrap_or(0);
+    let (secs, nanos) = (at / 1_000_000, (at % 1_000_000) as u32 * 1000);
+    uuid::Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, secs, nanos)).to_string()
+}
+
+/// The millisecond a UUIDv7 event id carries (`None`: not such an id, an event recorded before
+/// migration 0010).
+fn id_millis(id: &str) -> Option<i64> {
+    let id = uuid::Uuid::parse_str(id).ok()?;
+    if id.get_version_num() != 7 {
+        return None;
+    }
+    let b = id.as_bytes();
+    Some(b[..6].iter().fold(0i64, |ms, byte| (ms << 8) | i64::from(*byte)))
 }
 
 async fn insert(tx: &mut Tx, event: &AttachEvent) -> Result<(), StoreError> {
@@ -246,21 +260,20 @@ pub(super) fn list_query(
     )
 }
 
-/// One event, when `scope` may see it.
+/// One event, when `scope` may see it. An id made by [`event_id`] is looked up within its
+/// millisecond through the time index; an earlier event's id by a scan.
 pub async fn get(tx: &mut Tx, id: &str, scope: Scope<'_>) -> Result<Option<AttachEvent>, StoreError> {
-    let found = match scope {
-        Scope::All => {
-            tx.query(&format!("SELECT {COLUMNS} FROM attach_events WHERE id = $1"), &params![id]).await?
-        }
-        Scope::Project(p) => {
-            tx.query(
-                &format!("SELECT {COLUMNS} FROM attach_events WHERE id = $1 AND project_id = $2"),
-                &params![id, p],
-            )
-            .await?
-        }
-    };
-    Ok(events(found)?.pop())
+    let mut sql = format!("SELECT {COLUMNS} FROM attach_events WHERE id = $1");
+    let mut params = Vec::from(params![id]);
+    if let Some(ms) = id_millis(id) {
+        sql.push_str(" AND at >= $2 AND at < $3");
+        params.extend(params![ms.saturating_mul(1000), ms.saturating_add(1).saturating_mul(1000)]);
+    }
+    if let Scope::Project(p) = scope {
+        params.push(p.into());
+        sql.push_str(&format!(" AND project_id = ${}", params.len()));
+    }
+    Ok(events(tx.query(&sql, &params).await?)?.pop())
 }
 
 /// One volume's chain, in order, from `from_seq` on, at most `limit` events.
@@ -282,12 +295,14 @@ pub async fn chain(
 }
 
 /// Every chain's recorded head, and a made-up one (seq 0) for volumes whose events have no
-/// head row (a head deleted by hand): verifying those reports the events as unexpected.
+/// head (a head reset by hand): verifying those reports the events as unexpected.
 pub async fn heads(tx: &mut Tx) -> Result<Vec<Head>, StoreError> {
     let mut out = Vec::new();
     for r in tx
         .query(
-            "SELECT volume_id, seq, hash, first_seq, first_prev FROM attach_event_heads ORDER BY volume_id",
+            "SELECT v.id, v.history_seq, v.history_hash, s.first_seq, s.first_prev \
+             FROM volumes v LEFT JOIN attach_event_starts s ON s.volume_id = v.id \
+             WHERE v.history_seq > 0 ORDER BY v.id",
             &[],
         )
         .await?
@@ -296,14 +311,14 @@ pub async fn heads(tx: &mut Tx) -> Result<Vec<Head>, StoreError> {
             volume_id: r.text(0)?,
             seq: r.int(1)?,
             hash: r.text(2)?,
-            first_seq: r.int(3)?,
-            first_prev: r.text(4)?,
+            first_seq: r.opt_int(3)?.unwrap_or(1),
+            first_prev: r.opt_text(4)?.unwrap_or_else(|| GENESIS.into()),
         });
     }
     for r in tx
         .query(
             "SELECT DISTINCT volume_id FROM attach_events e WHERE NOT EXISTS \
-             (SELECT 1 FROM attach_event_heads h WHERE h.volume_id = e.volume_id)",
+             (SELECT 1 FROM volumes v WHERE v.id = e.volume_id AND v.history_seq > 0)",
             &[],
         )
         .await?
@@ -324,15 +339,19 @@ pub async fn heads(tx: &mut Tx) -> Result<Vec<Head>, StoreError> {
 pub async fn prune(tx: &mut Tx, before: i64) -> Result<u64, StoreError> {
     let deleted = tx.execute("DELETE FROM attach_events WHERE at < $1", &params![before]).await?;
     if deleted > 0 {
+        tx.execute("DELETE FROM attach_event_starts", &[]).await?;
         tx.execute(
-            "UPDATE attach_event_heads SET \
-             first_prev = COALESCE((SELECT e.prev_hash FROM attach_events e \
-                 WHERE e.volume_id = attach_event_heads.volume_id ORDER BY e.seq LIMIT 1), hash), \
-             first_seq = COALESCE((SELECT MIN(e.seq) FROM attach_events e \
-                 WHERE e.volume_id = attach_event_heads.volume_id), seq + 1)",
+            "INSERT INTO attach_event_starts (volume_id, first_seq, first_prev) \
+             SELECT v.id, \
+                 COALESCE((SELECT MIN(e.seq) FROM attach_events e WHERE e.volume_id = v.id), \
+                     v.history_seq + 1), \
+                 COALESCE((SELECT e.prev_hash FROM attach_events e WHERE e.volume_id = v.id \
+                     ORDER BY e.seq LIMIT 1), v.history_hash) \
+             FROM volumes v WHERE v.history_seq > 0",
             &[],
         )
         .await?;
+        tx.execute("DELETE FROM attach_event_starts WHERE first_seq = 1", &[]).await?;
     }
     Ok(deleted)
 }
@@ -355,6 +374,7 @@ mod tests {
     use super::*;
     use crate::domain::history::verify_chain;
     use crate::store::{Store, StoreOptions};
+    use std::str::FromStr;
 
     fn event(volume_id: &str, n: i64) -> NewEvent {
         NewEvent {
@@ -379,12 +399,175 @@ mod tests {
         }
     }
 
+    async fn volume_row(tx: &mut Tx, id: &str) -> Result<u64, StoreError> {
+        tx.execute(
+            "INSERT INTO volumes (id, project_id, user_id, size_gib, volume_type, backend, multiattach, \
+             status, attach_status, driver_data, metadata, created_at, updated_at) \
+             VALUES ($1, 'p', 'u', 1, 'default', 'fake', 0, 'available', 'detached', '{}', '{}', 0, 0)",
+            &params![id],
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn an_event_is_found_by_its_id_within_its_millisecond_and_an_earlier_id_by_a_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        let v = uuid::Uuid::new_v4().to_string();
+        let at = 1_764_000_000_123_456;
+        let event = store
+            .write(async |tx| {
+                volume_row(tx, &v).await?;
+                append(tx, event(&v, at)).await
+            })
+            .await
+            .unwrap();
+        assert_eq!(id_millis(&event.id), Some(at / 1000));
+        let (plan, found, other_project) = store
+            .read(async |tx| {
+                let plan = tx
+                    .query(
+                        "EXPLAIN QUERY PLAN SELECT id FROM attach_events WHERE id = $1 AND at >= $2 AND at < $3",
+                        &params![&event.id, 0, 1],
+                    )
+                    .await?;
+                let plan: Vec<String> = plan.iter().map(|r| r.text(3)).collect::<Result<_, _>>()?;
+                Ok::<_, StoreError>((
+                    plan.join("; "),
+                    get(tx, &event.id, Scope::All).await?,
+                    get(tx, &event.id, Scope::Project("q")).await?,
+                ))
+            })
+            .await
+            .unwrap();
+        assert!(plan.contains("attach_events_by_time"), "{plan}");
+        assert_eq!(found.as_ref(), Some(&event));
+        assert_eq!(other_project, None);
+
+        // An event recorded before ids carried their time (migration 0010): found by its id alone.
+        let earlier = uuid::Uuid::new_v4().to_string();
+        let found = store
+            .write(async |tx| {
+                tx.execute("UPDATE attach_events SET id = $1 WHERE volume_id = $2", &params![&earlier, &v])
+                    .await?;
+                get(tx, &earlier, Scope::Project("p")).await
+            })
+            .await
+            .unwrap();
+        assert_eq!(found.map(|e| e.seq), Some(1));
+        // And an id that names a millisecond its event is not in is not found.
+        let elsewhere = event_id(at + 5_000);
+        assert_eq!(store.read(async |tx| get(tx, &elsewhere, Scope::All).await).await.unwrap(), None);
+    }
+
+    /// Verifies every chain: how many chains and events.
+    async fn verify(store: &Store) -> (usize, usize) {
+        let heads = store.read(async |tx| heads(tx).await).await.unwrap();
+        let mut events = 0;
+        for head in &heads {
+            let chain = store.read(async |tx| chain(tx, &head.volume_id, 0, i64::MAX).await).await.unwrap();
+            verify_chain(head, &chain).expect("the chain holds");
+            events += chain.len();
+        }
+        (heads.len(), events)
+    }
+
+    #[tokio::test]
+    async fn chains_recorded_before_migration_0010_still_verify_are_found_and_go_on() {
+        use sqlx::migrate::Migrator;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        // The database as migrations 1 to 9 left it.
+        let before = dir.path().join("migrations");
+        std::fs::create_dir(&before).unwrap();
+        for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../migrations")).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_string();
+            if name.as_str() < "0010" {
+                std::fs::copy(&path, before.join(name)).unwrap();
+            }
+        }
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(&url).unwrap().create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        Migrator::new(before.as_path()).await.unwrap().run(&pool).await.unwrap();
+        // Two chains of three events with random (v4) ids; the second's first event pruned.
+        let (whole, pruned) = (uuid::Uuid::new_v4().to_string(), uuid::Uuid::new_v4().to_string());
+        let mut chains = Vec::new();
+        for v in [&whole, &pruned] {
+            let mut prev = GENESIS.to_string();
+            let mut chain = Vec::new();
+            for seq in 1..=3 {
+                let e = AttachEvent::link(uuid::Uuid::new_v4().to_string(), seq, prev, event(v, seq * 1000));
+                prev = e.hash.clone();
+                chain.push(e);
+            }
+            chains.push(chain);
+        }
+        chains[1].remove(0);
+        for (v, chain) in [&whole, &pruned].into_iter().zip(&chains) {
+            sqlx::query(
+                "INSERT INTO volumes (id, project_id, user_id, size_gib, volume_type, backend, multiattach, \
+                 status, attach_status, driver_data, metadata, created_at, updated_at) \
+                 VALUES (?, 'p', 'u', 1, 'default', 'fake', 0, 'available', 'detached', '{}', '{}', 0, 0)",
+            )
+            .bind(v)
+            .execute(&pool)
+            .await
+            .unwrap();
+            for e in chain {
+                sqlx::query(
+                    "INSERT INTO attach_events (id, seq, volume_id, at, event, access, outcome, project_id, \
+                     user_id, caller_project_id, roles, service_token, node, prev_hash, hash) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '[]', 0, ?, ?, ?)",
+                )
+                .bind(&e.id)
+                .bind(e.seq)
+                .bind(v)
+                .bind(e.fields.at)
+                .bind(&e.fields.event)
+                .bind(e.fields.access.as_str())
+                .bind(&e.fields.outcome)
+                .bind(&e.fields.project_id)
+                .bind(&e.fields.user_id)
+                .bind(&e.fields.caller_project_id)
+                .bind(&e.fields.node)
+                .bind(&e.prev_hash)
+                .bind(&e.hash)
+                .execute(&pool)
+                .await
+                .unwrap();
+            }
+            let (first, last) = (&chain[0], &chain[chain.len() - 1]);
+            sqlx::query("INSERT INTO attach_event_heads (volume_id, seq, hash, first_seq, first_prev) VALUES (?, ?, ?, ?, ?)")
+                .bind(v).bind(last.seq).bind(&last.hash).bind(first.seq).bind(&first.prev_hash)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        pool.close().await;
+
+        // Opened by this version: migration 0010 runs.
+        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        assert_eq!(verify(&store).await, (2, 5));
+        let old = &chains[1][1];
+        let found = store.read(async |tx| get(tx, &old.id, Scope::Project("p")).await).await.unwrap();
+        assert_eq!(found.as_ref(), Some(old));
+        // Each chain goes on from its head.
+        for (v, chain) in [&whole, &pruned].into_iter().zip(&chains) {
+            let next = store.write(async |tx| append(tx, event(v, 9000)).await).await.unwrap();
+            assert_eq!((next.seq, &next.prev_hash), (4, &chain[chain.len() - 1].hash));
+        }
+        assert_eq!(verify(&store).await, (2, 7));
+    }
+
     #[tokio::test]
     async fn a_guessed_head_made_stale_by_a_rollback_or_another_writer_is_read_again() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("t.db").display());
         let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
         let v = uuid::Uuid::new_v4().to_string();
+        store.write(async |tx| volume_row(tx, &v).await).await.unwrap();
         let first = store.write(async |tx| append(tx, event(&v, 1)).await).await.unwrap();
         // Appended in a transaction that rolls back: the guess names an event that is not there.
         let rolled_back: Result<(), StoreError> = store
