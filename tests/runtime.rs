@@ -124,7 +124,7 @@ async fn a_trap_gives_a_typed_error_naming_the_driver_and_the_next_call_works() 
     }
     assert_eq!(error.driver, "misbehaving");
     assert_eq!(error.version, "0.1.0");
-    assert!(error.is_uncertain());
+    assert_eq!(error.failure(), berth::runtime::Failure::Final);
     assert_eq!(location(create(&driver, "ok").await), "ok");
 }
 

@@ -130,12 +130,6 @@ impl CallError {
         }
     }
 
-    /// Whether the call may have partly happened: anything but a refusal or a call that was not
-    /// made. The host never records an uncertain detach as done.
-    pub fn is_uncertain(&self) -> bool {
-        !matches!(self.failure(), Failure::Refused) && !matches!(self.kind, CallErrorKind::NotMade(_))
-    }
-
     pub fn is_unsupported(&self) -> bool {
         matches!(&self.kind, CallErrorKind::Driver(DriverError::Unsupported(_)))
     }
@@ -173,35 +167,26 @@ pub enum LoadError {
 mod tests {
     use super::*;
 
-    fn failure(kind: CallErrorKind) -> (Failure, bool) {
+    fn failure(kind: CallErrorKind) -> Failure {
         let e = CallError {
             driver: "d".into(),
             version: "1".into(),
             call: super::super::Call::CreateExport,
             kind,
         };
-        (e.failure(), e.is_uncertain())
+        e.failure()
     }
 
     #[test]
-    fn every_failure_is_refused_transient_or_final_and_only_a_refusal_or_a_call_not_made_is_certain() {
+    fn every_failure_is_refused_transient_or_final() {
         let t = Duration::from_secs(1);
-        assert_eq!(
-            failure(CallErrorKind::Driver(DriverError::NotFound("x".into()))),
-            (Failure::Refused, false)
-        );
-        assert_eq!(
-            failure(CallErrorKind::Driver(DriverError::Unsupported("x".into()))),
-            (Failure::Refused, false)
-        );
-        assert_eq!(
-            failure(CallErrorKind::Driver(DriverError::Retryable("x".into()))),
-            (Failure::Transient, true)
-        );
-        assert_eq!(failure(CallErrorKind::Timeout(t)), (Failure::Transient, true));
-        assert_eq!(failure(CallErrorKind::NotMade("lease".into())), (Failure::Transient, false));
-        assert_eq!(failure(CallErrorKind::Driver(DriverError::Backend("x".into()))), (Failure::Final, true));
-        assert_eq!(failure(CallErrorKind::Trap("x".into())), (Failure::Final, true));
-        assert_eq!(failure(CallErrorKind::CpuTime(t)), (Failure::Final, true));
+        assert_eq!(failure(CallErrorKind::Driver(DriverError::NotFound("x".into()))), Failure::Refused);
+        assert_eq!(failure(CallErrorKind::Driver(DriverError::Unsupported("x".into()))), Failure::Refused);
+        assert_eq!(failure(CallErrorKind::Driver(DriverError::Retryable("x".into()))), Failure::Transient);
+        assert_eq!(failure(CallErrorKind::Timeout(t)), Failure::Transient);
+        assert_eq!(failure(CallErrorKind::NotMade("lease".into())), Failure::Transient);
+        assert_eq!(failure(CallErrorKind::Driver(DriverError::Backend("x".into()))), Failure::Final);
+        assert_eq!(failure(CallErrorKind::Trap("x".into())), Failure::Final);
+        assert_eq!(failure(CallErrorKind::CpuTime(t)), Failure::Final);
     }
 }
