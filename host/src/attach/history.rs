@@ -13,7 +13,9 @@ use super::list::Scope;
 use super::model::{Attachment, Connector, Volume};
 use super::state::Event;
 use super::{AttachError, Caller, Service};
-use crate::domain::history::{Access, AttachEvent, Break, EventFilter, NewEvent, verify_chain};
+use std::collections::{HashMap, HashSet};
+
+use crate::domain::history::{Access, AttachEvent, Break, ChainCheck, EventFilter, Head, NewEvent};
 use crate::store::sql::Tx;
 use crate::store::{Store, events, now_micros};
 
@@ -157,18 +159,75 @@ pub struct Verified {
     pub breaks: Vec<Break>,
 }
 
-/// Checks every volume's chain against its recorded head (`domain::history::verify_chain`).
+/// Checks every volume's chain against its recorded head (`domain::history::ChainCheck`), in
+/// one snapshot of the database (events recorded meanwhile are not half-seen), reading the
+/// events in pages of [`VERIFY_PAGE`] in chain order: one query per page, not per volume, and
+/// never more than a page in memory.
 pub async fn verify(store: &Store) -> Result<Verified, AttachError> {
-    let heads = store.read(async |tx| events::heads(tx).await).await?;
-    let mut out = Verified { chains: heads.len(), ..Verified::default() };
-    for head in heads {
-        let chain = store.read(async |tx| events::chain(tx, &head.volume_id, 0, i64::MAX).await).await?;
-        out.events += chain.len();
-        if let Err(b) = verify_chain(&head, &chain) {
-            out.breaks.push(b);
-        }
-    }
-    Ok(out)
+    verify_in_pages(store, VERIFY_PAGE).await
+}
+
+/// Events read per query by [`verify`].
+const VERIFY_PAGE: i64 = 5000;
+
+async fn verify_in_pages(store: &Store, page: i64) -> Result<Verified, AttachError> {
+    store
+        .read(async |tx| {
+            let heads = events::heads(tx).await?;
+            let by_volume: HashMap<&str, &Head> = heads.iter().map(|h| (h.volume_id.as_str(), h)).collect();
+            let mut out = Verified { chains: heads.len(), ..Verified::default() };
+            let mut seen: HashSet<&str> = HashSet::new();
+            // The chain being read: its check, or `None` once it broke.
+            let mut current: Option<(&str, Option<ChainCheck<'_>>)> = None;
+            let mut after: Option<(String, i64)> = None;
+            loop {
+                let batch =
+                    events::chains_after(tx, after.as_ref().map(|(v, s)| (v.as_str(), *s)), page).await?;
+                for e in &batch {
+                    out.events += 1;
+                    if current.as_ref().is_none_or(|(v, _)| *v != e.fields.volume_id) {
+                        if let Some((_, Some(check))) = current.take()
+                            && let Err(b) = check.finish()
+                        {
+                            out.breaks.push(b);
+                        }
+                        let Some((volume, head)) = by_volume.get_key_value(e.fields.volume_id.as_str())
+                        else {
+                            // Recorded after the heads were read: not in this snapshot's chains.
+                            continue;
+                        };
+                        seen.insert(volume);
+                        current = Some((volume, Some(ChainCheck::new(head))));
+                    }
+                    if let Some((_, check @ Some(_))) = &mut current
+                        && let Err(b) = check.as_mut().map_or(Ok(()), |c| c.next(e))
+                    {
+                        out.breaks.push(b);
+                        *check = None;
+                    }
+                }
+                match batch.last() {
+                    Some(last) if batch.len() as i64 == page => {
+                        after = Some((last.fields.volume_id.clone(), last.seq));
+                    }
+                    _ => break,
+                }
+            }
+            if let Some((_, Some(check))) = current.take()
+                && let Err(b) = check.finish()
+            {
+                out.breaks.push(b);
+            }
+            // Heads whose chains have no event left.
+            for head in heads.iter().filter(|h| !seen.contains(h.volume_id.as_str())) {
+                if let Err(b) = ChainCheck::new(head).finish() {
+                    out.breaks.push(b);
+                }
+            }
+            out.breaks.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
+            Ok(out)
+        })
+        .await
 }
 
 /// The events recorded before `until` (all: `None`), chain by chain: a segment to archive.
@@ -190,5 +249,123 @@ mod tests {
         assert_eq!(event_name(Event::ForceDetach), "force-detach");
         assert_eq!(event_name(Event::Connect), "connect");
         assert_eq!(event_name(Event::ReserveForMigration), "reserve-for-migration");
+    }
+}
+
+// The test writes and tampers with the stored history as someone with the database would: SQL
+// outside store/ on purpose.
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)]
+mod verify_tests {
+    use super::*;
+    use crate::params;
+    use crate::store::{StoreError, StoreOptions};
+
+    fn event(volume_id: &str, at: i64) -> NewEvent {
+        NewEvent {
+            volume_id: volume_id.to_string(),
+            at,
+            event: "reserve".into(),
+            access: Access::None,
+            outcome: "reserved".into(),
+            project_id: "p".into(),
+            attachment_id: None,
+            instance_uuid: None,
+            host: None,
+            initiator: None,
+            user_id: "u".into(),
+            caller_project_id: "p".into(),
+            roles: Vec::new(),
+            service_token: false,
+            request_id: None,
+            global_request_id: None,
+            node: "n".into(),
+            driver_digest: None,
+        }
+    }
+
+    /// Volumes with chains of these lengths.
+    async fn store_with_chains(lengths: &[usize]) -> (tempfile::TempDir, Store, Vec<Vec<AttachEvent>>) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        let mut chains = Vec::new();
+        for (i, n) in lengths.iter().enumerate() {
+            let v = format!("volume-{i}");
+            let chain = store
+                .write(async |tx| {
+                    tx.execute(
+                        "INSERT INTO volumes (id, project_id, user_id, size_gib, volume_type, backend, \
+                         multiattach, status, attach_status, driver_data, metadata, created_at, updated_at) \
+                         VALUES ($1, 'p', 'u', 1, 'default', 'fake', 0, 'available', 'detached', '{}', '{}', 0, 0)",
+                        &params![&v],
+                    )
+                    .await?;
+                    let mut chain = Vec::new();
+                    for k in 0..*n {
+                        chain.push(events::append(tx, event(&v, 1_000_000 + k as i64)).await?);
+                    }
+                    Ok::<_, StoreError>(chain)
+                })
+                .await
+                .unwrap();
+            chains.push(chain);
+        }
+        (dir, store, chains)
+    }
+
+    #[tokio::test]
+    async fn verify_reads_the_history_in_pages_and_finds_each_break_across_their_edges() {
+        let (_dir, store, chains) = store_with_chains(&[3, 1, 5, 0, 4]).await;
+        for page in [1, 2, 3, 1000] {
+            let v = verify_in_pages(&store, page).await.unwrap();
+            assert_eq!((v.chains, v.events, v.breaks.len()), (4, 13, 0), "page {page}: {:?}", v.breaks);
+        }
+        let plan = store
+            .read(async |tx| {
+                let rows = tx
+                    .query(
+                        "EXPLAIN QUERY PLAN SELECT id FROM attach_events WHERE (volume_id, seq) > ($1, $2) \
+                         ORDER BY volume_id, seq LIMIT 5",
+                        &params!["volume-1", 1],
+                    )
+                    .await?;
+                rows.iter().map(|r| r.text(3)).collect::<Result<Vec<_>, _>>()
+            })
+            .await
+            .unwrap()
+            .join("; ");
+        assert!(plan.contains("SEARCH") && plan.contains("attach_events_chain"), "{plan}");
+        assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+
+        // The first chain loses its last event, the third has its middle one edited, the last
+        // loses every event.
+        store
+            .write(async |tx| {
+                tx.execute("DELETE FROM attach_events WHERE id = $1", &params![&chains[0][2].id]).await?;
+                tx.execute(
+                    "UPDATE attach_events SET host = 'elsewhere' WHERE id = $1",
+                    &params![&chains[2][2].id],
+                )
+                .await?;
+                tx.execute("DELETE FROM attach_events WHERE volume_id = 'volume-4'", &[]).await
+            })
+            .await
+            .unwrap();
+        for page in [1, 2, 3, 1000] {
+            let v = verify_in_pages(&store, page).await.unwrap();
+            let found: Vec<_> =
+                v.breaks.iter().map(|b| (b.volume_id.as_str(), b.event_id.clone(), b.seq)).collect();
+            assert_eq!(
+                found,
+                [
+                    ("volume-0", None, 2),
+                    ("volume-2", Some(chains[2][2].id.clone()), 3),
+                    ("volume-4", None, 0)
+                ],
+                "page {page}"
+            );
+            assert_eq!(v.events, 8, "page {page}");
+        }
     }
 }

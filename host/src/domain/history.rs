@@ -152,37 +152,63 @@ pub struct Head {
 /// Checks one volume's chain, `events` in `seq` order, against its head: each event's hash is
 /// its content's, each follows the one before, none is missing, and the last is the head.
 pub fn verify_chain(head: &Head, events: &[AttachEvent]) -> Result<(), Break> {
-    let broke = |e: &AttachEvent, why: String| Break {
-        volume_id: head.volume_id.clone(),
-        event_id: Some(e.id.clone()),
-        seq: e.seq,
-        why,
-    };
-    let (mut seq, mut prev) = (head.first_seq - 1, head.first_prev.clone());
+    let mut check = ChainCheck::new(head);
     for e in events {
-        if e.fields.volume_id != head.volume_id {
-            return Err(broke(e, format!("it names volume {}", e.fields.volume_id)));
+        check.next(e)?;
+    }
+    check.finish()
+}
+
+/// [`verify_chain`] one event at a time, for chains read in pages: holds the last link, never
+/// the chain.
+pub struct ChainCheck<'a> {
+    head: &'a Head,
+    seq: i64,
+    prev: String,
+}
+
+impl<'a> ChainCheck<'a> {
+    pub fn new(head: &'a Head) -> ChainCheck<'a> {
+        ChainCheck { head, seq: head.first_seq - 1, prev: head.first_prev.clone() }
+    }
+
+    /// The chain's next event, in `seq` order.
+    pub fn next(&mut self, e: &AttachEvent) -> Result<(), Break> {
+        let broke = |why: String| Break {
+            volume_id: self.head.volume_id.clone(),
+            event_id: Some(e.id.clone()),
+            seq: e.seq,
+            why,
+        };
+        if e.fields.volume_id != self.head.volume_id {
+            return Err(broke(format!("it names volume {}", e.fields.volume_id)));
         }
-        if e.seq != seq + 1 {
-            return Err(broke(e, format!("events {} to {} are missing", seq + 1, e.seq - 1)));
+        if e.seq != self.seq + 1 {
+            return Err(broke(format!("events {} to {} are missing", self.seq + 1, e.seq - 1)));
         }
-        if e.prev_hash != prev {
-            return Err(broke(e, "it does not follow the event before it (its prev_hash differs)".into()));
+        if e.prev_hash != self.prev {
+            return Err(broke("it does not follow the event before it (its prev_hash differs)".into()));
         }
         if !e.is_intact() {
-            return Err(broke(e, "its content does not match its hash (edited)".into()));
+            return Err(broke("its content does not match its hash (edited)".into()));
         }
-        (seq, prev) = (e.seq, e.hash.clone());
+        (self.seq, self.prev) = (e.seq, e.hash.clone());
+        Ok(())
     }
-    if seq != head.seq || prev != head.hash {
-        return Err(Break {
-            volume_id: head.volume_id.clone(),
-            event_id: None,
-            seq,
-            why: format!("the chain's head is event {} but the last stored is {seq} (deleted)", head.seq),
-        });
+
+    /// After the chain's last event: it is the head.
+    pub fn finish(self) -> Result<(), Break> {
+        let (head, seq) = (self.head, self.seq);
+        if seq != head.seq || self.prev != head.hash {
+            return Err(Break {
+                volume_id: head.volume_id.clone(),
+                event_id: None,
+                seq,
+                why: format!("the chain's head is event {} but the last stored is {seq} (deleted)", head.seq),
+            });
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Checks the chains of a segment on its own (an archived export): within each volume's run of

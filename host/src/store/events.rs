@@ -294,6 +294,35 @@ pub async fn chain(
     )
 }
 
+/// Every volume's events in chain order (volume, then seq), after the place `after`, at most
+/// `limit`: the whole history in pages, through the chain's index.
+pub async fn chains_after(
+    tx: &mut Tx,
+    after: Option<(&str, i64)>,
+    limit: i64,
+) -> Result<Vec<AttachEvent>, StoreError> {
+    let rows = match after {
+        None => {
+            tx.query(
+                &format!("SELECT {COLUMNS} FROM attach_events ORDER BY volume_id, seq LIMIT $1"),
+                &params![limit],
+            )
+            .await?
+        }
+        Some((volume_id, seq)) => {
+            tx.query(
+                &format!(
+                    "SELECT {COLUMNS} FROM attach_events WHERE (volume_id, seq) > ($1, $2) \
+                     ORDER BY volume_id, seq LIMIT $3"
+                ),
+                &params![volume_id, seq, limit],
+            )
+            .await?
+        }
+    };
+    events(rows)
+}
+
 /// Every chain's recorded head, and a made-up one (seq 0) for volumes whose events have no
 /// head (a head reset by hand): verifying those reports the events as unexpected.
 pub async fn heads(tx: &mut Tx) -> Result<Vec<Head>, StoreError> {
