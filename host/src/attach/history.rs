@@ -168,7 +168,7 @@ pub async fn verify(store: &Store) -> Result<Verified, AttachError> {
 }
 
 /// Events read per query by [`verify`].
-const VERIFY_PAGE: i64 = 5000;
+const VERIFY_PAGE: i64 = 500;
 
 async fn verify_in_pages(store: &Store, page: i64) -> Result<Verified, AttachError> {
     store
