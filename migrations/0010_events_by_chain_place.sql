@@ -4,7 +4,8 @@
 -- * No index on an event's id. An event is found by its chain's place (volume, seq) through
 --   `attach_events_chain`; new events' ids are UUIDv7 carrying the millisecond of their `at`, so
 --   a list's marker is found through the time index (`host/src/store/events.rs`, `get`). Ids of
---   events recorded before this migration are random (v4) and are found by a scan.
+--   events recorded before this migration are random (v4): `attach_event_earlier_ids` maps them
+--   to their chain's place, written here once and never again.
 -- * Each chain's head on its volume's row (`history_seq`, `history_hash`; 0 and '' before its
 --   first event), which every change that records an event holds and has already written.
 --   Where a chain starts after retention pruned older events moves to `attach_event_starts`
@@ -56,6 +57,12 @@ INSERT INTO attach_events_by_place (id, volume_id, seq, at, event, access, outco
         host, initiator, user_id, caller_project_id, roles, service_token, request_id,
         global_request_id, node, driver_digest, prev_hash, hash
     FROM attach_events;
+CREATE TABLE attach_event_earlier_ids (
+    id        TEXT PRIMARY KEY,
+    volume_id TEXT NOT NULL,
+    seq       BIGINT NOT NULL
+);
+INSERT INTO attach_event_earlier_ids (id, volume_id, seq) SELECT id, volume_id, seq FROM attach_events;
 DROP TABLE attach_events;
 ALTER TABLE attach_events_by_place RENAME TO attach_events;
 CREATE UNIQUE INDEX attach_events_chain ON attach_events (volume_id, seq);

@@ -130,8 +130,8 @@ fn event_id(at: i64) -> String {
     uuid::Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, secs, nanos)).to_string()
 }
 
-/// The millisecond a UUIDv7 event id carries (`None`: not such an id, an event recorded before
-/// migration 0010).
+/// The millisecond a UUIDv7 event id carries (`None`: not such an id; an event recorded before
+/// migration 0010 has a v4 id).
 fn id_millis(id: &str) -> Option<i64> {
     let id = uuid::Uuid::parse_str(id).ok()?;
     if id.get_version_num() != 7 {
@@ -261,14 +261,22 @@ pub(super) fn list_query(
 }
 
 /// One event, when `scope` may see it. An id made by [`event_id`] is looked up within its
-/// millisecond through the time index; an earlier event's id by a scan.
+/// millisecond through the time index; an event recorded before migration 0010 through
+/// `attach_event_earlier_ids`; any other id is found in neither, without a scan.
 pub async fn get(tx: &mut Tx, id: &str, scope: Scope<'_>) -> Result<Option<AttachEvent>, StoreError> {
-    let mut sql = format!("SELECT {COLUMNS} FROM attach_events WHERE id = $1");
-    let mut params = Vec::from(params![id]);
-    if let Some(ms) = id_millis(id) {
-        sql.push_str(" AND at >= $2 AND at < $3");
-        params.extend(params![ms.saturating_mul(1000), ms.saturating_add(1).saturating_mul(1000)]);
-    }
+    let (mut sql, mut params) = match id_millis(id) {
+        Some(ms) => (
+            format!("SELECT {COLUMNS} FROM attach_events WHERE id = $1 AND at >= $2 AND at < $3"),
+            Vec::from(params![id, ms.saturating_mul(1000), ms.saturating_add(1).saturating_mul(1000)]),
+        ),
+        None => (
+            format!(
+                "SELECT {COLUMNS} FROM attach_events WHERE id = $1 AND (volume_id, seq) IN \
+                 (SELECT volume_id, seq FROM attach_event_earlier_ids WHERE id = $1)"
+            ),
+            Vec::from(params![id]),
+        ),
+    };
     if let Scope::Project(p) = scope {
         params.push(p.into());
         sql.push_str(&format!(" AND project_id = ${}", params.len()));
@@ -439,7 +447,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_event_is_found_by_its_id_within_its_millisecond_and_an_earlier_id_by_a_scan() {
+    async fn an_event_is_found_by_its_id_within_its_millisecond_and_an_earlier_one_through_the_ids_kept() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("t.db").display());
         let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
@@ -474,17 +482,36 @@ mod tests {
         assert_eq!(found.as_ref(), Some(&event));
         assert_eq!(other_project, None);
 
-        // An event recorded before ids carried their time (migration 0010): found by its id alone.
+        // An event recorded before ids carried their time (migration 0010): found through the
+        // ids the migration kept, and a random id that is not one of them is not found, all
+        // without a scan of the events.
         let earlier = uuid::Uuid::new_v4().to_string();
-        let found = store
+        let (unknown, found, plan) = store
             .write(async |tx| {
                 tx.execute("UPDATE attach_events SET id = $1 WHERE volume_id = $2", &params![&earlier, &v])
                     .await?;
-                get(tx, &earlier, Scope::Project("p")).await
+                let unknown = get(tx, &earlier, Scope::Project("p")).await?;
+                tx.execute(
+                    "INSERT INTO attach_event_earlier_ids (id, volume_id, seq) VALUES ($1, $2, 1)",
+                    &params![&earlier, &v],
+                )
+                .await?;
+                let found = get(tx, &earlier, Scope::Project("p")).await?;
+                let plan = tx
+                    .query(
+                        "EXPLAIN QUERY PLAN SELECT id FROM attach_events WHERE id = $1 AND (volume_id, seq) IN \
+                         (SELECT volume_id, seq FROM attach_event_earlier_ids WHERE id = $1)",
+                        &params![&earlier],
+                    )
+                    .await?;
+                let plan: Vec<String> = plan.iter().map(|r| r.text(3)).collect::<Result<_, _>>()?;
+                Ok::<_, StoreError>((unknown, found, plan.join("; ")))
             })
             .await
             .unwrap();
+        assert_eq!(unknown, None);
         assert_eq!(found.map(|e| e.seq), Some(1));
+        assert!(!plan.contains("SCAN"), "{plan}");
         // And an id that names a millisecond its event is not in is not found.
         let elsewhere = event_id(at + 5_000);
         assert_eq!(store.read(async |tx| get(tx, &elsewhere, Scope::All).await).await.unwrap(), None);
