@@ -199,11 +199,12 @@ async fn verify_in_pages(store: &Store, page: i64) -> Result<Verified, AttachErr
                         seen.insert(volume);
                         current = Some((volume, Some(ChainCheck::new(head))));
                     }
-                    if let Some((_, check @ Some(_))) = &mut current
-                        && let Err(b) = check.as_mut().map_or(Ok(()), |c| c.next(e))
+                    if let Some((_, slot)) = &mut current
+                        && let Some(check) = slot
+                        && let Err(b) = check.next(e)
                     {
                         out.breaks.push(b);
-                        *check = None;
+                        *slot = None;
                     }
                 }
                 match batch.last() {
@@ -259,48 +260,18 @@ mod tests {
 mod verify_tests {
     use super::*;
     use crate::params;
-    use crate::store::{StoreError, StoreOptions};
-
-    fn event(volume_id: &str, at: i64) -> NewEvent {
-        NewEvent {
-            volume_id: volume_id.to_string(),
-            at,
-            event: "reserve".into(),
-            access: Access::None,
-            outcome: "reserved".into(),
-            project_id: "p".into(),
-            attachment_id: None,
-            instance_uuid: None,
-            host: None,
-            initiator: None,
-            user_id: "u".into(),
-            caller_project_id: "p".into(),
-            roles: Vec::new(),
-            service_token: false,
-            request_id: None,
-            global_request_id: None,
-            node: "n".into(),
-            driver_digest: None,
-        }
-    }
+    use crate::store::StoreError;
+    use crate::store::events::testing::{event, temp_store, volume_row};
 
     /// Volumes with chains of these lengths.
     async fn store_with_chains(lengths: &[usize]) -> (tempfile::TempDir, Store, Vec<Vec<AttachEvent>>) {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("t.db").display());
-        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        let (dir, store) = temp_store().await;
         let mut chains = Vec::new();
         for (i, n) in lengths.iter().enumerate() {
             let v = format!("volume-{i}");
             let chain = store
                 .write(async |tx| {
-                    tx.execute(
-                        "INSERT INTO volumes (id, project_id, user_id, size_gib, volume_type, backend, \
-                         multiattach, status, attach_status, driver_data, metadata, created_at, updated_at) \
-                         VALUES ($1, 'p', 'u', 1, 'default', 'fake', 0, 'available', 'detached', '{}', '{}', 0, 0)",
-                        &params![&v],
-                    )
-                    .await?;
+                    volume_row(tx, &v).await?;
                     let mut chain = Vec::new();
                     for k in 0..*n {
                         chain.push(events::append(tx, event(&v, 1_000_000 + k as i64)).await?);

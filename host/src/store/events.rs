@@ -406,17 +406,25 @@ pub async fn segment(tx: &mut Tx, until: Option<i64>) -> Result<Vec<AttachEvent>
     )
 }
 
+/// What the history's tests share: a database of their own, a volume row for a chain's head,
+/// an event.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
-    use crate::domain::history::verify_chain;
     use crate::store::{Store, StoreOptions};
-    use std::str::FromStr;
 
-    fn event(volume_id: &str, n: i64) -> NewEvent {
+    /// A new SQLite store in a directory of its own (kept while the directory is).
+    pub(crate) async fn temp_store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        (dir, store)
+    }
+
+    pub(crate) fn event(volume_id: &str, at: i64) -> NewEvent {
         NewEvent {
             volume_id: volume_id.to_string(),
-            at: n,
+            at,
             event: "reserve".into(),
             access: Access::None,
             outcome: "reserved".into(),
@@ -436,7 +444,8 @@ mod tests {
         }
     }
 
-    async fn volume_row(tx: &mut Tx, id: &str) -> Result<u64, StoreError> {
+    /// The row of volume `id` in project `p`, whose chain has no event yet.
+    pub(crate) async fn volume_row(tx: &mut Tx, id: &str) -> Result<u64, StoreError> {
         tx.execute(
             "INSERT INTO volumes (id, project_id, user_id, size_gib, volume_type, backend, multiattach, \
              status, attach_status, driver_data, metadata, created_at, updated_at) \
@@ -445,12 +454,19 @@ mod tests {
         )
         .await
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{event, temp_store, volume_row};
+    use super::*;
+    use crate::domain::history::verify_chain;
+    use crate::store::{Store, StoreOptions};
+    use std::str::FromStr;
 
     #[tokio::test]
     async fn an_event_is_found_by_its_id_within_its_millisecond_and_an_earlier_one_through_the_ids_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("t.db").display());
-        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        let (_dir, store) = temp_store().await;
         let v = uuid::Uuid::new_v4().to_string();
         let at = 1_764_000_000_123_456;
         let event = store
@@ -619,9 +635,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_guessed_head_made_stale_by_a_rollback_or_another_writer_is_read_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("t.db").display());
-        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        let (_dir, store) = temp_store().await;
         let v = uuid::Uuid::new_v4().to_string();
         store.write(async |tx| volume_row(tx, &v).await).await.unwrap();
         let first = store.write(async |tx| append(tx, event(&v, 1)).await).await.unwrap();
