@@ -67,12 +67,20 @@ async fn a_volume_is_an_rbd_image_that_a_client_reaches_with_the_connection_info
     assert_eq!(info["ports"], json!([ceph.monitors.rsplit(':').next().unwrap()]));
     assert_eq!(info["cluster_name"], "ceph");
     assert_eq!(info["auth_enabled"], true);
-    assert_eq!(info["auth_username"], "cinder");
     assert_eq!(info["secret_type"], "ceph");
     assert_eq!(info["secret_uuid"], "457eb676-33da-42ec-9a8c-9293d545c337");
     assert_eq!(info["volume_id"], volume);
     assert_eq!(info["discard"], true);
-    assert!(info.get("keyring").is_none(), "no keyring unless configured");
+    // Beyond Cinder: the host's own identity for this volume, its key as a keyring.
+    let user = info["auth_username"].as_str().unwrap().to_string();
+    assert_eq!(user, format!("berth.ceph.{}.{}", image(&volume), ceph.host_digest("rbd-host")));
+    let keyring = info["keyring"].as_str().expect("the identity's keyring");
+    assert!(keyring.starts_with(&format!("[client.{user}]\n\tkey = ")), "{keyring}");
+    assert!(ceph.identities().contains(&format!("client.{user}")));
+    assert!(
+        !server.log_text().contains(keyring.split("key = ").nth(1).unwrap().trim()),
+        "the key reached the log"
+    );
 
     // A compute host's librbd, with the connection info's monitors and identity: 4 MiB in, the
     // same 4 MiB out.
@@ -81,10 +89,24 @@ async fn a_volume_is_an_rbd_image_that_a_client_reaches_with_the_connection_info
     let back = ceph.write_and_read(&info, 8 << 20, &data).expect("the client reaches the image");
     assert!(back == data, "the data read back differs");
 
+    // The identity opens that image and no other.
+    let other = c.create_volume(json!({"size": 1})).await;
+    wait_status(&c, &other, "available").await;
+    let mut elsewhere = info.clone();
+    elsewhere["data"]["name"] = json!(format!("volumes/{}", image(&other)));
+    let refused = ceph.write_and_read(&elsewhere, 0, b"not yours").expect_err("another volume's image");
+    assert!(refused.contains("Permission") || refused.contains("ermission"), "{refused}");
+
     let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
     c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
     c.delete(&format!("/attachments/{id}")).await.expect(200);
     wait_status(&c, &volume, "available").await;
+    // Detached, the host's key opens nothing: its identity is gone.
+    assert!(!ceph.identities().contains(&format!("client.{user}")), "the identity outlived the detach");
+    let after = ceph.write_and_read(&info, 0, b"after detach").expect_err("a detached host's key");
+    assert!(!after.is_empty(), "refused with a reason");
+    c.delete(&format!("/volumes/{other}")).await.expect(202);
+    wait_status(&c, &other, "deleted").await;
     c.delete(&format!("/volumes/{volume}")).await.expect(202);
     wait_status(&c, &volume, "deleted").await;
     assert_eq!(ceph.image_size(&image(&volume)), None, "the image is gone");
@@ -124,7 +146,8 @@ async fn a_missing_image_is_not_found_and_a_lost_volume_is_reported_not_attached
 /// (`berth conformance ceph-rbd.wasm --config ceph.toml`): every check that applies to an RBD
 /// driver passes, faults injected in front of the dashboard at each request of each call among
 /// them, the iSCSI-only checks say why they were skipped, and no image is left in the pool (a
-/// pool of its own: the other tests of this process make images in theirs meanwhile).
+/// pool of its own: the other tests of this process make images in theirs meanwhile) and no cephx
+/// identity behind (the host makes one per host at each connection).
 #[test]
 fn ceph_rbd_passes_the_conformance_suite_against_the_cluster() {
     let ceph = &cluster().in_pool("conformance");
@@ -154,6 +177,9 @@ fn ceph_rbd_passes_the_conformance_suite_against_the_cluster() {
         assert!(why.contains("iscsi") || why.contains("iSCSI target service"), "{}: {why}", c["name"]);
     }
     assert_eq!(ceph.images(), before, "the suite left images in the pool");
+    let left: Vec<String> =
+        ceph.identities().into_iter().filter(|e| e.starts_with("client.berth.conformance.")).collect();
+    assert!(left.is_empty(), "the suite left cephx identities: {left:?}");
 }
 
 /// Three nodes on one PostgreSQL database serve the same `ceph-rbd` backend (`shared = true`):
@@ -330,8 +356,10 @@ impl Flow {
 }
 
 /// The database and Ceph agree: every volume in the database has its image, of its size (an
-/// interrupted extend is finished, so both have the new one), and
-/// every image of the pool that names a volume has that volume in the database.
+/// interrupted extend is finished, so both have the new one),
+/// every image of the pool that names a volume has that volume in the database, and the cephx
+/// identities of its volumes are exactly those of their connected attachments (each on host
+/// `crash`): none without a live attachment, none missing.
 async fn agreement(
     store: &berth::store::Store,
     ceph: &Ceph,
@@ -350,6 +378,21 @@ async fn agreement(
         if ours.contains(id) && !world.volumes.contains_key(id) {
             wrong.push(format!("image {i} has no volume"));
         }
+    }
+    let identity =
+        |volume: &str| format!("client.berth.ceph.{}.{}", image(volume), ceph.host_digest("crash"));
+    let wanted: std::collections::BTreeSet<String> =
+        world.attachments.iter().filter(|a| a.is_connected()).map(|a| identity(&a.volume_id)).collect();
+    let held: std::collections::BTreeSet<String> = ceph
+        .identities()
+        .into_iter()
+        .filter(|e| ours.iter().any(|v| e.starts_with(&format!("client.berth.ceph.{}.", image(v)))))
+        .collect();
+    for extra in held.difference(&wanted) {
+        wrong.push(format!("identity {extra} has no connected attachment"));
+    }
+    for missing in wanted.difference(&held) {
+        wrong.push(format!("the connected attachment's identity {missing} is missing"));
     }
     wrong
 }
@@ -372,10 +415,13 @@ async fn a_manager_not_yet_connected_to_rados_is_waited_for_then_reported_retrya
     let base = format!("http://127.0.0.1:{}", manager.port());
     let mut spec = with_grants(
         with_settings(spec("ceph-rbd"), &[("dashboard", &base), ("pool", "volumes")]),
-        &[Grant::Network],
+        &[Grant::Network, Grant::Cephx],
     );
     let network = NetworkConfig { allowed_hosts: vec![base.clone()], ..Default::default() };
     spec.capabilities.network = Some(Arc::new(NetworkCapability::new("ceph", &network).unwrap()));
+    // Creating a volume makes no identity: granted, but without a cluster to make them on.
+    spec.capabilities.cephx =
+        Some(Arc::new(berth::capabilities::cephx::CephxCapability::new("ceph", None, "volumes").unwrap()));
     let driver = load(spec).await.expect("ceph-rbd loads with the network granted");
     let configuring = json!({
         "detail": "RADOS rados state (You cannot perform that operation on a Rados object in state configuring.)",
@@ -499,6 +545,49 @@ async fn a_kill_at_every_failpoint_of_the_rbd_flows_leaves_ceph_and_the_database
     eprintln!("{kills} kills, Ceph and the database agreeing after each");
 }
 
+/// The reconciler removes a cephx identity that no connected attachment holds (one for a host
+/// with no attachment, as a crash between making an identity and recording its attachment
+/// leaves it), keeps the one an attachment holds, and leaves alone an identity of a volume its
+/// database does not know (another deployment's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciler_removes_identities_no_attachment_holds_and_keeps_the_others() {
+    let ceph = cluster();
+    let server = BerthProcess::start(&format!(
+        "[reconcile]\ninterval_seconds = 1\ngrace_seconds = 1\n\n{}\n[[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"ceph\"\n",
+        ceph.backend_toml("ceph", false)
+    ));
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    wait_status(&c, &volume, "available").await;
+    let made = c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:held", "held"))).await.expect(200);
+    let held =
+        format!("client.{}", made.body["attachment"]["connection_info"]["auth_username"].as_str().unwrap());
+    let stray = format!("client.berth.ceph.{}.{}", image(&volume), ceph.host_digest("gone"));
+    let foreign = format!("client.berth.ceph.volume-{}.{}", uuid::Uuid::new_v4(), ceph.host_digest("x"));
+    for made in [&stray, &foreign] {
+        ceph.auth(&["get-or-create", made, "mon", "profile rbd"]);
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ceph.identities().contains(&stray) {
+        assert!(Instant::now() < deadline, "the stray identity stayed; log:\n{}", server.log_tail(30));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Two more passes: what stays, stays.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let now = ceph.identities();
+    assert!(now.contains(&held), "the attachment's identity was removed");
+    assert!(now.contains(&foreign), "another deployment's identity was removed");
+    assert!(server.log_text().contains("removing a cephx identity that no connected attachment holds"));
+    ceph.auth(&["del", &foreign]);
+
+    let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+    c.delete(&format!("/volumes/{volume}")).await.expect(202);
+    wait_status(&c, &volume, "deleted").await;
+    assert!(!ceph.identities().contains(&held));
+}
+
 /// `berth local-attach` on an RBD volume: without rbd-nbd and its kernel module (or the kernel's
 /// RBD driver) it says what this machine needs, exits 6 and leaves nothing behind; with them (a
 /// stand-in `rbd-nbd` that proves what it was told by reaching the image with librbd as the
@@ -553,13 +642,13 @@ async fn local_attach_maps_an_rbd_volume_where_this_machine_can_and_says_what_it
 printf '%s\n' "$*" >> '{log}'
 case "$1" in
   map)
-    shift; mons=; id=admin; spec=
+    shift; mons=; id=admin; spec=; keyring='{keyrings}'/ceph.client.admin.keyring
     while [ $# -gt 0 ]; do
-      case "$1" in -m) mons=$2; shift;; --id) id=$2; shift;; --cluster|--keyring) shift;; --read-only) ;; *) spec=$1;; esac
+      case "$1" in -m) mons=$2; shift;; --id) id=$2; shift;; --keyring) keyring=$2; shift;; --cluster) shift;; --read-only) ;; *) spec=$1;; esac
       shift
     done
     head -c 4096 /dev/urandom > '{dir}/block'
-    /usr/bin/python3 '{client}' "v1:$mons" "$id" '{keyrings}'/ceph.client."$id".keyring "$spec" write_read 0 '{dir}/block' > '{dir}/back' || exit 1
+    /usr/bin/python3 '{client}' "v1:$mons" "$id" "$keyring" "$spec" write_read 0 '{dir}/block' > '{dir}/back' || exit 1
     cmp -s '{dir}/block' '{dir}/back' || exit 1
     echo "$spec" > '{dir}/mapped'
     echo /dev/nbd7;;
@@ -582,7 +671,13 @@ esac
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(stdout.trim(), "/dev/nbd7");
     let told = std::fs::read_to_string(&log).unwrap();
-    assert!(told.contains(&format!("volumes/volume-{volume}")) && told.contains("--id cinder"), "{told}");
+    // As the host's own identity for this volume, its key in a keyring file of its own.
+    let user = format!("berth.ceph.volume-{volume}.{}", ceph.host_digest(&hostname()));
+    assert!(
+        told.contains(&format!("volumes/volume-{volume}")) && told.contains(&format!("--id {user}")),
+        "{told}"
+    );
+    assert!(told.contains("--keyring"), "{told}");
     assert!(told.contains(&format!("-m {}", ceph.monitors)), "{told}");
     let listed = c.get(&format!("/attachments?volume_id={volume}")).await.body;
     assert_eq!(listed["attachments"][0]["status"], "attached", "{listed}");
@@ -592,4 +687,11 @@ esac
     assert!(std::fs::read_to_string(&log).unwrap().contains("unmap /dev/nbd7"));
     assert_eq!(attachments().await, 0);
     wait_status(&c, &volume, "available").await;
+    assert!(!ceph.identities().contains(&format!("client.{user}")), "the identity outlived local-detach");
+}
+
+/// This machine's name, as `berth local-attach` puts it in its connector.
+fn hostname() -> String {
+    let out = std::process::Command::new("hostname").output().expect("hostname");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }

@@ -54,6 +54,7 @@ impl Rig {
             }),
             backing: Some(stores),
             network: None,
+            cephx: None,
         };
         let spec = DriverSpec {
             backend: backend.into(),

@@ -443,6 +443,11 @@ pub struct BackendConfig {
     /// (`capabilities/network`).
     #[serde(default)]
     pub network: Option<crate::capabilities::network::NetworkConfig>,
+    /// With the `cephx` grant: how the host reaches the Ceph cluster to make the cephx identities
+    /// the driver asks for (`capabilities/cephx`). Granted without it, the driver's requests are
+    /// refused as not configured.
+    #[serde(default)]
+    pub cephx: Option<crate::capabilities::cephx::CephxConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
@@ -502,6 +507,7 @@ impl Config {
                 limits: Limits::default(),
                 shared: false,
                 network: None,
+                cephx: None,
             });
         }
         if self.volume_types.is_empty() {

@@ -145,6 +145,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             ),
             backing: Some(stores.clone()).filter(|_| b.grants.contains(&Grant::BackingStore)),
             network: network_of(b)?,
+            cephx: cephx_of(b)?,
         };
         let spec = DriverSpec {
             backend: b.name.clone(),
@@ -170,6 +171,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             grants: b.grants.clone(),
             limits: b.limits,
             network: b.network.clone(),
+            cephx: b.cephx.clone(),
             ..Default::default()
         };
         loadables
@@ -228,6 +230,26 @@ pub fn network_of(
         ),
         (false, Some(_)) => bail!(
             "backend {}: [backends.network] is set but the backend is not granted \"network\" (add it to grants)",
+            b.name
+        ),
+        (false, None) => Ok(None),
+    }
+}
+
+/// A backend's cephx capability: with the `cephx` grant, its `[backends.cephx]` table (without
+/// one the driver's requests are refused as not configured); a table without the grant is
+/// refused, as a likely mistake.
+pub fn cephx_of(
+    b: &crate::config::BackendConfig,
+) -> anyhow::Result<Option<Arc<crate::capabilities::cephx::CephxCapability>>> {
+    let pool = b.settings.get("pool").map_or("volumes", String::as_str);
+    match (b.grants.contains(&Grant::Cephx), &b.cephx) {
+        (true, config) => Ok(Some(Arc::new(
+            crate::capabilities::cephx::CephxCapability::new(&b.name, config.as_ref(), pool)
+                .map_err(anyhow::Error::msg)?,
+        ))),
+        (false, Some(_)) => bail!(
+            "backend {}: [backends.cephx] is set but the backend is not granted \"cephx\" (add it to grants)",
             b.name
         ),
         (false, None) => Ok(None),

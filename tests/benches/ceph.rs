@@ -21,6 +21,8 @@ use berth_tests::stats::{Summary, human};
 use serde_json::json;
 
 const N: usize = 200;
+/// Cycles with per-host identities: each runs `ceph` (a Python start) three times.
+const N_PER_HOST: usize = 40;
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -55,62 +57,14 @@ async fn run() {
     let server = BerthProcess::start(&config(ceph));
     let c = Client::for_base(&server.base, "bench").at("3.54");
 
-    // 1. One attachment create, and the REST calls it makes, made directly.
-    let volume = c.create_volume(json!({"size": 1})).await;
-    available(&c, &volume).await;
-    let http = reqwest::Client::new();
-    let accept = "application/vnd.ceph.api.v1.0+json";
-    let password = std::fs::read_to_string(&ceph.password_file).unwrap();
-    let login: serde_json::Value = http
-        .post(format!("{}/api/auth", ceph.dashboard))
-        .header("accept", accept)
-        .json(&json!({"username": ceph.dashboard_user, "password": password.trim()}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = login["token"].as_str().unwrap().to_string();
-    let get = |path: String| {
-        let (http, token) = (http.clone(), token.clone());
-        async move {
-            let r = http.get(path).header("accept", accept).bearer_auth(token).send().await.unwrap();
-            assert!(r.status().is_success(), "{}", r.status());
-            r.bytes().await.unwrap();
-        }
-    };
-    let image = format!("{}/api/block/image/{}%2Fvolume-{volume}", ceph.dashboard, ceph.pool);
-    let monitor = format!("{}/api/monitor", ceph.dashboard);
-    let (mut direct, mut creates, mut deletes) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..N + 20 {
-        let t = Instant::now();
-        get(image.clone()).await;
-        get(monitor.clone()).await;
-        let d = t.elapsed();
-        let t = Instant::now();
-        let r =
-            c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:bench", "bench"))).await.expect(200);
-        let create = t.elapsed();
-        let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
-        let t = Instant::now();
-        c.delete(&format!("/attachments/{id}")).await.expect(200);
-        let delete = t.elapsed();
-        if i >= 20 {
-            direct.push(d);
-            creates.push(create);
-            deletes.push(delete);
-        }
-    }
-    let direct = Summary::of(&mut direct);
-    let creates = Summary::of(&mut creates);
-    println!("the REST calls of an attachment create, made directly (GET image + GET monitor): {direct}");
-    println!("attachment create through Berth (ceph-rbd): {creates}");
-    println!("attachment delete through Berth (ceph-rbd): {}", Summary::of(&mut deletes));
-    println!(
-        "ratio (p50): {:.2}x the REST calls it makes (target: 3x or less)",
-        creates.p50.as_secs_f64() / direct.p50.as_secs_f64()
+    // 1. One attachment create, and the calls it makes to Ceph, made directly: with per-host
+    //    identities (the default) and with one shared identity, as Cinder.
+    attach_against_direct(ceph, &c, true, N_PER_HOST).await;
+    let shared = BerthProcess::start(
+        &config(ceph).replace("rbd_user = \"cinder\"", "rbd_user = \"cinder\", identities = \"shared\""),
     );
+    attach_against_direct(ceph, &Client::for_base(&shared.base, "bench").at("3.54"), false, N).await;
+    drop(shared);
 
     // 2. 64 creates at once.
     let t = Instant::now();
@@ -186,4 +140,96 @@ async fn run() {
             human(s.p99)
         );
     }
+}
+
+/// Attachment creates and deletes through Berth against the calls to Ceph a create makes, made
+/// directly: the dashboard's `GET` of the image and of the monitors, and with per-host identities
+/// the `rados get` of the image's id and the `ceph auth get-or-create` the host runs (as
+/// `client.berth-host`), whose delete runs `ceph auth del`.
+async fn attach_against_direct(ceph: &Ceph, c: &Client, per_host: bool, n: usize) {
+    let volume = c.create_volume(json!({"size": 1})).await;
+    available(c, &volume).await;
+    let http = reqwest::Client::new();
+    let accept = "application/vnd.ceph.api.v1.0+json";
+    let password = std::fs::read_to_string(&ceph.password_file).unwrap();
+    let login: serde_json::Value = http
+        .post(format!("{}/api/auth", ceph.dashboard))
+        .header("accept", accept)
+        .json(&json!({"username": ceph.dashboard_user, "password": password.trim()}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = login["token"].as_str().unwrap().to_string();
+    let get = |path: String| {
+        let (http, token) = (http.clone(), token.clone());
+        async move {
+            let r = http.get(path).header("accept", accept).bearer_auth(token).send().await.unwrap();
+            assert!(r.status().is_success(), "{}", r.status());
+            r.bytes().await.unwrap();
+        }
+    };
+    let host_tool = |program: &str, args: Vec<String>| {
+        let mut command = tokio::process::Command::new(program);
+        command.arg("-c").arg(&ceph.conf).args(["-n", "client.berth-host"]).args(args);
+        async move {
+            let out = command.output().await.unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+    };
+    let image = format!("{}/api/block/image/{}%2Fvolume-{volume}", ceph.dashboard, ceph.pool);
+    let monitor = format!("{}/api/monitor", ceph.dashboard);
+    let entity = format!("client.berth.bench-direct.volume-{volume}.0000000000000000");
+    let (mut direct, mut creates, mut deletes) = (Vec::new(), Vec::new(), Vec::new());
+    let warm = (n / 10).max(2);
+    for i in 0..n + warm {
+        let t = Instant::now();
+        get(image.clone()).await;
+        get(monitor.clone()).await;
+        if per_host {
+            host_tool(
+                "rados",
+                ["-p", &ceph.pool, "get", &format!("rbd_id.volume-{volume}"), "-"].map(String::from).to_vec(),
+            )
+            .await;
+            host_tool(
+                "ceph",
+                ["auth", "get-or-create", &entity, "mon", "profile rbd"].map(String::from).to_vec(),
+            )
+            .await;
+        }
+        let d = t.elapsed();
+        if per_host {
+            host_tool("ceph", ["auth", "del", &entity].map(String::from).to_vec()).await;
+        }
+        let t = Instant::now();
+        let r =
+            c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:bench", "bench"))).await.expect(200);
+        let create = t.elapsed();
+        let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
+        let t = Instant::now();
+        c.delete(&format!("/attachments/{id}")).await.expect(200);
+        let delete = t.elapsed();
+        if i >= warm {
+            direct.push(d);
+            creates.push(create);
+            deletes.push(delete);
+        }
+    }
+    let direct = Summary::of(&mut direct);
+    let creates = Summary::of(&mut creates);
+    let (mode, calls) = match per_host {
+        true => ("per-host identities", "GET image + GET monitor + rados get + ceph auth get-or-create"),
+        false => ("identities = shared", "GET image + GET monitor"),
+    };
+    println!("{mode}: the calls of an attachment create, made directly ({calls}): {direct}");
+    println!("{mode}: attachment create through Berth (ceph-rbd): {creates}");
+    println!("{mode}: attachment delete through Berth (ceph-rbd): {}", Summary::of(&mut deletes));
+    println!(
+        "{mode}: ratio (p50): {:.2}x the Ceph calls it makes (target: 3x or less)",
+        creates.p50.as_secs_f64() / direct.p50.as_secs_f64()
+    );
+    c.delete(&format!("/volumes/{volume}")).await;
 }

@@ -13,7 +13,9 @@
 # ceph.conf at the first start and kept. The pool is `volumes` (8 PGs, one replica), its clients
 # `client.cinder` (`profile rbd pool=volumes`, key in DIR/ceph.client.cinder.keyring), and the
 # dashboard's account `berth` (role berth-rbd: images, and reading the monitors), password in
-# DIR/dashboard.password (mode 0600).
+# DIR/dashboard.password (mode 0600), and `client.berth-host`, which may make and remove the
+# identities named `client.berth.*` (Berth's `cephx` capability), key in
+# DIR/ceph.client.berth-host.keyring.
 set -euo pipefail
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
@@ -215,6 +217,15 @@ if [ ! -s "$dir/ceph.client.cinder.keyring" ]; then
   "${ceph_[@]}" auth get-or-create client.cinder mon 'profile rbd' osd 'profile rbd pool=volumes' \
     -o "$dir/ceph.client.cinder.keyring"
 fi
+# The identity `berth serve` makes per-host identities as (the `cephx` capability): only
+# identities named client.berth.*, and reading images' ids.
+if [ ! -s "$dir/ceph.client.berth-host.keyring" ]; then
+  p='with entity prefix client.berth.'
+  "${ceph_[@]}" auth get-or-create client.berth-host \
+    mon "allow r, allow command \"auth get-or-create\" $p, allow command \"auth caps\" $p, allow command \"auth get\" $p, allow command \"auth del\" $p, allow command \"auth ls\"" \
+    osd 'allow r object_prefix rbd_id.' -o "$dir/ceph.client.berth-host.keyring"
+  chmod 600 "$dir/ceph.client.berth-host.keyring"
+fi
 until_ok "dashboard listens" sh -c "[ \"\$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:$((base + 2))/)\" = 200 ]"
 # The dashboard may listen before the monitors know its module's commands (the manager reports them
 # afterwards): `ceph dashboard ...` then fails with "no valid command found". Wait for them.
@@ -251,6 +262,7 @@ CEPH_DASHBOARD=http://127.0.0.1:$((base + 2))
 CEPH_DASHBOARD_USER=berth
 CEPH_DASHBOARD_PASSWORD_FILE=$dir/dashboard.password
 CEPH_CLIENT=cinder
+CEPH_HOST_IDENTITY=client.berth-host
 CEPH_POOL=volumes
 EOF
 say "serving"

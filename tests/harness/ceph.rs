@@ -135,6 +135,11 @@ hosts = ["{d}"]
         )
     }
 
+    /// The `[backends.cephx]` table: the host makes per-host identities as `client.berth-host`.
+    pub fn cephx_toml(&self, prefix: &str) -> String {
+        format!("[{prefix}cephx]\nconf = \"{}\"\nname = \"client.berth-host\"\n", self.conf.display())
+    }
+
     /// The settings of a `ceph-rbd` backend on this cluster.
     pub fn settings_toml(&self) -> String {
         format!(
@@ -146,16 +151,22 @@ hosts = ["{d}"]
     /// A `[[backends]]` entry named `name` (with its volume type of the same name).
     pub fn backend_toml(&self, name: &str, shared: bool) -> String {
         format!(
-            "[[backends]]\nname = \"{name}\"\ndriver = \"ceph-rbd\"\ngrants = [\"network\"]\nshared = {shared}\n{}\n\n{}\n\
+            "[[backends]]\nname = \"{name}\"\ndriver = \"ceph-rbd\"\ngrants = [\"network\", \"cephx\"]\nshared = {shared}\n{}\n\n{}\n{}\n\
              [[volume_types]]\nname = \"{name}\"\nbackend = \"{name}\"\n",
             self.settings_toml(),
             self.network_toml("backends."),
+            self.cephx_toml("backends."),
         )
     }
 
     /// The conformance suite's `--config` for `ceph-rbd` on this cluster.
     pub fn conformance_toml(&self) -> String {
-        format!("grants = [\"network\"]\n{}\n\n{}", self.settings_toml(), self.network_toml(""))
+        format!(
+            "grants = [\"network\", \"cephx\"]\n{}\n\n{}\n{}",
+            self.settings_toml(),
+            self.network_toml(""),
+            self.cephx_toml("")
+        )
     }
 
     /// The same cluster seen through a pool of its own (created now, with `rbd pool init`, if it
@@ -225,7 +236,16 @@ hosts = ["{d}"]
             .collect();
         let mon_host: Vec<String> = hosts.iter().zip(&ports).map(|(h, p)| format!("v1:{h}:{p}")).collect();
         let user = data["auth_username"].as_str().unwrap_or("admin");
-        let keyring = self.dir.join(format!("ceph.client.{user}.keyring"));
+        // The identity's key as the connection info carries it (os-brick writes it to a file), or
+        // the shared identity's keyring of the cluster's directory.
+        let given = tempfile::NamedTempFile::new().unwrap();
+        let keyring = match data["keyring"].as_str() {
+            Some(text) => {
+                std::fs::write(given.path(), text).unwrap();
+                given.path().to_path_buf()
+            }
+            None => self.dir.join(format!("ceph.client.{user}.keyring")),
+        };
         let out = Command::new("/usr/bin/python3")
             .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ceph/client.py"))
             .args([&mon_host.join(","), user])
@@ -239,6 +259,33 @@ hosts = ["{d}"]
         } else {
             Err(String::from_utf8_lossy(&out.stderr).into_owned())
         }
+    }
+
+    /// The cephx identities Berth's `cephx` capability made (`client.berth.*`).
+    pub fn identities(&self) -> Vec<String> {
+        let out = self.admin("ceph").args(["auth", "ls", "-f", "json"]).output().expect("ceph auth ls");
+        assert!(out.status.success(), "ceph auth ls: {}", String::from_utf8_lossy(&out.stderr));
+        let dump: Json = serde_json::from_slice(&out.stdout).expect("ceph auth ls -f json");
+        dump["auth_dump"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["entity"].as_str())
+            .filter(|e| e.starts_with("client.berth."))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Runs `ceph auth ARGS...` as the cluster's admin (an operator's hand, or a crash's leftover).
+    pub fn auth(&self, args: &[&str]) {
+        let out = self.admin("ceph").arg("auth").args(args).output().expect("ceph auth");
+        assert!(out.status.success(), "ceph auth {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// The first 16 hex digits of the SHA-256 of a compute host's name, as identities carry it.
+    pub fn host_digest(&self, host: &str) -> String {
+        use sha2::Digest;
+        hex::encode(&sha2::Sha256::digest(host.as_bytes())[..8])
     }
 
     /// The directory of the cluster, for its logs.

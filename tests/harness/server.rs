@@ -46,6 +46,7 @@ pub fn fake_config() -> Config {
             limits: Default::default(),
             shared: false,
             network: None,
+            cephx: None,
         }],
         volume_types: vec![
             VolumeTypeConfig {

@@ -10,9 +10,14 @@
 //! | `pool` | `volumes` | the pool of the volumes' images |
 //! | `monitors` | from the dashboard | `host:port,host:port`, the monitors clients connect to |
 //! | `cluster_name` | `ceph` | as Cinder's `rbd_cluster_name` |
-//! | `rbd_user` | `cinder` | the cephx identity clients use (`auth_username`), as Cinder's `rbd_user`; empty: no cephx |
+//! | `identities` | `per-host` | `per-host`: each compute host gets its own cephx identity for each volume it attaches, made by the host's `cephx` capability at `initialize-connection` and removed at `terminate-connection`; `shared`: every host uses `rbd_user`, as Cinder does |
+//! | `rbd_user` | `cinder` | with `identities = shared`, the cephx identity clients use (`auth_username`), as Cinder's `rbd_user`; empty: no cephx |
 //! | `secret_uuid` | none | the libvirt secret holding that identity's key, as Cinder's `rbd_secret_uuid` |
 //! | `task_wait_seconds` | `30` | how long a call follows a task the dashboard answered 202 for |
+//!
+//! With per-host identities, the connection info names the host's identity and carries its key as
+//! a `keyring` (os-brick writes it to a temporary keyring file); a detached host's identity is
+//! gone, so its key opens nothing (docs/security.md, "Ceph RBD").
 //!
 //! Every call is idempotent against a dashboard whose answer may have been lost: an image that
 //! exists with the size asked for is a created one, a missing image is a deleted one, and names
@@ -21,7 +26,7 @@
 mod dashboard;
 
 use berth_driver_sdk::prelude::*;
-use berth_driver_sdk::{ConnectionInfoBuilder, config};
+use berth_driver_sdk::{ConnectionInfoBuilder, InvalidConnector, cephx, config};
 use dashboard::Done;
 
 pub struct CephRbd;
@@ -75,6 +80,37 @@ fn monitors() -> DriverResult<(Vec<String>, Vec<String>)> {
     Ok(list.into_iter().unzip())
 }
 
+/// Whether each compute host gets its own identity (`identities = per-host`, the default).
+fn per_host() -> DriverResult<bool> {
+    match config::get_or("identities", "per-host").as_str() {
+        "per-host" => Ok(true),
+        "shared" => Ok(false),
+        other => Err(DriverError::Backend(format!("identities = {other:?}: per-host or shared"))),
+    }
+}
+
+/// The compute host an identity is for: the connector's `host`, which os-brick always sends.
+fn holder(connector: &Connector) -> DriverResult<&str> {
+    connector.host.as_deref().filter(|h| !h.is_empty()).ok_or_else(|| {
+        DriverError::InvalidConnector(InvalidConnector {
+            missing: vec!["host".into()],
+            reason: "per-host cephx identities are made for the connector's host".into(),
+        })
+    })
+}
+
+fn refused(error: cephx::IdentityError) -> DriverError {
+    use cephx::IdentityError as E;
+    match error {
+        E::NotFound(m) => DriverError::NotFound(m),
+        E::Unavailable(m) => DriverError::Retryable(m),
+        E::NotConfigured(m) => {
+            DriverError::Backend(format!("{m} (or set identities = shared to use rbd_user, as Cinder does)"))
+        }
+        E::InvalidArgument(m) | E::NotPermitted(m) => DriverError::Backend(m),
+    }
+}
+
 impl Driver for CephRbd {
     fn info() -> DriverInfo {
         DriverInfo {
@@ -87,8 +123,11 @@ impl Driver for CephRbd {
         }
     }
 
-    /// RBD clients need nothing of the connector: they reach the monitors themselves.
-    fn validate_connector(_connector: &Connector) -> DriverResult<()> {
+    /// RBD clients reach the monitors themselves; a per-host identity needs the connector's host.
+    fn validate_connector(connector: &Connector) -> DriverResult<()> {
+        if per_host()? {
+            holder(connector)?;
+        }
         Ok(())
     }
 
@@ -146,6 +185,9 @@ impl Driver for CephRbd {
 
     fn delete_volume(volume: &Volume) -> DriverResult<()> {
         let (pool, image) = (pool()?, image(volume)?);
+        if per_host()? {
+            cephx::revoke_all(&pool, image).map_err(refused)?;
+        }
         match dashboard::delete_image(&pool, image)? {
             Done::Ok => Ok(()),
             // Gone already: deleted by an earlier try whose answer was lost, or never made.
@@ -177,7 +219,14 @@ impl Driver for CephRbd {
             return Err(DriverError::NotFound(format!("{pool}/{image} does not exist")));
         }
         let (hosts, ports) = monitors()?;
-        let user = config::get_or("rbd_user", "cinder");
+        let identity = match per_host()? {
+            true => Some(cephx::grant_image(&pool, image, holder(connector)?).map_err(refused)?),
+            false => None,
+        };
+        let user = match &identity {
+            Some(identity) => identity.user.clone(),
+            None => config::get_or("rbd_user", "cinder"),
+        };
         let info = ConnectionInfoBuilder::new("rbd")
             .text("name", format!("{pool}/{image}"))
             .text_list("hosts", hosts)
@@ -191,6 +240,10 @@ impl Driver for CephRbd {
             Some(uuid) => info.text("secret_uuid", uuid),
             None => info.null("secret_uuid"),
         };
+        let info = match identity {
+            Some(identity) => info.text("keyring", identity.keyring),
+            None => info,
+        };
         Ok(info
             .text("volume_id", volume.id.clone())
             .boolean("discard", true)
@@ -198,13 +251,23 @@ impl Driver for CephRbd {
             .connection())
     }
 
-    /// Nothing to revoke: the clients' identity is the backend's (`rbd_user`), as with Cinder
-    /// (docs/security.md says why, and what per-attachment identities would take).
+    /// With per-host identities, removes the host's identity for this volume unless another of
+    /// the volume's attachments is on the same host (a multiattach volume attached twice there).
+    /// With `identities = shared` there is nothing to revoke, as with Cinder.
     fn terminate_connection(
-        _volume: &Volume,
-        _connector: Option<&Connector>,
+        volume: &Volume,
+        connector: Option<&Connector>,
         others: &[Attachment],
     ) -> DriverResult<Termination> {
+        if per_host()?
+            && let Some(host) = connector.and_then(|c| c.host.as_deref()).filter(|h| !h.is_empty())
+        {
+            let still_there =
+                others.iter().any(|a| a.connector.as_ref().is_some_and(|c| c.host.as_deref() == Some(host)));
+            if !still_there {
+                cephx::revoke_image(&pool()?, image(volume)?, host).map_err(refused)?;
+            }
+        }
         Ok(Termination {
             export_in_use: others.iter().any(|a| a.connector.is_some()),
             update: ModelUpdate::none(),

@@ -20,6 +20,13 @@
 //!    never touched. Every change is an operation, so a crash in the middle of one is recovered
 //!    like any other, and every change is logged with its reason.
 //!
+//! 3. **Cephx identities** (backends granted `cephx` with a `[backends.cephx]` table): every identity
+//!    the host made for the backend (`client.berth.<backend>.<image>.<host digest>`) that no
+//!    connected attachment of that volume on that host holds (a crash between making it and
+//!    recording the attachment, a detach whose revoke failed) is removed once it has been seen for
+//!    the grace period, under an operation on its volume (so no flow of any node runs on the
+//!    volume meanwhile). Volumes with an operation in flight are left for the next pass.
+//!
 //! Not compared: CHAP accounts (an account is bound to its target and goes with it; a crash inside
 //! `set-chap` closes the target's ACL, which a repair then reopens) and targets of backends that
 //! were not granted the target service.
@@ -74,6 +81,8 @@ pub struct Reconciled {
     pub reported: Vec<String>,
     /// Targets the target service has that this service did not create.
     pub drift: Vec<String>,
+    /// Cephx identities removed (no connected attachment held them).
+    pub identities_removed: Vec<String>,
     /// Unused objects the target service's housekeeping removed (tgtd: kept CHAP accounts).
     pub swept: usize,
     /// What could not be done, with the reason.
@@ -110,6 +119,8 @@ struct Seen {
     first_seen: HashMap<(String, Option<String>), Instant>,
     /// Drift already reported (once per target per process).
     reported: HashSet<String>,
+    /// When each unneeded cephx identity was first seen.
+    identities: HashMap<String, Instant>,
 }
 
 impl Memory {
@@ -183,6 +194,7 @@ impl Reconcile<'_> {
     ) -> Result<Reconciled, AttachError> {
         let mut report = Reconciled::default();
         self.recover_orphans(&mut report).await?;
+        self.compare_identities(options, &mut report).await?;
         if let Some(service) = targets {
             self.compare(service, options, &mut report).await?;
             match service.sweep().await {
@@ -570,6 +582,115 @@ impl Reconcile<'_> {
             (Some(t), Some(i)) => t.initiators.iter().any(|x| x == i),
         })
     }
+}
+
+impl Reconcile<'_> {
+    /// Removes the cephx identities that no connected attachment holds (see the module notes).
+    async fn compare_identities(
+        &self,
+        options: &Options,
+        report: &mut Reconciled,
+    ) -> Result<(), AttachError> {
+        let mut still_seen = HashSet::new();
+        for backend in self.catalog.backends() {
+            let Some(cephx) = backend.driver.cephx().filter(|c| c.configured()).cloned() else { continue };
+            let held = match cephx.held().await {
+                Ok(held) => held,
+                Err(e) => {
+                    report.failed.push((String::new(), format!("cephx identities of {}: {e}", backend.name)));
+                    continue;
+                }
+            };
+            if held.is_empty() {
+                continue;
+            }
+            let ids: Vec<String> =
+                held.iter().filter_map(|h| h.image.strip_prefix("volume-").map(str::to_string)).collect();
+            let (connected, busy, known) = self
+                .store
+                .read(async |tx| {
+                    let connected = rows::connected(tx).await?;
+                    let busy: HashSet<String> =
+                        operations::all(tx).await?.into_iter().map(|o| o.volume_id).collect();
+                    let known = volumes::backends(tx, &ids).await?;
+                    Ok::<_, AttachError>((connected, busy, known))
+                })
+                .await?;
+            let wanted: HashSet<(String, String)> = connected.iter().filter_map(holder).collect();
+            for identity in held {
+                let Some(volume_id) = identity.image.strip_prefix("volume-") else { continue };
+                // A volume this database does not know (another deployment's backend of the same
+                // name on the same cluster) is not this service's to judge: drift, left alone.
+                if known.get(volume_id).is_none_or(|s| s.backend != backend.name) {
+                    if self.reconciler.seen().reported.insert(identity.entity.clone()) {
+                        tracing::warn!(identity = %identity.entity, "drift: a cephx identity of this backend for a volume this service does not know; left alone");
+                    }
+                    report.drift.push(identity.entity.clone());
+                    continue;
+                }
+                if busy.contains(volume_id)
+                    || wanted.contains(&(volume_id.to_string(), identity.host_digest.clone()))
+                {
+                    continue;
+                }
+                still_seen.insert(identity.entity.clone());
+                let first = *self
+                    .reconciler
+                    .seen()
+                    .identities
+                    .entry(identity.entity.clone())
+                    .or_insert_with(Instant::now);
+                if first.elapsed() < options.grace {
+                    report.waiting += 1;
+                    continue;
+                }
+                if !options.remove {
+                    tracing::warn!(identity = %identity.entity, "reconcile (report only): no connected attachment holds this cephx identity");
+                    report.reported.push(identity.entity.clone());
+                    continue;
+                }
+                match self.remove_identity(volume_id, &identity, &cephx).await {
+                    Ok(true) => report.identities_removed.push(identity.entity.clone()),
+                    Ok(false) => {}
+                    Err(e) => report
+                        .failed
+                        .push((volume_id.to_string(), format!("remove {}: {e}", identity.entity))),
+                }
+            }
+        }
+        self.reconciler.seen().identities.retain(|k, _| still_seen.contains(k));
+        Ok(())
+    }
+
+    /// Removes an identity no connected attachment holds, after checking again under the
+    /// volume's lock, inside an operation on the volume (no flow of any node runs on it
+    /// meanwhile); false when an attachment holds it after all.
+    async fn remove_identity(
+        &self,
+        volume_id: &str,
+        identity: &crate::capabilities::cephx::Held,
+        cephx: &crate::capabilities::cephx::CephxCapability,
+    ) -> Result<bool, AttachError> {
+        let _held = self.hold(volume_id).await?;
+        let live = self.store.read(async |tx| rows::live(tx, volume_id).await).await?;
+        if live.iter().filter_map(holder).any(|(_, digest)| digest == identity.host_digest) {
+            return Ok(false);
+        }
+        let op = self.operation(OpKind::Revoke, volume_id, None, None);
+        self.store.write(async |tx| op.begin(tx).await).await?;
+        failpoint::hit("reconcile.cephx.intent");
+        tracing::warn!(volume = %volume_id, identity = %identity.entity, "reconcile: removing a cephx identity that no connected attachment holds");
+        let removed = cephx.remove(identity).await;
+        op.write(async |tx| op.finish(tx).await).await?;
+        removed.map_err(|e| AttachError::Unavailable(format!("cannot remove {}: {e}", identity.entity)))?;
+        Ok(true)
+    }
+}
+
+/// The (volume, digest of the connector's host) a connected attachment holds an identity for.
+fn holder(live: &Live) -> Option<(String, String)> {
+    let host = live.connector.as_ref().filter(|_| live.is_connected())?.host()?;
+    Some((live.attachment.volume_id.clone(), crate::capabilities::cephx::host_digest(host)))
 }
 
 impl Service {

@@ -11,6 +11,7 @@
 //! | `iscsi/` (`tgt/` for tgtd, `model.rs` for tests) | `iscsi.rs` | `iscsi-target` | `berth:driver/iscsi-target` |
 //! | `backing/` | `backing.rs` | `backing-store` | `berth:driver/backing-store` |
 //! | `network/` | `network.rs` | `network` | `wasi:http/outgoing-handler`, `wasi:http/types` |
+//! | `cephx/` | `cephx.rs` | `cephx` | `berth:cephx/identities` (its own package, `wit/cephx@0.1.0`) |
 //! | `log/` | `log.rs` | always | `berth:driver/log` |
 //! | (the backend's `settings`) | `settings.rs` | always | `berth:driver/config` |
 //!
@@ -20,6 +21,7 @@
 //! contracts' imports are adapted to the latest glue in `runtime/since_*.rs`.
 
 pub mod backing;
+pub mod cephx;
 pub mod iscsi;
 pub mod log;
 pub mod namespace;
@@ -53,6 +55,9 @@ pub enum Grant {
     BackingStore,
     /// `wasi:http/outgoing-handler`: requests to the backend's allowed hosts (contract 0.3.0).
     Network,
+    /// `berth:cephx/identities`: cephx identities confined to one RBD image, made by the host
+    /// (contract 0.3.0, package `berth:cephx@0.1.0`).
+    Cephx,
     /// WASI's filesystem and sockets, as some language runtimes import them (componentize-py),
     /// linked to implementations that grant nothing. Never part of a default.
     InertWasi,
@@ -96,6 +101,14 @@ pub const CAPABILITIES: &[CapabilitySpec] = &[
         what: "HTTPS requests to the backend's allowed_hosts, with the credentials the host keeps",
     },
     CapabilitySpec {
+        grant: Grant::Cephx,
+        name: "cephx",
+        interfaces: &["berth:cephx/identities"],
+        since: (0, 3),
+        what: "cephx identities that open one RBD image and nothing else, made and removed by the host with the key \
+               it keeps",
+    },
+    CapabilitySpec {
         grant: Grant::InertWasi,
         name: "inert-wasi",
         interfaces: &[
@@ -117,7 +130,7 @@ pub const CAPABILITIES: &[CapabilitySpec] = &[
 
 impl Grant {
     /// Every capability (`inert-wasi`, which is none, is never granted unless named).
-    pub const ALL: [Grant; 3] = [Grant::IscsiTarget, Grant::BackingStore, Grant::Network];
+    pub const ALL: [Grant; 4] = [Grant::IscsiTarget, Grant::BackingStore, Grant::Network, Grant::Cephx];
 
     /// This grant's row of [`CAPABILITIES`].
     pub fn spec(self) -> &'static CapabilitySpec {
@@ -149,6 +162,7 @@ pub struct DriverCapabilities {
     pub iscsi: Option<iscsi::IscsiCapability>,
     pub backing: Option<Arc<backing::BackingStores>>,
     pub network: Option<Arc<network::NetworkCapability>>,
+    pub cephx: Option<Arc<cephx::CephxCapability>>,
 }
 
 impl DriverCapabilities {
@@ -157,6 +171,7 @@ impl DriverCapabilities {
             Grant::IscsiTarget => self.iscsi.is_some(),
             Grant::BackingStore => self.backing.is_some(),
             Grant::Network => self.network.is_some(),
+            Grant::Cephx => self.cephx.is_some(),
             // Nothing stands behind it: the call's WASI context preopens no directory and
             // allows no socket.
             Grant::InertWasi => true,

@@ -57,6 +57,8 @@ pub struct Shared {
     pub wasm: PathBuf,
     /// The network of a driver granted it (one pool for the whole run).
     pub network: Option<Arc<crate::capabilities::network::NetworkCapability>>,
+    /// The cephx capability of a driver granted it.
+    pub cephx: Option<Arc<crate::capabilities::cephx::CephxCapability>>,
     pub settings: Arc<BTreeMap<String, String>>,
     pub grants: BTreeSet<Grant>,
     pub limits: Limits,
@@ -154,6 +156,9 @@ impl<'s> Env<'s> {
         }
         if shared.grants.contains(&Grant::Network) {
             caps.network = shared.network.clone();
+        }
+        if shared.grants.contains(&Grant::Cephx) {
+            caps.cephx = shared.cephx.clone();
         }
         let spec = DriverSpec {
             backend: BACKEND.into(),

@@ -43,6 +43,9 @@ pub struct VendorConfig {
     /// For a driver granted the network: its allowed hosts, TLS, bounds and credentials, as a
     /// backend's `[backends.network]` table.
     pub network: Option<crate::capabilities::network::NetworkConfig>,
+    /// For a driver granted `cephx`: how the host reaches the cluster to make identities, as a
+    /// backend's `[backends.cephx]` table.
+    pub cephx: Option<crate::capabilities::cephx::CephxConfig>,
 }
 
 impl Default for VendorConfig {
@@ -53,6 +56,7 @@ impl Default for VendorConfig {
             limits: Limits::default(),
             fuel_per_call: 2_000_000_000,
             network: None,
+            cephx: None,
         }
     }
 }
@@ -121,9 +125,21 @@ pub async fn run(options: Options, mut on_check: impl FnMut(&CheckReport)) -> Re
         }
         _ => None,
     };
+    let cephx = match options.config.grants.contains(&Grant::Cephx) {
+        true => {
+            let pool = options.config.settings.get("pool").map_or("volumes", String::as_str);
+            Some(Arc::new(crate::capabilities::cephx::CephxCapability::new(
+                BACKEND_NAME,
+                options.config.cephx.as_ref(),
+                pool,
+            )?))
+        }
+        false => None,
+    };
     let mut shared = Shared {
         runtime,
         network,
+        cephx,
         wasm: options.wasm.clone(),
         settings: Arc::new(options.config.settings.clone()),
         grants: options.config.grants.clone(),

@@ -166,6 +166,11 @@ impl Driver {
         self.inner.caps.iscsi.as_ref().map(|i| &i.service)
     }
 
+    /// The cephx capability this driver was granted, if any.
+    pub fn cephx(&self) -> Option<&Arc<crate::capabilities::cephx::CephxCapability>> {
+        self.inner.caps.cephx.as_ref()
+    }
+
     pub fn digest(&self) -> &str {
         &self.inner.digest
     }

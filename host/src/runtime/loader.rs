@@ -176,6 +176,16 @@ pub(crate) fn judge_import(name: &str) -> ImportVerdict {
             _ => ImportVerdict::Forbidden(format!("{interface} is not part of {contract}")),
         };
     }
+    // Capabilities in packages of their own beside the contract, each at its version.
+    if interface.starts_with("berth:cephx/") {
+        return match Grant::admitting(interface) {
+            Some(grant) if version.starts_with("0.1.") => ImportVerdict::NeedsGrant(grant),
+            Some(_) => {
+                ImportVerdict::Forbidden(format!("this host implements berth:cephx@0.1, not {version}"))
+            }
+            None => ImportVerdict::Forbidden(format!("{interface} is not part of berth:cephx@0.1.0")),
+        };
+    }
     if let Some(grant) = Grant::admitting(interface) {
         return if version.starts_with("0.2.") {
             ImportVerdict::NeedsGrant(grant)
@@ -371,6 +381,7 @@ impl Runtime {
             iscsi: spec.capabilities.iscsi.filter(|_| spec.grants.contains(&Grant::IscsiTarget)),
             backing: spec.capabilities.backing.filter(|_| spec.grants.contains(&Grant::BackingStore)),
             network: spec.capabilities.network.filter(|_| spec.grants.contains(&Grant::Network)),
+            cephx: spec.capabilities.cephx.filter(|_| spec.grants.contains(&Grant::Cephx)),
             settings: spec.capabilities.settings,
         };
         let driver = Driver::prepare(Parts {
@@ -439,6 +450,7 @@ mod tests {
         for http in ["wasi:http/outgoing-handler@0.2.12", "wasi:http/types@0.2.6"] {
             assert_eq!(judge_import(http), ImportVerdict::NeedsGrant(Grant::Network), "{http}");
         }
+        assert_eq!(judge_import("berth:cephx/identities@0.1.0"), ImportVerdict::NeedsGrant(Grant::Cephx));
         // A language runtime's filesystem and sockets: only with the grant that gives nothing.
         for inert in [
             "wasi:filesystem/types@0.2.6",
@@ -454,6 +466,9 @@ mod tests {
             "wasi:http/outgoing-handler@0.3.0",
             "berth:driver/log@0.4.0",
             "berth:driver/secret-stuff@0.1.0",
+            "berth:cephx/identities@0.2.0",
+            "berth:cephx/keys@0.1.0",
+            "berth:driver/identities@0.3.0",
             "acme:evil/backdoor@1.0.0",
         ] {
             assert!(matches!(judge_import(refused), ImportVerdict::Forbidden(_)), "{refused}");

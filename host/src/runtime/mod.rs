@@ -193,6 +193,12 @@ impl Runtime {
             .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         bindings::v0_1::StorageDriver::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        // `berth:cephx/identities`, the cephx capability's own package (admitted with the grant).
+        glue::cephx::bindings::berth::cephx::identities::add_to_linker::<HostState, HasSelf<HostState>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         // `wasi:http` for the network capability (the loader admits it only with the grant, for
         // 0.3.0 drivers; the host sends every request itself: `network.rs`).
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)

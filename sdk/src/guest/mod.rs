@@ -25,11 +25,29 @@ pub mod __bindings {
 }
 
 #[doc(hidden)]
-#[cfg(feature = "network")]
+#[cfg(all(feature = "network", not(feature = "cephx")))]
 pub mod __bindings {
     wit_bindgen::generate!({
         world: "network-storage-driver",
         path: "../wit/driver@0.3.0",
+        pub_export_macro: true,
+        export_macro_name: "__export_storage_driver",
+        default_bindings_module: "berth_driver_sdk::__bindings",
+        runtime_path: "berth_driver_sdk::__wit_bindgen::rt",
+        additional_derives: [Clone, PartialEq],
+        additional_derives_ignore: ["stream-error", "error-code", "dns-error-payload", "field-size-payload", "tls-alert-received-payload", "header-error", "request-options-error", "method", "scheme"],
+        generate_all,
+    });
+}
+
+/// With the `cephx` feature, the driver is built for `berth:cephx/rbd-storage-driver`: the
+/// network, and cephx identities the host makes (the operator's `cephx` grant).
+#[doc(hidden)]
+#[cfg(feature = "cephx")]
+pub mod __bindings {
+    wit_bindgen::generate!({
+        world: "rbd-storage-driver",
+        path: "../wit/cephx@0.1.0",
         pub_export_macro: true,
         export_macro_name: "__export_storage_driver",
         default_bindings_module: "berth_driver_sdk::__bindings",
@@ -107,6 +125,13 @@ pub mod backing_store {
 /// The host's iSCSI target service (must be granted to the driver).
 pub mod iscsi {
     pub use crate::__bindings::berth::driver::iscsi_target::*;
+}
+
+/// Cephx identities confined to one RBD image, made by the host (feature `cephx`; must be
+/// granted to the driver).
+#[cfg(feature = "cephx")]
+pub mod cephx {
+    pub use crate::__bindings::berth::cephx::identities::*;
 }
 
 /// Everything a driver module usually needs.

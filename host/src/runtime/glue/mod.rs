@@ -4,6 +4,7 @@
 //! the guest sees. Older contracts' imports are adapted to these in `runtime/since_*.rs`.
 
 pub(crate) mod backing;
+pub(crate) mod cephx;
 pub(crate) mod iscsi;
 mod log;
 pub(crate) mod network;

@@ -1,0 +1,473 @@
+//! `cephx`: cephx identities that open one RBD image and nothing else, made and removed by the
+//! host for a driver (`berth:cephx/identities`, wit/cephx@0.1.0).
+//!
+//! The host holds the key that may make identities (`[backends.cephx]`: a `ceph.conf`, the
+//! identity and its keyring); the driver names a pool, an image and a compute host, never an
+//! identity or a capability. The host builds the name, `client.berth.<backend>.<image>.<16 hex
+//! digits of the host's SHA-256>`, reads the image's id itself, and gives the identity
+//! `mon 'profile rbd'` and, on the OSDs of that pool, the image's own objects (data, header,
+//! object map) read-write and the pool's directory objects read-only ([`osd_caps`]): as that
+//! identity a client opens that image and is refused every other (docs/security.md, "Ceph RBD").
+//!
+//! Ceph is reached through its own command-line tools (`ceph`, `rados`), one process per command,
+//! each bounded by `timeout_seconds` and killed past it. `ceph` starts a Python interpreter: about
+//! 0.2 s per command on the test machine (BENCHMARKS.md).
+
+// This room runs Ceph's own tools: the one place besides tgtd's, the attach client's and the
+// conformance suite's that starts processes.
+#![allow(clippy::disallowed_methods)]
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// With the `cephx` grant: how the host reaches the cluster to make identities.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CephxConfig {
+    /// The cluster's `ceph.conf` (monitors, and the keyring's path unless `keyring` is set).
+    pub conf: PathBuf,
+    /// The identity the host acts as. It needs no more than `mon 'allow r, allow command "auth
+    /// get-or-create" with entity prefix client.berth., allow command "auth caps" with entity
+    /// prefix client.berth., allow command "auth get" with entity prefix client.berth., allow
+    /// command "auth del" with entity prefix client.berth., allow command "auth ls"'` and `osd
+    /// 'allow r object_prefix rbd_id.'` (to read an image's id).
+    #[serde(default = "default_name")]
+    pub name: String,
+    /// Its keyring (not readable by group or others); default: what `conf` says.
+    #[serde(default)]
+    pub keyring: Option<PathBuf>,
+    /// The pools whose images identities may open; default: the backend's `pool` setting, or
+    /// `volumes`.
+    #[serde(default)]
+    pub pools: Vec<String>,
+    /// How long one Ceph command may take.
+    #[serde(default = "default_timeout")]
+    pub timeout_seconds: f64,
+}
+
+fn default_name() -> String {
+    "client.admin".into()
+}
+
+fn default_timeout() -> f64 {
+    20.0
+}
+
+/// Why a request was refused or failed; the driver sees the same variants.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CephxError {
+    #[error("{0}")]
+    NotConfigured(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotPermitted(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// An identity and its key, as a keyring file holds it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// Without `client.`.
+    pub user: String,
+    pub keyring: String,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity").field("user", &self.user).finish_non_exhaustive()
+    }
+}
+
+/// One identity the host made, read back from its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// `client.berth.<backend>.<image>.<digest>`.
+    pub entity: String,
+    pub image: String,
+    /// The first 16 hex digits of the SHA-256 of the compute host's name.
+    pub host_digest: String,
+}
+
+/// One backend's cephx capability.
+#[derive(Debug, Clone)]
+pub struct CephxCapability {
+    backend: String,
+    /// `None`: granted, but without a `[backends.cephx]` table: every request is refused.
+    config: Option<CephxConfig>,
+}
+
+impl CephxCapability {
+    /// The capability of `backend`; `default_pool` is its `pool` setting (or `volumes`).
+    pub fn new(backend: &str, config: Option<&CephxConfig>, default_pool: &str) -> Result<Self, String> {
+        let config = match config {
+            None => None,
+            Some(c) => {
+                let mut c = c.clone();
+                if c.pools.is_empty() {
+                    c.pools = vec![default_pool.to_string()];
+                }
+                for pool in &c.pools {
+                    check_name("pool", pool, false)
+                        .map_err(|e| format!("backend {backend}: [backends.cephx] {e}"))?;
+                }
+                if !c.name.starts_with("client.") || c.name.len() <= "client.".len() {
+                    return Err(format!(
+                        "backend {backend}: [backends.cephx] name {:?} is not client.<id>",
+                        c.name
+                    ));
+                }
+                if !(c.timeout_seconds > 0.0 && c.timeout_seconds <= 600.0) {
+                    return Err(format!(
+                        "backend {backend}: [backends.cephx] timeout_seconds must be in (0, 600]"
+                    ));
+                }
+                Some(c)
+            }
+        };
+        Ok(CephxCapability { backend: backend.to_string(), config })
+    }
+
+    pub fn configured(&self) -> bool {
+        self.config.is_some()
+    }
+
+    fn config(&self) -> Result<&CephxConfig, CephxError> {
+        self.config.as_ref().ok_or_else(|| {
+            CephxError::NotConfigured(format!(
+                "backend {} has no [backends.cephx] table: the host makes no cephx identities for it",
+                self.backend
+            ))
+        })
+    }
+
+    fn pool<'a>(&self, pool: &'a str) -> Result<&'a str, CephxError> {
+        check_name("pool", pool, false).map_err(CephxError::InvalidArgument)?;
+        if self.config()?.pools.iter().any(|p| p == pool) {
+            Ok(pool)
+        } else {
+            Err(CephxError::NotPermitted(format!(
+                "pool {pool} is not one of backend {}'s pools",
+                self.backend
+            )))
+        }
+    }
+
+    /// The name of `host`'s identity for `image`.
+    pub fn entity(&self, image: &str, host: &str) -> String {
+        format!("client.berth.{}.{image}.{}", self.backend, host_digest(host))
+    }
+
+    /// The identity through which `host` opens `image` of `pool`: made, or found and its
+    /// capabilities brought up to date (an image re-created under the same name has a new id).
+    pub async fn grant_image(&self, pool: &str, image: &str, host: &str) -> Result<Identity, CephxError> {
+        let pool = self.pool(pool)?;
+        check_name("image", image, true).map_err(CephxError::InvalidArgument)?;
+        check_host(host)?;
+        let id = self.image_id(pool, image).await?;
+        let entity = self.entity(image, host);
+        let osd = osd_caps(pool, image, &id);
+        let made = self
+            .ceph(&["auth", "get-or-create", &entity, "mon", "profile rbd", "osd", &osd, "-f", "json"])
+            .await;
+        let out = match made {
+            Ok(out) => out,
+            // It exists with other capabilities (its image was re-created): set them.
+            Err(Failure::Exit { code: 22, .. }) => {
+                self.ceph(&["auth", "caps", &entity, "mon", "profile rbd", "osd", &osd])
+                    .await
+                    .map_err(|f| f.into_error(&entity))?;
+                self.ceph(&["auth", "get", &entity, "-f", "json"]).await.map_err(|f| f.into_error(&entity))?
+            }
+            Err(f) => return Err(f.into_error(&entity)),
+        };
+        let key = parse_key(&out, &entity)?;
+        let user = entity.trim_start_matches("client.").to_string();
+        Ok(Identity { keyring: format!("[{entity}]\n\tkey = {key}\n"), user })
+    }
+
+    /// Removes `host`'s identity for `image`; a missing one is a removed one.
+    pub async fn revoke_image(&self, pool: &str, image: &str, host: &str) -> Result<(), CephxError> {
+        self.pool(pool)?;
+        check_name("image", image, true).map_err(CephxError::InvalidArgument)?;
+        check_host(host)?;
+        self.delete(&self.entity(image, host)).await
+    }
+
+    /// Removes every identity of `image`.
+    pub async fn revoke_all(&self, pool: &str, image: &str) -> Result<(), CephxError> {
+        self.pool(pool)?;
+        check_name("image", image, true).map_err(CephxError::InvalidArgument)?;
+        for held in self.held().await? {
+            if held.image == image {
+                self.delete(&held.entity).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every identity the host made for this backend (for the reconciler).
+    pub async fn held(&self) -> Result<Vec<Held>, CephxError> {
+        let out = self.ceph(&["auth", "ls", "-f", "json"]).await.map_err(|f| f.into_error("auth ls"))?;
+        let dump: serde_json::Value = serde_json::from_slice(&out)
+            .map_err(|e| CephxError::Unavailable(format!("ceph auth ls answered no JSON: {e}")))?;
+        let entries = dump["auth_dump"].as_array().cloned().unwrap_or_default();
+        Ok(entries
+            .iter()
+            .filter_map(|e| e["entity"].as_str())
+            .filter_map(|entity| self.parse(entity))
+            .collect())
+    }
+
+    /// Removes one identity the host made (the reconciler's repair); a missing one is removed.
+    pub async fn remove(&self, held: &Held) -> Result<(), CephxError> {
+        match self.parse(&held.entity) {
+            Some(_) => self.delete(&held.entity).await,
+            None => Err(CephxError::NotPermitted(format!(
+                "{} is not one of backend {}'s identities",
+                held.entity, self.backend
+            ))),
+        }
+    }
+
+    /// `client.berth.<backend>.<image>.<digest>` of this backend, read back.
+    fn parse(&self, entity: &str) -> Option<Held> {
+        let rest = entity.strip_prefix("client.berth.")?;
+        let (rest, digest) = rest.rsplit_once('.')?;
+        let (backend, image) = rest.rsplit_once('.')?;
+        (backend == self.backend && digest.len() == 16 && digest.bytes().all(|b| b.is_ascii_hexdigit())).then(
+            || Held { entity: entity.to_string(), image: image.to_string(), host_digest: digest.to_string() },
+        )
+    }
+
+    async fn delete(&self, entity: &str) -> Result<(), CephxError> {
+        self.ceph(&["auth", "del", entity]).await.map(drop).map_err(|f| f.into_error(entity))
+    }
+
+    /// The image's id (what its objects are named after), read by the host from the image's
+    /// `rbd_id.<image>` object, never taken from the driver.
+    async fn image_id(&self, pool: &str, image: &str) -> Result<String, CephxError> {
+        let spec = format!("{pool}/{image}");
+        let object = format!("rbd_id.{image}");
+        let out = match self.run("rados", &["-p", pool, "get", &object, "-"]).await {
+            Ok(out) => out,
+            Err(Failure::Exit { stderr, .. }) if stderr.contains("(2) No such file") => {
+                return Err(CephxError::NotFound(format!("{spec} does not exist")));
+            }
+            Err(f) => return Err(f.into_error(&spec)),
+        };
+        parse_image_id(&out)
+            .ok_or_else(|| CephxError::Unavailable(format!("{spec}: its rbd_id object holds no id")))
+    }
+
+    async fn ceph(&self, args: &[&str]) -> Result<Vec<u8>, Failure> {
+        let timeout = self.config.as_ref().map_or(20.0, |c| c.timeout_seconds);
+        let connect = format!("{}", timeout.ceil() as u64);
+        let mut all = vec!["--connect-timeout", &connect];
+        all.extend_from_slice(args);
+        self.run("ceph", &all).await
+    }
+
+    async fn run(&self, program: &str, args: &[&str]) -> Result<Vec<u8>, Failure> {
+        let config = self.config.as_ref().ok_or(Failure::NotConfigured)?;
+        let mut command = tokio::process::Command::new(program);
+        command.arg("-c").arg(&config.conf).arg("-n").arg(&config.name);
+        if let Some(keyring) = &config.keyring {
+            command.arg("--keyring").arg(keyring);
+        }
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let child = command.spawn().map_err(|e| Failure::Spawn(format!("{program}: {e}")))?;
+        let limit = Duration::from_secs_f64(config.timeout_seconds);
+        let out = tokio::time::timeout(limit, child.wait_with_output())
+            .await
+            .map_err(|_| {
+                Failure::Timeout(format!("{program} {} did not finish in {limit:?}", args.join(" ")))
+            })?
+            .map_err(|e| Failure::Spawn(format!("{program}: {e}")))?;
+        if out.status.success() {
+            Ok(out.stdout)
+        } else {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            Err(Failure::Exit {
+                code: out.status.code().unwrap_or(-1),
+                stderr: stderr.lines().last().unwrap_or("").chars().take(300).collect(),
+            })
+        }
+    }
+}
+
+/// How one command failed.
+#[derive(Debug)]
+enum Failure {
+    NotConfigured,
+    Spawn(String),
+    Timeout(String),
+    Exit { code: i32, stderr: String },
+}
+
+impl Failure {
+    fn into_error(self, what: &str) -> CephxError {
+        match self {
+            Failure::NotConfigured => CephxError::NotConfigured("no [backends.cephx] table".into()),
+            Failure::Spawn(m) => CephxError::Unavailable(format!("cannot run Ceph's tools: {m}")),
+            Failure::Timeout(m) => CephxError::Unavailable(m),
+            Failure::Exit { code: 13 | 1, stderr }
+                if stderr.contains("ermission") || stderr.contains("EACCES") =>
+            {
+                CephxError::NotPermitted(format!("{what}: the host's identity may not: {stderr}"))
+            }
+            Failure::Exit { code, stderr } => {
+                CephxError::Unavailable(format!("{what}: exit {code}: {stderr}"))
+            }
+        }
+    }
+}
+
+/// What the identity may do on the OSDs: the image's own objects, and reading the pool's
+/// directory objects librbd opens an image through (verified on Ceph 16.2.15: docs/security.md).
+pub fn osd_caps(pool: &str, image: &str, id: &str) -> String {
+    [
+        format!("allow rwx pool={pool} object_prefix rbd_data.{id}"),
+        format!("allow rwx pool={pool} object_prefix rbd_header.{id}"),
+        format!("allow rwx pool={pool} object_prefix rbd_object_map.{id}"),
+        format!("allow rx pool={pool} object_prefix rbd_id.{image}"),
+        format!("allow rx pool={pool} object_prefix rbd_directory"),
+        format!("allow rx pool={pool} object_prefix rbd_info"),
+        format!("allow rx pool={pool} object_prefix rbd_children"),
+        format!("allow rx pool={pool} object_prefix rbd_mirroring"),
+    ]
+    .join(", ")
+}
+
+/// An `rbd_id.<image>` object: the id as a Ceph-encoded string (a little-endian u32 length, then
+/// the bytes).
+fn parse_image_id(object: &[u8]) -> Option<String> {
+    let len = u32::from_le_bytes(object.get(..4)?.try_into().ok()?) as usize;
+    let id = std::str::from_utf8(object.get(4..4 + len)?).ok()?;
+    (!id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric()))
+        .then(|| id.to_string())
+}
+
+/// The first 16 hex digits of the SHA-256 of a compute host's name.
+pub fn host_digest(host: &str) -> String {
+    hex::encode(&Sha256::digest(host.as_bytes())[..8])
+}
+
+/// A pool or image name: 1 to 128 of A-Z a-z 0-9 _ - (and `.` in a pool's, not first).
+fn check_name(what: &str, name: &str, image: bool) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_') || (!image && b == b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{what} name {name:?} must be 1 to 128 characters of A-Z a-z 0-9 _ -"))
+    }
+}
+
+fn check_host(host: &str) -> Result<(), CephxError> {
+    if host.is_empty() || host.len() > 255 || host.chars().any(char::is_control) {
+        return Err(CephxError::InvalidArgument(
+            "a host name is 1 to 255 characters without control characters".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn parse_key(out: &[u8], entity: &str) -> Result<String, CephxError> {
+    let answer: serde_json::Value = serde_json::from_slice(out)
+        .map_err(|e| CephxError::Unavailable(format!("ceph auth answered no JSON for {entity}: {e}")))?;
+    let key = answer.as_array().and_then(|a| a.first()).and_then(|e| e["key"].as_str()).unwrap_or_default();
+    let valid =
+        !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='));
+    if valid {
+        Ok(key.to_string())
+    } else {
+        Err(CephxError::Unavailable(format!("ceph auth gave no key for {entity}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn capability(backend: &str) -> CephxCapability {
+        let config = CephxConfig {
+            conf: "/nonexistent/ceph.conf".into(),
+            name: default_name(),
+            keyring: None,
+            pools: vec![],
+            timeout_seconds: 5.0,
+        };
+        CephxCapability::new(backend, Some(&config), "volumes").unwrap()
+    }
+
+    #[test]
+    fn an_identity_is_named_by_the_host_from_backend_image_and_a_digest_of_the_compute_host() {
+        let c = capability("rbd.a");
+        let entity = c.entity("volume-1", "compute-1");
+        assert_eq!(entity, format!("client.berth.rbd.a.volume-1.{}", host_digest("compute-1")));
+        assert_ne!(host_digest("compute-1"), host_digest("compute-2"));
+        let held = c.parse(&entity).expect("its own identity");
+        assert_eq!((held.image.as_str(), held.host_digest.len()), ("volume-1", 16));
+        // Another backend's, even one whose name starts the same, is not this one's.
+        assert_eq!(capability("rbd").parse(&entity), None);
+        assert_eq!(c.parse("client.cinder"), None);
+        assert_eq!(c.parse("client.berth.rbd.a.volume-1.nothex0000000000"), None);
+    }
+
+    #[tokio::test]
+    async fn names_the_driver_gives_are_checked_before_anything_runs() {
+        let c = capability("rbd");
+        let refused = [
+            c.grant_image("other", "volume-1", "h").await,
+            c.grant_image("volumes", "volume-1.x", "h").await,
+            c.grant_image("volumes", "../x", "h").await,
+            c.grant_image("volumes", "volume-1", "").await,
+            c.grant_image("volumes", "volume-1", "a\nb").await,
+        ];
+        assert!(matches!(refused[0], Err(CephxError::NotPermitted(_))), "{:?}", refused[0]);
+        for r in &refused[1..] {
+            assert!(matches!(r, Err(CephxError::InvalidArgument(_))), "{r:?}");
+        }
+        let unconfigured = CephxCapability::new("rbd", None, "volumes").unwrap();
+        assert!(matches!(
+            unconfigured.grant_image("volumes", "volume-1", "h").await,
+            Err(CephxError::NotConfigured(_))
+        ));
+    }
+
+    #[test]
+    fn an_images_id_is_read_from_its_rbd_id_object() {
+        assert_eq!(parse_image_id(b"\x0c\x00\x00\x0010352264342c").as_deref(), Some("10352264342c"));
+        assert_eq!(parse_image_id(b"\x0c\x00\x00\x00103522"), None, "shorter than it says");
+        assert_eq!(parse_image_id(b"\x02\0\0\0a/"), None, "not an id");
+        assert_eq!(parse_image_id(b""), None);
+    }
+
+    #[test]
+    fn the_capabilities_reach_the_images_objects_and_only_read_the_pools_directory() {
+        let caps = osd_caps("volumes", "volume-1", "10ab");
+        assert!(caps.contains("allow rwx pool=volumes object_prefix rbd_data.10ab"));
+        assert!(caps.contains("allow rx pool=volumes object_prefix rbd_id.volume-1"));
+        assert!(!caps.contains("allow rwx pool=volumes,") && !caps.contains("profile"));
+        for grant in caps.split(", ") {
+            assert!(grant.contains("object_prefix"), "{grant} reaches more than named objects");
+        }
+    }
+}
