@@ -588,6 +588,55 @@ async fn the_reconciler_removes_identities_no_attachment_holds_and_keeps_the_oth
     assert!(!ceph.identities().contains(&held));
 }
 
+/// A multiattach volume attached twice on one compute host and once on another: the host's two
+/// attachments share its identity, which stays until the host's last attachment is detached;
+/// the other host's identity is its own, and each works as long as its host is attached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosts_identity_lasts_until_its_last_attachment_of_the_volume_is_detached() {
+    let ceph = cluster();
+    let server = BerthProcess::start(&format!(
+        "{}\n[[volume_types]]\nname = \"multi\"\nbackend = \"ceph\"\nextra_specs = {{ multiattach = \"<is> True\" }}\n",
+        ceph.backend_toml("ceph", false)
+    ));
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    let volume = c.create_volume(json!({"size": 1, "volume_type": "multi"})).await;
+    wait_status(&c, &volume, "available").await;
+    let attach = |host: &'static str| {
+        let c = c.clone();
+        let volume = volume.clone();
+        async move {
+            let r =
+                c.attach(&volume, Some(connector(&format!("iqn.1993-08.org.debian:01:{host}"), host))).await;
+            let r = r.expect(200);
+            let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
+            (
+                id,
+                json!({"driver_volume_type": "rbd", "data": r.body["attachment"]["connection_info"].clone()}),
+            )
+        }
+    };
+    let (a1, info_a1) = attach("compute-a").await;
+    let (a2, info_a2) = attach("compute-a").await;
+    let (b1, info_b1) = attach("compute-b").await;
+    let user = |info: &Value| format!("client.{}", info["data"]["auth_username"].as_str().unwrap());
+    assert_eq!(user(&info_a1), user(&info_a2), "one identity per host and volume");
+    assert_ne!(user(&info_a1), user(&info_b1));
+    assert_eq!(info_a1["data"]["keyring"], info_a2["data"]["keyring"], "the same key");
+
+    c.delete(&format!("/attachments/{a1}")).await.expect(200);
+    assert!(ceph.identities().contains(&user(&info_a2)), "removed while compute-a is still attached");
+    ceph.write_and_read(&info_a2, 0, b"still attached").expect("compute-a's other attachment still opens it");
+    c.delete(&format!("/attachments/{a2}")).await.expect(200);
+    let now = ceph.identities();
+    assert!(!now.contains(&user(&info_a2)), "compute-a's identity outlived its last attachment");
+    assert!(now.contains(&user(&info_b1)), "compute-b's identity went with compute-a's");
+    ceph.write_and_read(&info_b1, 0, b"compute-b").expect("compute-b still opens it");
+    c.delete(&format!("/attachments/{b1}")).await.expect(200);
+    assert!(!ceph.identities().contains(&user(&info_b1)));
+    c.delete(&format!("/volumes/{volume}")).await.expect(202);
+    wait_status(&c, &volume, "deleted").await;
+}
+
 /// `berth local-attach` on an RBD volume: without rbd-nbd and its kernel module (or the kernel's
 /// RBD driver) it says what this machine needs, exits 6 and leaves nothing behind; with them (a
 /// stand-in `rbd-nbd` that proves what it was told by reaching the image with librbd as the

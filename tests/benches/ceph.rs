@@ -21,8 +21,6 @@ use berth_tests::stats::{Summary, human};
 use serde_json::json;
 
 const N: usize = 200;
-/// Cycles with per-host identities: each runs `ceph` (a Python start) three times.
-const N_PER_HOST: usize = 40;
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -59,7 +57,7 @@ async fn run() {
 
     // 1. One attachment create, and the calls it makes to Ceph, made directly: with per-host
     //    identities (the default) and with one shared identity, as Cinder.
-    attach_against_direct(ceph, &c, true, N_PER_HOST).await;
+    attach_against_direct(ceph, &c, true, N).await;
     let shared = BerthProcess::start(
         &config(ceph).replace("rbd_user = \"cinder\"", "rbd_user = \"cinder\", identities = \"shared\""),
     );
@@ -144,8 +142,9 @@ async fn run() {
 
 /// Attachment creates and deletes through Berth against the calls to Ceph a create makes, made
 /// directly: the dashboard's `GET` of the image and of the monitors, and with per-host identities
-/// the `rados get` of the image's id and the `ceph auth get-or-create` the host runs (as
-/// `client.berth-host`), whose delete runs `ceph auth del`.
+/// the host's read of the image's id and its `auth get-or-create` (through librados, as
+/// `client.berth-host`: the host's own capability called without driver, API or database),
+/// whose delete is an `auth del`.
 async fn attach_against_direct(ceph: &Ceph, c: &Client, per_host: bool, n: usize) {
     let volume = c.create_volume(json!({"size": 1})).await;
     available(c, &volume).await;
@@ -171,17 +170,23 @@ async fn attach_against_direct(ceph: &Ceph, c: &Client, per_host: bool, n: usize
             r.bytes().await.unwrap();
         }
     };
-    let host_tool = |program: &str, args: Vec<String>| {
-        let mut command = tokio::process::Command::new(program);
-        command.arg("-c").arg(&ceph.conf).args(["-n", "client.berth-host"]).args(args);
-        async move {
-            let out = command.output().await.unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        }
-    };
+    // The host's own Ceph calls, made directly: its capability, without a driver, an API or a
+    // database (its own backend name, so its identities are not the service's).
+    let cephx = berth::capabilities::cephx::CephxCapability::new(
+        "bench-direct",
+        Some(&berth::capabilities::cephx::CephxConfig {
+            conf: ceph.conf.clone(),
+            name: "client.berth-host".into(),
+            keyring: None,
+            pools: vec![ceph.pool.clone()],
+            timeout_seconds: 20.0,
+        }),
+        &ceph.pool,
+    )
+    .unwrap();
     let image = format!("{}/api/block/image/{}%2Fvolume-{volume}", ceph.dashboard, ceph.pool);
     let monitor = format!("{}/api/monitor", ceph.dashboard);
-    let entity = format!("client.berth.bench-direct.volume-{volume}.0000000000000000");
+    let name = format!("volume-{volume}");
     let (mut direct, mut creates, mut deletes) = (Vec::new(), Vec::new(), Vec::new());
     let warm = (n / 10).max(2);
     for i in 0..n + warm {
@@ -189,20 +194,11 @@ async fn attach_against_direct(ceph: &Ceph, c: &Client, per_host: bool, n: usize
         get(image.clone()).await;
         get(monitor.clone()).await;
         if per_host {
-            host_tool(
-                "rados",
-                ["-p", &ceph.pool, "get", &format!("rbd_id.volume-{volume}"), "-"].map(String::from).to_vec(),
-            )
-            .await;
-            host_tool(
-                "ceph",
-                ["auth", "get-or-create", &entity, "mon", "profile rbd"].map(String::from).to_vec(),
-            )
-            .await;
+            cephx.grant_image(&ceph.pool, &name, "direct").await.unwrap();
         }
         let d = t.elapsed();
         if per_host {
-            host_tool("ceph", ["auth", "del", &entity].map(String::from).to_vec()).await;
+            cephx.revoke_image(&ceph.pool, &name, "direct").await.unwrap();
         }
         let t = Instant::now();
         let r =
@@ -221,7 +217,7 @@ async fn attach_against_direct(ceph: &Ceph, c: &Client, per_host: bool, n: usize
     let direct = Summary::of(&mut direct);
     let creates = Summary::of(&mut creates);
     let (mode, calls) = match per_host {
-        true => ("per-host identities", "GET image + GET monitor + rados get + ceph auth get-or-create"),
+        true => ("per-host identities", "GET image + GET monitor + the image's rbd_id + auth get-or-create"),
         false => ("identities = shared", "GET image + GET monitor"),
     };
     println!("{mode}: the calls of an attachment create, made directly ({calls}): {direct}");

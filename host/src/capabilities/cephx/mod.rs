@@ -9,17 +9,18 @@
 //! object map) read-write and the pool's directory objects read-only ([`osd_caps`]): as that
 //! identity a client opens that image and is refused every other (docs/security.md, "Ceph RBD").
 //!
-//! Ceph is reached through its own command-line tools (`ceph`, `rados`), one process per command,
-//! each bounded by `timeout_seconds` and killed past it. `ceph` starts a Python interpreter: about
-//! 0.2 s per command on the test machine (BENCHMARKS.md).
+//! Ceph is reached through librados (`rados.rs`, loaded at run time), one connection per
+//! backend kept between calls: a monitor command costs a round trip, not a process (Ceph's `ceph`
+//! tool starts a Python interpreter, about 0.25 s of CPU per command; BENCHMARKS.md).
 
-// This room runs Ceph's own tools: the one place besides tgtd's, the attach client's and the
-// conformance suite's that starts processes.
-#![allow(clippy::disallowed_methods)]
+mod rados;
 
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
+
+use rados::{Connection, RadosError};
+use serde_json::json;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -102,6 +103,7 @@ pub struct CephxCapability {
     backend: String,
     /// `None`: granted, but without a `[backends.cephx]` table: every request is refused.
     config: Option<CephxConfig>,
+    cluster: Option<Arc<Connection>>,
 }
 
 impl CephxCapability {
@@ -132,7 +134,15 @@ impl CephxCapability {
                 Some(c)
             }
         };
-        Ok(CephxCapability { backend: backend.to_string(), config })
+        let cluster = config.as_ref().map(|c| {
+            Arc::new(Connection::new(
+                &c.conf,
+                &c.name,
+                c.keyring.as_deref(),
+                Duration::from_secs_f64(c.timeout_seconds),
+            ))
+        });
+        Ok(CephxCapability { backend: backend.to_string(), config, cluster })
     }
 
     pub fn configured(&self) -> bool {
@@ -173,20 +183,22 @@ impl CephxCapability {
         check_host(host)?;
         let id = self.image_id(pool, image).await?;
         let entity = self.entity(image, host);
-        let osd = osd_caps(pool, image, &id);
+        let caps = json!(["mon", "profile rbd", "osd", osd_caps(pool, image, &id)]);
         let made = self
-            .ceph(&["auth", "get-or-create", &entity, "mon", "profile rbd", "osd", &osd, "-f", "json"])
+            .mon(json!({"prefix": "auth get-or-create", "entity": entity, "caps": caps, "format": "json"}))
             .await;
         let out = match made {
             Ok(out) => out,
             // It exists with other capabilities (its image was re-created): set them.
-            Err(Failure::Exit { code: 22, .. }) => {
-                self.ceph(&["auth", "caps", &entity, "mon", "profile rbd", "osd", &osd])
+            Err(e) if e.errno == libc::EINVAL => {
+                self.mon(json!({"prefix": "auth caps", "entity": entity, "caps": caps}))
                     .await
-                    .map_err(|f| f.into_error(&entity))?;
-                self.ceph(&["auth", "get", &entity, "-f", "json"]).await.map_err(|f| f.into_error(&entity))?
+                    .map_err(|e| refused(&entity, e))?;
+                self.mon(json!({"prefix": "auth get", "entity": entity, "format": "json"}))
+                    .await
+                    .map_err(|e| refused(&entity, e))?
             }
-            Err(f) => return Err(f.into_error(&entity)),
+            Err(e) => return Err(refused(&entity, e)),
         };
         let key = parse_key(&out, &entity)?;
         let user = entity.trim_start_matches("client.").to_string();
@@ -215,7 +227,10 @@ impl CephxCapability {
 
     /// Every identity the host made for this backend (for the reconciler).
     pub async fn held(&self) -> Result<Vec<Held>, CephxError> {
-        let out = self.ceph(&["auth", "ls", "-f", "json"]).await.map_err(|f| f.into_error("auth ls"))?;
+        let out = self
+            .mon(json!({"prefix": "auth ls", "format": "json"}))
+            .await
+            .map_err(|e| refused("auth ls", e))?;
         let dump: serde_json::Value = serde_json::from_slice(&out)
             .map_err(|e| CephxError::Unavailable(format!("ceph auth ls answered no JSON: {e}")))?;
         let entries = dump["auth_dump"].as_array().cloned().unwrap_or_default();
@@ -248,7 +263,11 @@ impl CephxCapability {
     }
 
     async fn delete(&self, entity: &str) -> Result<(), CephxError> {
-        self.ceph(&["auth", "del", entity]).await.map(drop).map_err(|f| f.into_error(entity))
+        match self.mon(json!({"prefix": "auth del", "entity": entity})).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.errno == libc::ENOENT => Ok(()),
+            Err(e) => Err(refused(entity, e)),
+        }
     }
 
     /// The image's id (what its objects are named after), read by the host from the image's
@@ -256,82 +275,39 @@ impl CephxCapability {
     async fn image_id(&self, pool: &str, image: &str) -> Result<String, CephxError> {
         let spec = format!("{pool}/{image}");
         let object = format!("rbd_id.{image}");
-        let out = match self.run("rados", &["-p", pool, "get", &object, "-"]).await {
+        let out = match self.cluster()?.read(pool, &object, 4 + 64).await {
             Ok(out) => out,
-            Err(Failure::Exit { stderr, .. }) if stderr.contains("(2) No such file") => {
+            Err(e) if e.errno == libc::ENOENT => {
                 return Err(CephxError::NotFound(format!("{spec} does not exist")));
             }
-            Err(f) => return Err(f.into_error(&spec)),
+            Err(e) => return Err(refused(&spec, e)),
         };
         parse_image_id(&out)
             .ok_or_else(|| CephxError::Unavailable(format!("{spec}: its rbd_id object holds no id")))
     }
 
-    async fn ceph(&self, args: &[&str]) -> Result<Vec<u8>, Failure> {
-        let timeout = self.config.as_ref().map_or(20.0, |c| c.timeout_seconds);
-        let connect = format!("{}", timeout.ceil() as u64);
-        let mut all = vec!["--connect-timeout", &connect];
-        all.extend_from_slice(args);
-        self.run("ceph", &all).await
+    fn cluster(&self) -> Result<&Arc<Connection>, CephxError> {
+        self.config()?;
+        Ok(self.cluster.as_ref().expect("a configured capability has its connection"))
     }
 
-    async fn run(&self, program: &str, args: &[&str]) -> Result<Vec<u8>, Failure> {
-        let config = self.config.as_ref().ok_or(Failure::NotConfigured)?;
-        let mut command = tokio::process::Command::new(program);
-        command.arg("-c").arg(&config.conf).arg("-n").arg(&config.name);
-        if let Some(keyring) = &config.keyring {
-            command.arg("--keyring").arg(keyring);
-        }
-        command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let child = command.spawn().map_err(|e| Failure::Spawn(format!("{program}: {e}")))?;
-        let limit = Duration::from_secs_f64(config.timeout_seconds);
-        let out = tokio::time::timeout(limit, child.wait_with_output())
-            .await
-            .map_err(|_| {
-                Failure::Timeout(format!("{program} {} did not finish in {limit:?}", args.join(" ")))
-            })?
-            .map_err(|e| Failure::Spawn(format!("{program}: {e}")))?;
-        if out.status.success() {
-            Ok(out.stdout)
-        } else {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            Err(Failure::Exit {
-                code: out.status.code().unwrap_or(-1),
-                stderr: stderr.lines().last().unwrap_or("").chars().take(300).collect(),
-            })
+    async fn mon(&self, command: serde_json::Value) -> Result<Vec<u8>, RadosError> {
+        match self.cluster() {
+            Ok(c) => c.mon_command(command).await,
+            Err(e) => Err(RadosError { errno: 0, message: e.to_string() }),
         }
     }
 }
 
-/// How one command failed.
-#[derive(Debug)]
-enum Failure {
-    NotConfigured,
-    Spawn(String),
-    Timeout(String),
-    Exit { code: i32, stderr: String },
-}
-
-impl Failure {
-    fn into_error(self, what: &str) -> CephxError {
-        match self {
-            Failure::NotConfigured => CephxError::NotConfigured("no [backends.cephx] table".into()),
-            Failure::Spawn(m) => CephxError::Unavailable(format!("cannot run Ceph's tools: {m}")),
-            Failure::Timeout(m) => CephxError::Unavailable(m),
-            Failure::Exit { code: 13 | 1, stderr }
-                if stderr.contains("ermission") || stderr.contains("EACCES") =>
-            {
-                CephxError::NotPermitted(format!("{what}: the host's identity may not: {stderr}"))
-            }
-            Failure::Exit { code, stderr } => {
-                CephxError::Unavailable(format!("{what}: exit {code}: {stderr}"))
-            }
+/// What a failed request says to the driver.
+fn refused(what: &str, e: RadosError) -> CephxError {
+    match e.errno {
+        libc::EACCES | libc::EPERM => {
+            CephxError::NotPermitted(format!("{what}: the host's identity may not: {}", e.message))
         }
+        libc::ENOENT => CephxError::NotFound(format!("{what}: {}", e.message)),
+        0 if e.message.contains("[backends.cephx]") => CephxError::NotConfigured(e.message),
+        errno => CephxError::Unavailable(format!("{what}: {} (errno {errno})", e.message)),
     }
 }
 
