@@ -547,10 +547,11 @@ async fn a_kill_at_every_failpoint_of_the_rbd_flows_leaves_ceph_and_the_database
 
 /// The reconciler removes a cephx identity that no connected attachment holds (one for a host
 /// with no attachment, as a crash between making an identity and recording its attachment
-/// leaves it), keeps the one an attachment holds, and leaves alone an identity of a volume its
-/// database does not know (another deployment's).
+/// leaves it), keeps the one an attachment holds, leaves alone an identity of a volume its
+/// database does not know (another deployment's), and makes a connected attachment's identity
+/// again, with the key its host was given, when it was removed behind its back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_reconciler_removes_identities_no_attachment_holds_and_keeps_the_others() {
+async fn the_reconciler_removes_identities_no_attachment_holds_and_restores_those_that_are_missing() {
     let ceph = cluster();
     let server = BerthProcess::start(&format!(
         "[reconcile]\ninterval_seconds = 1\ngrace_seconds = 1\n\n{}\n[[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"ceph\"\n",
@@ -580,6 +581,20 @@ async fn the_reconciler_removes_identities_no_attachment_holds_and_keeps_the_oth
     assert!(now.contains(&foreign), "another deployment's identity was removed");
     assert!(server.log_text().contains("removing a cephx identity that no connected attachment holds"));
     ceph.auth(&["del", &foreign]);
+
+    // The other way: the attachment's identity removed behind Berth's back is made again with the
+    // key the host was given, which opens the image again.
+    ceph.auth(&["del", &held]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ceph.identities().contains(&held) {
+        assert!(Instant::now() < deadline, "the identity was not made again; log:\n{}", server.log_tail(30));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let info =
+        json!({"driver_volume_type": "rbd", "data": made.body["attachment"]["connection_info"].clone()});
+    let back =
+        ceph.write_and_read(&info, 0, b"the same key again").expect("the host's key opens the image again");
+    assert_eq!(back, b"the same key again");
 
     let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
     c.delete(&format!("/attachments/{id}")).await.expect(200);

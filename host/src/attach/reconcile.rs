@@ -25,7 +25,9 @@
 //!    connected attachment of that volume on that host holds (a crash between making it and
 //!    recording the attachment, a detach whose revoke failed) is removed once it has been seen for
 //!    the grace period, under an operation on its volume (so no flow of any node runs on the
-//!    volume meanwhile). Volumes with an operation in flight are left for the next pass.
+//!    volume meanwhile). Volumes with an operation in flight are left for the next pass. The
+//!    other way round, a connected attachment whose identity is missing (removed behind the
+//!    service's back) has it made again with the key its connection info holds (a `repair`).
 //!
 //! Not compared: CHAP accounts (an account is bound to its target and goes with it; a crash inside
 //! `set-chap` closes the target's ACL, which a repair then reopens) and targets of backends that
@@ -601,9 +603,6 @@ impl Reconcile<'_> {
                     continue;
                 }
             };
-            if held.is_empty() {
-                continue;
-            }
             let ids: Vec<String> =
                 held.iter().filter_map(|h| h.image.strip_prefix("volume-").map(str::to_string)).collect();
             let (connected, busy, known) = self
@@ -617,6 +616,8 @@ impl Reconcile<'_> {
                 })
                 .await?;
             let wanted: HashSet<(String, String)> = connected.iter().filter_map(holder).collect();
+            let present: HashSet<String> = held.iter().map(|h| h.entity.clone()).collect();
+            self.restore_identities(&backend.name, &cephx, &connected, &busy, &present, report).await?;
             for identity in held {
                 let Some(volume_id) = identity.image.strip_prefix("volume-") else { continue };
                 // A volume this database does not know (another deployment's backend of the same
@@ -662,6 +663,71 @@ impl Reconcile<'_> {
         Ok(())
     }
 
+    /// Makes again, with the key its attachment was given, the identity of each connected
+    /// attachment of the backend whose identity is missing (removed behind the service's back),
+    /// under an operation on the volume; the attachment's host can then open the image again.
+    async fn restore_identities(
+        &self,
+        backend: &str,
+        cephx: &crate::capabilities::cephx::CephxCapability,
+        connected: &[Live],
+        busy: &HashSet<String>,
+        present: &HashSet<String>,
+        report: &mut Reconciled,
+    ) -> Result<(), AttachError> {
+        let missing: Vec<&Live> = connected
+            .iter()
+            .filter(|l| l.is_connected() && !busy.contains(&l.attachment.volume_id))
+            .filter(|l| {
+                let Some((_, image, host, _)) = identity_of(l) else { return false };
+                !present.contains(&cephx.entity(&image, &host))
+            })
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = missing.iter().map(|l| l.attachment.volume_id.clone()).collect();
+        let served = self.store.read(async |tx| volumes::backends(tx, &ids).await).await?;
+        for live in missing {
+            let volume_id = &live.attachment.volume_id;
+            if served.get(volume_id).is_none_or(|s| s.backend != backend) {
+                continue;
+            }
+            match self.restore_identity(live, cephx).await {
+                Ok(true) => report.repaired.push(volume_id.clone()),
+                Ok(false) => {}
+                Err(e) => report.failed.push((volume_id.clone(), format!("restore its cephx identity: {e}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// One restore, after checking again under the volume's lock that the attachment is still
+    /// connected with the same connection.
+    async fn restore_identity(
+        &self,
+        live: &Live,
+        cephx: &crate::capabilities::cephx::CephxCapability,
+    ) -> Result<bool, AttachError> {
+        let volume_id = &live.attachment.volume_id;
+        let _held = self.hold(volume_id).await?;
+        let now = self.store.read(async |tx| rows::live(tx, volume_id).await).await?;
+        let Some(current) = now.iter().find(|l| l.attachment.id == live.attachment.id && l.is_connected())
+        else {
+            return Ok(false);
+        };
+        let Some((pool, image, host, keyring)) = identity_of(current) else { return Ok(false) };
+        let op = self.operation(OpKind::Repair, volume_id, None, None);
+        self.store.write(async |tx| op.begin(tx).await).await?;
+        tracing::warn!(
+            volume = %volume_id, attachment = %live.attachment.id, identity = %cephx.entity(&image, &host),
+            "reconcile: the cephx identity of a connected attachment may be missing; making it again with its key"
+        );
+        let restored = cephx.restore(&pool, &image, &host, &keyring).await;
+        op.write(async |tx| op.finish(tx).await).await?;
+        restored.map_err(|e| AttachError::Unavailable(e.to_string()))
+    }
+
     /// Removes an identity no connected attachment holds, after checking again under the
     /// volume's lock, inside an operation on the volume (no flow of any node runs on it
     /// meanwhile); false when an attachment holds it after all.
@@ -685,6 +751,18 @@ impl Reconcile<'_> {
         removed.map_err(|e| AttachError::Unavailable(format!("cannot remove {}: {e}", identity.entity)))?;
         Ok(true)
     }
+}
+
+/// The identity a connected attachment was given, from its connection info: (pool, image,
+/// connector's host, keyring); none for an attachment without one (`identities = shared`,
+/// another protocol).
+fn identity_of(live: &Live) -> Option<(String, String, String, String)> {
+    let host = live.connector.as_ref()?.host()?.to_string();
+    let info = live.attachment.connection_info.as_ref()?;
+    let info = info.get("data").unwrap_or(info);
+    let keyring = info.get("keyring")?.as_str()?.to_string();
+    let (pool, image) = info.get("name")?.as_str()?.split_once('/')?;
+    Some((pool.to_string(), image.to_string(), host, keyring))
 }
 
 /// The (volume, digest of the connector's host) a connected attachment holds an identity for.

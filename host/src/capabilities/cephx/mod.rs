@@ -34,8 +34,9 @@ pub struct CephxConfig {
     /// The identity the host acts as. It needs no more than `mon 'allow r, allow command "auth
     /// get-or-create" with entity prefix client.berth., allow command "auth caps" with entity
     /// prefix client.berth., allow command "auth get" with entity prefix client.berth., allow
-    /// command "auth del" with entity prefix client.berth., allow command "auth ls"'` and `osd
-    /// 'allow r object_prefix rbd_id.'` (to read an image's id).
+    /// command "auth add" with entity prefix client.berth., allow command "auth del" with entity
+    /// prefix client.berth., allow command "auth ls"'` and `osd 'allow r object_prefix rbd_id.'`
+    /// (to read an image's id).
     #[serde(default = "default_name")]
     pub name: String,
     /// Its keyring (not readable by group or others); default: what `conf` says.
@@ -205,6 +206,44 @@ impl CephxCapability {
         Ok(Identity { keyring: format!("[{entity}]\n\tkey = {key}\n"), user })
     }
 
+    /// Makes `host`'s identity for `image` again with the key it had (from the connection info of
+    /// the attachment that holds it), so that the key the host was given opens the image again:
+    /// the reconciler's repair of an identity removed behind the service's back. An identity that
+    /// exists is left as it is (false).
+    pub async fn restore(
+        &self,
+        pool: &str,
+        image: &str,
+        host: &str,
+        keyring: &str,
+    ) -> Result<bool, CephxError> {
+        let pool = self.pool(pool)?;
+        check_name("image", image, true).map_err(CephxError::InvalidArgument)?;
+        check_host(host)?;
+        let entity = self.entity(image, host);
+        let key = keyring
+            .split_once(&format!("[{entity}]"))
+            .and_then(|(_, rest)| rest.split("key = ").nth(1))
+            .map(|k| k.lines().next().unwrap_or("").trim())
+            .filter(|k| {
+                !k.is_empty()
+                    && k.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
+            })
+            .ok_or_else(|| CephxError::InvalidArgument(format!("the keyring holds no key of {entity}")))?;
+        let id = self.image_id(pool, image).await?;
+        let caps = json!(["mon", "profile rbd", "osd", osd_caps(pool, image, &id)]);
+        let keyring = format!("[{entity}]\n\tkey = {key}\n");
+        match self
+            .mon_with(json!({"prefix": "auth add", "entity": entity, "caps": caps}), keyring.into_bytes())
+            .await
+        {
+            Ok(_) => Ok(true),
+            // Made meanwhile (by the connection that holds it): not this repair's to change.
+            Err(e) if e.errno == libc::EEXIST || e.errno == libc::EINVAL => Ok(false),
+            Err(e) => Err(refused(&entity, e)),
+        }
+    }
+
     /// Removes `host`'s identity for `image`; a missing one is a removed one.
     pub async fn revoke_image(&self, pool: &str, image: &str, host: &str) -> Result<(), CephxError> {
         self.pool(pool)?;
@@ -292,8 +331,12 @@ impl CephxCapability {
     }
 
     async fn mon(&self, command: serde_json::Value) -> Result<Vec<u8>, RadosError> {
+        self.mon_with(command, Vec::new()).await
+    }
+
+    async fn mon_with(&self, command: serde_json::Value, input: Vec<u8>) -> Result<Vec<u8>, RadosError> {
         match self.cluster() {
-            Ok(c) => c.mon_command(command).await,
+            Ok(c) => c.mon_command(command, input).await,
             Err(e) => Err(RadosError { errno: 0, message: e.to_string() }),
         }
     }

@@ -162,20 +162,21 @@ impl Cluster {
         Ok(this)
     }
 
-    /// A monitor command (JSON), answering its output.
-    fn mon_command(&self, command: &serde_json::Value) -> Result<Vec<u8>, RadosError> {
+    /// A monitor command (JSON) with its input, answering its output.
+    fn mon_command(&self, command: &serde_json::Value, input: &[u8]) -> Result<Vec<u8>, RadosError> {
         let text = c(&command.to_string())?;
         let mut commands = [text.as_ptr()];
         let (mut out, mut out_len, mut status, mut status_len) =
             (std::ptr::null_mut(), 0usize, std::ptr::null_mut(), 0usize);
-        // SAFETY: one NUL-terminated command, no input buffer, out-pointers for the answers.
+        // SAFETY: one NUL-terminated command, an input buffer of its length, out-pointers for the
+        // answers.
         let rc = unsafe {
             (self.api.mon_command)(
                 self.handle,
                 commands.as_mut_ptr(),
                 1,
-                std::ptr::null(),
-                0,
+                input.as_ptr().cast(),
+                input.len(),
                 &mut out,
                 &mut out_len,
                 &mut status,
@@ -296,8 +297,9 @@ impl Connection {
     pub(super) async fn mon_command(
         self: &Arc<Self>,
         command: serde_json::Value,
+        input: Vec<u8>,
     ) -> Result<Vec<u8>, RadosError> {
-        self.with(move |c| c.mon_command(&command)).await
+        self.with(move |c| c.mon_command(&command, &input)).await
     }
 
     pub(super) async fn read(
