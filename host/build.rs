@@ -29,6 +29,7 @@ const NETWORK_DRIVERS: &[(&str, &str)] = &[
     ("netprobe", "berth-driver-netprobe"),
     ("array", "berth-driver-array"),
     ("ceph-rbd", "berth-driver-ceph-rbd"),
+    ("flawed-rbd", "berth-driver-flawed-rbd"),
 ];
 
 fn main() {

@@ -147,7 +147,8 @@ async fn a_missing_image_is_not_found_and_a_lost_volume_is_reported_not_attached
 /// driver passes, faults injected in front of the dashboard at each request of each call among
 /// them, the iSCSI-only checks say why they were skipped, and no image is left in the pool (a
 /// pool of its own: the other tests of this process make images in theirs meanwhile) and no cephx
-/// identity behind (the host makes one per host at each connection).
+/// identity behind (the host makes one per host at each connection); the check of identities
+/// passes, and fails for each flaw of `flawed-rbd`.
 #[test]
 fn ceph_rbd_passes_the_conformance_suite_against_the_cluster() {
     let ceph = &cluster().in_pool("conformance");
@@ -180,6 +181,36 @@ fn ceph_rbd_passes_the_conformance_suite_against_the_cluster() {
     let left: Vec<String> =
         ceph.identities().into_iter().filter(|e| e.starts_with("client.berth.conformance.")).collect();
     assert!(left.is_empty(), "the suite left cephx identities: {left:?}");
+    let identity = checks.iter().find(|c| c["name"].as_str().unwrap().contains("cephx identity")).unwrap();
+    assert_eq!(identity["status"], "passed", "{identity}");
+
+    // The check can fail: `flawed-rbd` keeps a detached host's identity, or removes it while
+    // another attachment of the host needs it.
+    for flaw in ["keeps-identities", "revokes-shared"] {
+        let flawed = dir.path().join(format!("{flaw}.toml"));
+        let toml =
+            ceph.conformance_toml().replacen("settings = {", &format!("settings = {{ flaw = \"{flaw}\","), 1);
+        std::fs::write(&flawed, toml).unwrap();
+        let json = dir.path().join(format!("{flaw}.json"));
+        let out = std::process::Command::new(berth_tests::process::berth_binary())
+            .arg("conformance")
+            .arg(berth_tests::drivers::component("flawed-rbd"))
+            .arg("--config")
+            .arg(&flawed)
+            .args(["--focus", "cephx identity", "--json"])
+            .arg(&json)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{flaw}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let check = &report["checks"][0];
+        assert!(check["name"].as_str().unwrap().contains("cephx identity"), "{report}");
+        assert_eq!(check["status"], "failed", "{flaw}: {check}");
+    }
+    let left: Vec<String> =
+        ceph.identities().into_iter().filter(|e| e.starts_with("client.berth.conformance.")).collect();
+    assert!(left.is_empty(), "the flawed runs left cephx identities: {left:?}");
 }
 
 /// Three nodes on one PostgreSQL database serve the same `ceph-rbd` backend (`shared = true`):

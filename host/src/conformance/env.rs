@@ -95,6 +95,13 @@ impl Shared {
         self.guarantees.contains(&guarantee)
     }
 
+    /// Whether the driver asks the host for cephx identities and the configuration lets the host
+    /// make them.
+    pub fn uses_cephx(&self) -> bool {
+        self.imports.iter().any(|i| i.starts_with("berth:cephx/identities@"))
+            && self.cephx.as_ref().is_some_and(|c| c.configured())
+    }
+
     /// Whether the driver talks to its backend over the network (`wasi:http`): its volumes live
     /// on a real backend that outlives each check's environment.
     pub fn uses_network(&self) -> bool {

@@ -241,6 +241,11 @@ fn skip_reason(shared: &Shared, needs: &[Need]) -> Option<String> {
         Need::Network if !shared.uses_network() => {
             Some("the driver does not talk to its backend over the network".into())
         }
+        Need::Cephx if !shared.uses_cephx() => Some(
+            "the driver makes no cephx identities (it does not import berth:cephx/identities, or the \
+             configuration has no [cephx] table)"
+                .into(),
+        ),
         Need::Multiattach if !shared.multiattach() => {
             Some("the driver does not advertise multiattach".into())
         }

@@ -34,6 +34,9 @@ pub enum Need {
     Promise(Guarantee),
     /// The driver talks to its backend over the network (`wasi:http`).
     Network,
+    /// The driver asks the host for cephx identities (`berth:cephx/identities`), and the
+    /// configuration lets the host make them (`[cephx]`).
+    Cephx,
 }
 
 /// One check.
@@ -76,6 +79,7 @@ pub enum Id {
     TerminateOneKeepsOther,
     TerminateSameInitiator,
     TerminateEndsSessions,
+    TerminateRemovesIdentity,
     ExportInUse,
     SharedQuery,
     TimeoutsRetryable,
@@ -238,6 +242,12 @@ pub const CHECKS: &[Check] = &[
         needs: &[Iscsi, TargetService, Promise(Guarantee::TerminateEndsSessions)],
         id: Id::TerminateEndsSessions,
         run: |env| Box::pin(terminate::terminate_ends_sessions(env)),
+    },
+    Check {
+        name: "terminate-connection should remove the host's cephx identity, and only after the host's last attachment",
+        needs: &[Cephx],
+        id: Id::TerminateRemovesIdentity,
+        run: |env| Box::pin(terminate::terminate_removes_identity(env)),
     },
     Check {
         name: "terminate-connection should say whether the export is still in use",

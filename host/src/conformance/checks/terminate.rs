@@ -139,3 +139,39 @@ pub(super) async fn shared_query(env: &mut Env<'_>) -> Result<(), String> {
     env.unchanged_since(&snapshot, "the query changed the target service").await?;
     Ok(())
 }
+
+/// With per-host cephx identities: the connection names an identity the host made for this
+/// image and host (its key in `keyring`); a terminate while another attachment of the volume is
+/// on the same host keeps it; the host's last terminate removes it.
+pub(super) async fn terminate_removes_identity(env: &mut Env<'_>) -> Result<(), String> {
+    let cephx = env.shared.cephx.clone().ok_or("the configuration gives the host no cephx capability")?;
+    let mut v = env.create_volume(false).await?;
+    let conn = env.connect(&mut v, &a()).await?;
+    let user = conn
+        .data
+        .get("auth_username")
+        .and_then(Json::as_str)
+        .ok_or("the connection info names no identity (auth_username)")?
+        .to_string();
+    let entity = format!("client.{user}");
+    ensure!(
+        conn.data.get("keyring").and_then(Json::as_str).is_some_and(|k| k.contains(&format!("[{entity}]"))),
+        "the connection info carries no keyring of {entity}"
+    );
+    let held = async || {
+        cephx
+            .held()
+            .await
+            .map(|h| h.iter().any(|i| i.entity == entity))
+            .map_err(|e| format!("cannot list the cluster's identities: {e}"))
+    };
+    ensure!(held().await?, "the connection names {entity}, which the host did not make for this backend");
+    env.terminate(&mut v, Some(&a()), &[attachment(&a())]).await?;
+    ensure!(held().await?, "{entity} was removed while another attachment of its host needs it");
+    env.terminate(&mut v, Some(&a()), &[]).await?;
+    ensure!(
+        !held().await?,
+        "{entity} outlived its host's last terminate-connection: a detached host keeps its key"
+    );
+    Ok(())
+}
