@@ -580,9 +580,10 @@ async fn a_kill_at_every_failpoint_of_the_rbd_flows_leaves_ceph_and_the_database
 /// with no attachment, as a crash between making an identity and recording its attachment
 /// leaves it), keeps the one an attachment holds, leaves alone an identity of a volume its
 /// database does not know (another deployment's), and makes a connected attachment's identity
-/// again, with the key its host was given, when it was removed behind its back.
+/// again, with the key its host was given, when it was removed behind its back. Images too: the
+/// image of a deleted volume is deleted, an image of a volume it does not know is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_reconciler_removes_identities_no_attachment_holds_and_restores_those_that_are_missing() {
+async fn the_reconciler_makes_identities_and_images_agree_with_the_database_both_ways() {
     let ceph = cluster();
     let server = BerthProcess::start(&format!(
         "[reconcile]\ninterval_seconds = 1\ngrace_seconds = 1\n\n{}\n[[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"ceph\"\n",
@@ -626,6 +627,30 @@ async fn the_reconciler_removes_identities_no_attachment_holds_and_restores_thos
     let back =
         ceph.write_and_read(&info, 0, b"the same key again").expect("the host's key opens the image again");
     assert_eq!(back, b"the same key again");
+
+    // Images: one made again for a deleted volume is deleted through the driver; one named after
+    // a volume this service does not know is left alone.
+    let gone = c.create_volume(json!({"size": 1})).await;
+    wait_status(&c, &gone, "available").await;
+    c.delete(&format!("/volumes/{gone}")).await.expect(202);
+    wait_status(&c, &gone, "deleted").await;
+    ceph.rbd(&["create", "--size", "4M", &format!("volumes/{}", image(&gone))]);
+    let unknown = format!("volume-{}", uuid::Uuid::new_v4());
+    ceph.rbd(&["create", "--size", "4M", &format!("volumes/{unknown}")]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ceph.image_size(&image(&gone)).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the deleted volume's image stayed; log:\n{}",
+            server.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(server.log_text().contains("deleting the image of a deleted volume"));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(ceph.image_size(&unknown).is_some(), "an image of a volume it does not know was removed");
+    ceph.rbd(&["rm", "--no-progress", &format!("volumes/{unknown}")]);
+    assert!(ceph.image_size(&image(&volume)).is_some(), "an attached volume's image was removed");
 
     let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
     c.delete(&format!("/attachments/{id}")).await.expect(200);

@@ -223,7 +223,7 @@ if [ ! -s "$dir/ceph.client.berth-host.keyring" ]; then
   p='with entity prefix client.berth.'
   "${ceph_[@]}" auth get-or-create client.berth-host \
     mon "allow r, allow command \"auth get-or-create\" $p, allow command \"auth caps\" $p, allow command \"auth get\" $p, allow command \"auth add\" $p, allow command \"auth del\" $p, allow command \"auth ls\"" \
-    osd 'allow r object_prefix rbd_id.' -o "$dir/ceph.client.berth-host.keyring"
+    osd 'allow r object_prefix rbd_id., allow rx object_prefix rbd_directory' -o "$dir/ceph.client.berth-host.keyring"
   chmod 600 "$dir/ceph.client.berth-host.keyring"
 fi
 until_ok "dashboard listens" sh -c "[ \"\$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:$((base + 2))/)\" = 200 ]"

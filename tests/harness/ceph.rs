@@ -282,6 +282,12 @@ hosts = ["{d}"]
         assert!(out.status.success(), "ceph auth {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
+    /// Runs `rbd ARGS...` as the cluster's admin, in the pool's name where the arguments say.
+    pub fn rbd(&self, args: &[&str]) {
+        let out = self.admin("rbd").args(args).output().expect("rbd");
+        assert!(out.status.success(), "rbd {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
     /// The first 16 hex digits of the SHA-256 of a compute host's name, as identities carry it.
     pub fn host_digest(&self, host: &str) -> String {
         use sha2::Digest;

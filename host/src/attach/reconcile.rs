@@ -28,6 +28,9 @@
 //!    volume meanwhile). Volumes with an operation in flight are left for the next pass. The
 //!    other way round, a connected attachment whose identity is missing (removed behind the
 //!    service's back) has it made again with the key its connection info holds (a `repair`).
+//!    And the images of the backend's pools named after a volume: one whose volume was deleted is
+//!    deleted through the driver (after the grace period, under an operation); one of a volume
+//!    this database does not know is drift, left alone.
 //!
 //! Not compared: CHAP accounts (an account is bound to its target and goes with it; a crash inside
 //! `set-chap` closes the target's ACL, which a repair then reopens) and targets of backends that
@@ -618,6 +621,7 @@ impl Reconcile<'_> {
             let wanted: HashSet<(String, String)> = connected.iter().filter_map(holder).collect();
             let present: HashSet<String> = held.iter().map(|h| h.entity.clone()).collect();
             self.restore_identities(&backend.name, &cephx, &connected, &busy, &present, report).await?;
+            self.compare_images(&backend.name, &cephx, options, report, &mut still_seen).await?;
             for identity in held {
                 let Some(volume_id) = identity.image.strip_prefix("volume-") else { continue };
                 // A volume this database does not know (another deployment's backend of the same
@@ -661,6 +665,97 @@ impl Reconcile<'_> {
         }
         self.reconciler.seen().identities.retain(|k, _| still_seen.contains(k));
         Ok(())
+    }
+
+    /// The images of the backend's pools named after a volume (`volume-<id>`): one whose volume
+    /// was deleted (an image made again behind the service's back, or left by a delete whose
+    /// success was wrong) is deleted through the driver, under an operation on the volume, once it
+    /// has been seen for the grace period; one of a volume this database does not know is drift,
+    /// left alone (another deployment's pool, or an operator's image).
+    async fn compare_images(
+        &self,
+        backend: &str,
+        cephx: &crate::capabilities::cephx::CephxCapability,
+        options: &Options,
+        report: &mut Reconciled,
+        still_seen: &mut HashSet<String>,
+    ) -> Result<(), AttachError> {
+        let mut images = Vec::new();
+        for pool in cephx.pools() {
+            match cephx.images(pool).await {
+                Ok(names) => images.extend(names.into_iter().map(|i| (pool.clone(), i))),
+                Err(e) => {
+                    report
+                        .failed
+                        .push((String::new(), format!("the images of {backend}'s pool {pool}: {e}")));
+                    return Ok(());
+                }
+            }
+        }
+        let ids: Vec<String> =
+            images.iter().filter_map(|(_, i)| i.strip_prefix("volume-").map(str::to_string)).collect();
+        let (known, busy) = self
+            .store
+            .read(async |tx| {
+                let known = volumes::backends(tx, &ids).await?;
+                let busy: HashSet<String> =
+                    operations::all(tx).await?.into_iter().map(|o| o.volume_id).collect();
+                Ok::<_, AttachError>((known, busy))
+            })
+            .await?;
+        for (pool, image) in images {
+            let Some(volume_id) = image.strip_prefix("volume-") else { continue };
+            let what = format!("image {pool}/{image}");
+            match known.get(volume_id) {
+                None => {
+                    if self.reconciler.seen().reported.insert(what.clone()) {
+                        tracing::warn!(image = %what, "drift: an image named after a volume this service does not know; left alone");
+                    }
+                    report.drift.push(what);
+                }
+                Some(s) if s.backend == backend && s.deleted && !busy.contains(volume_id) => {
+                    still_seen.insert(what.clone());
+                    let first =
+                        *self.reconciler.seen().identities.entry(what.clone()).or_insert_with(Instant::now);
+                    if first.elapsed() < options.grace {
+                        report.waiting += 1;
+                        continue;
+                    }
+                    if !options.remove {
+                        tracing::warn!(image = %what, "reconcile (report only): the image of a deleted volume");
+                        report.reported.push(what);
+                        continue;
+                    }
+                    match self.remove_orphan_image(volume_id, &what).await {
+                        Ok(true) => report.removed.push(what),
+                        Ok(false) => {}
+                        Err(e) => report.failed.push((volume_id.to_string(), format!("remove {what}: {e}"))),
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the image of a deleted volume through the driver's idempotent `delete-volume`,
+    /// after checking again under the volume's lock; false when the volume is not deleted after
+    /// all.
+    async fn remove_orphan_image(&self, volume_id: &str, what: &str) -> Result<bool, AttachError> {
+        let _held = self.hold(volume_id).await?;
+        let volume = self.store.read(async |tx| volumes::get_even_deleted(tx, volume_id).await).await?;
+        let Some(volume) = volume.filter(|v| v.status == super::state::VolumeStatus::Deleted) else {
+            return Ok(false);
+        };
+        let backend = self.backend(&volume)?;
+        let op = self.operation(OpKind::DeleteVolume, volume_id, None, None);
+        self.store.write(async |tx| op.begin(tx).await).await?;
+        tracing::warn!(volume = %volume_id, image = %what, "reconcile: deleting the image of a deleted volume");
+        let mut calls = op.calls(&backend.driver);
+        let deleted = calls.delete_volume(&volume.contract()).await;
+        op.write(async |tx| op.finish(tx).await).await?;
+        deleted.map_err(AttachError::Driver)?;
+        Ok(true)
     }
 
     /// Makes again, with the key its attachment was given, the identity of each connected

@@ -119,12 +119,15 @@ pub async fn backends(tx: &mut Tx, ids: &[String]) -> Result<BTreeMap<String, Se
     let mut out = BTreeMap::new();
     for chunk in ids.chunks(500) {
         let q = format!(
-            "SELECT id, backend, service_uuid FROM volumes WHERE id IN ({})",
+            "SELECT id, backend, service_uuid, deleted FROM volumes WHERE id IN ({})",
             placeholders(1, chunk.len())
         );
         let params: Vec<Param> = chunk.iter().map(Param::from).collect();
         for r in tx.query(&q, &params).await? {
-            out.insert(r.text(0)?, Served { backend: r.text(1)?, service_uuid: r.opt_text(2)? });
+            out.insert(
+                r.text(0)?,
+                Served { backend: r.text(1)?, service_uuid: r.opt_text(2)?, deleted: r.flag(3)? },
+            );
         }
     }
     Ok(out)
@@ -135,6 +138,8 @@ pub async fn backends(tx: &mut Tx, ids: &[String]) -> Result<BTreeMap<String, Se
 pub struct Served {
     pub backend: String,
     pub service_uuid: Option<String>,
+    /// The volume was deleted (its row is kept).
+    pub deleted: bool,
 }
 
 /// `status IN (...)` for a list of statuses, its parameters appended to `params`; never true for

@@ -35,8 +35,9 @@ pub struct CephxConfig {
     /// get-or-create" with entity prefix client.berth., allow command "auth caps" with entity
     /// prefix client.berth., allow command "auth get" with entity prefix client.berth., allow
     /// command "auth add" with entity prefix client.berth., allow command "auth del" with entity
-    /// prefix client.berth., allow command "auth ls"'` and `osd 'allow r object_prefix rbd_id.'`
-    /// (to read an image's id).
+    /// prefix client.berth., allow command "auth ls"'` and `osd 'allow r object_prefix rbd_id.,
+    /// allow rx object_prefix rbd_directory'` (to read an image's id, and to list the images for
+    /// the reconciler).
     #[serde(default = "default_name")]
     pub name: String,
     /// Its keyring (not readable by group or others); default: what `conf` says.
@@ -264,6 +265,42 @@ impl CephxCapability {
         Ok(())
     }
 
+    /// The pools whose images identities may open (where the reconciler looks for images).
+    pub fn pools(&self) -> &[String] {
+        self.config.as_ref().map_or(&[], |c| &c.pools)
+    }
+
+    /// The names of the images of a pool (`rbd.dir_list` on `rbd_directory`, what `rbd ls`
+    /// reads), for the reconciler.
+    pub async fn images(&self, pool: &str) -> Result<Vec<String>, CephxError> {
+        let pool = self.pool(pool)?;
+        const PAGE: u64 = 1024;
+        let mut names: Vec<String> = Vec::new();
+        loop {
+            let after = names.last().cloned().unwrap_or_default();
+            let mut input = encode_string(&after);
+            input.extend_from_slice(&PAGE.to_le_bytes());
+            let out = match self
+                .cluster()?
+                .exec(pool, "rbd_directory", ("rbd", "dir_list"), input, 4 << 20)
+                .await
+            {
+                Ok(out) => out,
+                // No image was ever made in the pool.
+                Err(e) if e.errno == libc::ENOENT => return Ok(names),
+                Err(e) => return Err(refused(&format!("the images of {pool}"), e)),
+            };
+            let page = decode_name_map(&out).ok_or_else(|| {
+                CephxError::Unavailable(format!("the images of {pool}: an answer that does not decode"))
+            })?;
+            let full = page.len() as u64 == PAGE;
+            names.extend(page);
+            if !full {
+                return Ok(names);
+            }
+        }
+    }
+
     /// Every identity the host made for this backend (for the reconciler).
     pub async fn held(&self) -> Result<Vec<Held>, CephxError> {
         let out = self
@@ -370,6 +407,33 @@ pub fn osd_caps(pool: &str, image: &str, id: &str) -> String {
     .join(", ")
 }
 
+/// A string as Ceph encodes it: a little-endian u32 length, then the bytes.
+fn encode_string(text: &str) -> Vec<u8> {
+    let mut out = (text.len() as u32).to_le_bytes().to_vec();
+    out.extend_from_slice(text.as_bytes());
+    out
+}
+
+/// A Ceph-encoded `map<string, string>` (name -> id), its keys in order.
+fn decode_name_map(mut bytes: &[u8]) -> Option<Vec<String>> {
+    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = (bytes.get(..n)?, bytes.get(n..)?);
+        *bytes = rest;
+        Some(head)
+    }
+    fn string(bytes: &mut &[u8]) -> Option<String> {
+        let len = u32::from_le_bytes(take(bytes, 4)?.try_into().ok()?) as usize;
+        String::from_utf8(take(bytes, len)?.to_vec()).ok()
+    }
+    let count = u32::from_le_bytes(take(&mut bytes, 4)?.try_into().ok()?);
+    let mut names = Vec::new();
+    for _ in 0..count {
+        names.push(string(&mut bytes)?);
+        string(&mut bytes)?;
+    }
+    bytes.is_empty().then_some(names)
+}
+
 /// An `rbd_id.<image>` object: the id as a Ceph-encoded string (a little-endian u32 length, then
 /// the bytes).
 fn parse_image_id(object: &[u8]) -> Option<String> {
@@ -469,6 +533,19 @@ mod tests {
             unconfigured.grant_image("volumes", "volume-1", "h").await,
             Err(CephxError::NotConfigured(_))
         ));
+    }
+
+    #[test]
+    fn a_pools_directory_answers_a_map_of_names_to_ids() {
+        let mut answer = 2u32.to_le_bytes().to_vec();
+        for (name, id) in [("volume-a", "10ab"), ("volume-b", "10cd")] {
+            answer.extend(encode_string(name));
+            answer.extend(encode_string(id));
+        }
+        assert_eq!(decode_name_map(&answer), Some(vec!["volume-a".to_string(), "volume-b".to_string()]));
+        assert_eq!(decode_name_map(&answer[..answer.len() - 1]), None, "cut short");
+        assert_eq!(decode_name_map(&0u32.to_le_bytes()), Some(vec![]));
+        assert_eq!(encode_string("ab"), [2, 0, 0, 0, b'a', b'b']);
     }
 
     #[test]

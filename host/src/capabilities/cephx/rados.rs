@@ -35,6 +35,17 @@ struct Api {
     ioctx_create: unsafe extern "C" fn(Handle, *const c_char, *mut Handle) -> c_int,
     ioctx_destroy: unsafe extern "C" fn(Handle),
     read: unsafe extern "C" fn(Handle, *const c_char, *mut c_char, usize, u64) -> c_int,
+    #[allow(clippy::type_complexity)]
+    exec: unsafe extern "C" fn(
+        Handle,
+        *const c_char,
+        *const c_char,
+        *const c_char,
+        *const c_char,
+        usize,
+        *mut c_char,
+        usize,
+    ) -> c_int,
 }
 
 fn api() -> Result<&'static Api, String> {
@@ -64,6 +75,7 @@ fn api() -> Result<&'static Api, String> {
                 ioctx_create: sym!("rados_ioctx_create"),
                 ioctx_destroy: sym!("rados_ioctx_destroy"),
                 read: sym!("rados_read"),
+                exec: sym!("rados_exec"),
                 _library: library,
             })
         }
@@ -200,25 +212,77 @@ impl Cluster {
         Ok(out)
     }
 
-    /// The first `max` bytes of an object.
-    fn read(&self, pool: &str, object: &str, max: usize) -> Result<Vec<u8>, RadosError> {
-        let (pool, object) = (c(pool)?, c(object)?);
+    /// Runs `f` with an I/O context on `pool`.
+    fn in_pool<T>(
+        &self,
+        pool: &str,
+        f: impl FnOnce(Handle) -> Result<T, RadosError>,
+    ) -> Result<T, RadosError> {
+        let pool = c(pool)?;
         let mut io: Handle = std::ptr::null_mut();
         // SAFETY: the handle is connected; out-pointer for the I/O context.
         let rc = unsafe { (self.api.ioctx_create)(self.handle, pool.as_ptr(), &mut io) };
         if rc < 0 {
             return Err(RadosError::new(rc, "cannot open the pool"));
         }
-        let mut buffer = vec![0u8; max];
-        // SAFETY: `io` is live; the buffer has `max` writable bytes.
-        let rc = unsafe { (self.api.read)(io, object.as_ptr(), buffer.as_mut_ptr().cast(), max, 0) };
+        let r = f(io);
         // SAFETY: `io` came from rados_ioctx_create and is destroyed once.
         unsafe { (self.api.ioctx_destroy)(io) };
-        if rc < 0 {
-            return Err(RadosError::new(rc, "cannot read the object"));
-        }
-        buffer.truncate(rc as usize);
-        Ok(buffer)
+        r
+    }
+
+    /// The first `max` bytes of an object.
+    fn read(&self, pool: &str, object: &str, max: usize) -> Result<Vec<u8>, RadosError> {
+        let object = c(object)?;
+        self.in_pool(pool, |io| {
+            let mut buffer = vec![0u8; max];
+            // SAFETY: `io` is live; the buffer has `max` writable bytes.
+            let rc = unsafe { (self.api.read)(io, object.as_ptr(), buffer.as_mut_ptr().cast(), max, 0) };
+            if rc < 0 {
+                return Err(RadosError::new(rc, "cannot read the object"));
+            }
+            buffer.truncate(rc as usize);
+            Ok(buffer)
+        })
+    }
+
+    /// A method of an object class on an object (`rbd.dir_list` on `rbd_directory`), with an
+    /// answer of at most `max` bytes.
+    fn exec(
+        &self,
+        pool: &str,
+        object: &str,
+        class: &str,
+        method: &str,
+        input: &[u8],
+        max: usize,
+    ) -> Result<Vec<u8>, RadosError> {
+        let (object, class, method) = (c(object)?, c(class)?, c(method)?);
+        self.in_pool(pool, |io| {
+            let mut buffer = vec![0u8; max];
+            // SAFETY: `io` is live; NUL-terminated names; an input of its length; an output
+            // buffer of `max` writable bytes.
+            let rc = unsafe {
+                (self.api.exec)(
+                    io,
+                    object.as_ptr(),
+                    class.as_ptr(),
+                    method.as_ptr(),
+                    input.as_ptr().cast(),
+                    input.len(),
+                    buffer.as_mut_ptr().cast(),
+                    max,
+                )
+            };
+            if rc < 0 {
+                return Err(RadosError::new(
+                    rc,
+                    format!("{}.{} failed", class.to_string_lossy(), method.to_string_lossy()),
+                ));
+            }
+            buffer.truncate(rc as usize);
+            Ok(buffer)
+        })
     }
 }
 
@@ -310,5 +374,17 @@ impl Connection {
     ) -> Result<Vec<u8>, RadosError> {
         let (pool, object) = (pool.to_string(), object.to_string());
         self.with(move |c| c.read(&pool, &object, max)).await
+    }
+
+    pub(super) async fn exec(
+        self: &Arc<Self>,
+        pool: &str,
+        object: &str,
+        (class, method): (&'static str, &'static str),
+        input: Vec<u8>,
+        max: usize,
+    ) -> Result<Vec<u8>, RadosError> {
+        let (pool, object) = (pool.to_string(), object.to_string());
+        self.with(move |c| c.exec(&pool, &object, class, method, &input, max)).await
     }
 }
