@@ -581,7 +581,8 @@ async fn a_kill_at_every_failpoint_of_the_rbd_flows_leaves_ceph_and_the_database
 /// leaves it), keeps the one an attachment holds, leaves alone an identity of a volume its
 /// database does not know (another deployment's), and makes a connected attachment's identity
 /// again, with the key its host was given, when it was removed behind its back. Images too: the
-/// image of a deleted volume is deleted, an image of a volume it does not know is left alone.
+/// image of a deleted volume is deleted, an image of a volume it does not know is left alone, and
+/// a volume whose image is gone is reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reconciler_makes_identities_and_images_agree_with_the_database_both_ways() {
     let ceph = cluster();
@@ -651,6 +652,20 @@ async fn the_reconciler_makes_identities_and_images_agree_with_the_database_both
     assert!(ceph.image_size(&unknown).is_some(), "an image of a volume it does not know was removed");
     ceph.rbd(&["rm", "--no-progress", &format!("volumes/{unknown}")]);
     assert!(ceph.image_size(&image(&volume)).is_some(), "an attached volume's image was removed");
+    // A volume whose image went behind Berth's back: nothing can make its data again; reported.
+    let lost = c.create_volume(json!({"size": 1})).await;
+    wait_status(&c, &lost, "available").await;
+    ceph.rbd(&["rm", "--no-progress", &format!("volumes/{}", image(&lost))]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server
+        .log_text()
+        .lines()
+        .any(|l| l.contains("image is missing from the backend") && l.contains(&lost))
+    {
+        assert!(Instant::now() < deadline, "the lost image was not reported; log:\n{}", server.log_tail(30));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.delete(&format!("/volumes/{lost}")).await.expect(202);
 
     let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
     c.delete(&format!("/attachments/{id}")).await.expect(200);

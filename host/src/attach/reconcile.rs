@@ -30,7 +30,8 @@
 //!    service's back) has it made again with the key its connection info holds (a `repair`).
 //!    And the images of the backend's pools named after a volume: one whose volume was deleted is
 //!    deleted through the driver (after the grace period, under an operation); one of a volume
-//!    this database does not know is drift, left alone.
+//!    this database does not know is drift, left alone; a settled volume whose image is in none
+//!    of the pools is reported (nothing can make its data again).
 //!
 //! Not compared: CHAP accounts (an account is bound to its target and goes with it; a crash inside
 //! `set-chap` closes the target's ACL, which a repair then reopens) and targets of backends that
@@ -43,6 +44,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::model::{Connector, Live, OpKind};
+use super::state::VolumeStatus;
 
 use super::{AttachError, Service, record_fields};
 use crate::capabilities::iscsi::{Iqn, TargetService, TargetState};
@@ -680,6 +682,14 @@ impl Reconcile<'_> {
         report: &mut Reconciled,
         still_seen: &mut HashSet<String>,
     ) -> Result<(), AttachError> {
+        // Read before the listing: a volume made after it is not taken for one without its image.
+        let settled = self
+            .store
+            .read(async |tx| {
+                volumes::settled_of_backend(tx, backend, &[VolumeStatus::Available, VolumeStatus::InUse])
+                    .await
+            })
+            .await?;
         let mut images = Vec::new();
         for pool in cephx.pools() {
             match cephx.images(pool).await {
@@ -703,6 +713,7 @@ impl Reconcile<'_> {
                 Ok::<_, AttachError>((known, busy))
             })
             .await?;
+        let listed: HashSet<String> = images.iter().map(|(_, i)| i.clone()).collect();
         for (pool, image) in images {
             let Some(volume_id) = image.strip_prefix("volume-") else { continue };
             let what = format!("image {pool}/{image}");
@@ -734,6 +745,30 @@ impl Reconcile<'_> {
                 }
                 Some(_) => {}
             }
+        }
+        // The other way: a settled volume whose image is in none of the pools. Nothing can make
+        // its data again: reported (once per process), after a second look at the image and the
+        // row.
+        for volume_id in settled.iter().filter(|v| !listed.contains(&format!("volume-{v}"))) {
+            let name = format!("volume-{volume_id}");
+            let mut found = false;
+            for pool in cephx.pools() {
+                match cephx.image_exists(pool, &name).await {
+                    Ok(false) => {}
+                    Ok(true) | Err(_) => found = true,
+                }
+            }
+            let still = self.store.read(async |tx| volumes::get_even_deleted(tx, volume_id).await).await?;
+            let settled_now =
+                still.is_some_and(|v| matches!(v.status, VolumeStatus::Available | VolumeStatus::InUse));
+            if found || !settled_now {
+                continue;
+            }
+            let what = format!("volume {volume_id}: its image {name} is in none of the pools of {backend}");
+            if self.reconciler.seen().reported.insert(what.clone()) {
+                tracing::error!(volume = %volume_id, image = %name, "reconcile: a volume's image is missing from the backend; nothing can make its data again");
+            }
+            report.drift.push(what);
         }
         Ok(())
     }

@@ -142,6 +142,21 @@ pub struct Served {
     pub deleted: bool,
 }
 
+/// The volumes of a backend that are settled in one of `statuses` (not deleted), by id: what the
+/// reconciler expects to find on the backend.
+pub async fn settled_of_backend(
+    tx: &mut Tx,
+    backend: &str,
+    statuses: &[VolumeStatus],
+) -> Result<Vec<String>, StoreError> {
+    let mut params: Vec<Param> = vec![Param::from(backend)];
+    let clause = status_in(statuses, &mut params);
+    let rows = tx
+        .query(&format!("SELECT id FROM volumes WHERE backend = $1 AND deleted = 0 AND {clause}"), &params)
+        .await?;
+    rows.iter().map(|r| r.text(0)).collect()
+}
+
 /// `status IN (...)` for a list of statuses, its parameters appended to `params`; never true for
 /// an empty list.
 fn status_in(list: &[VolumeStatus], params: &mut Vec<Param>) -> String {

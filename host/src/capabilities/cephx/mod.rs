@@ -265,6 +265,16 @@ impl CephxCapability {
         Ok(())
     }
 
+    /// Whether `image` exists in `pool` (its `rbd_id` object does).
+    pub async fn image_exists(&self, pool: &str, image: &str) -> Result<bool, CephxError> {
+        check_name("image", image, true).map_err(CephxError::InvalidArgument)?;
+        match self.image_id(self.pool(pool)?, image).await {
+            Ok(_) => Ok(true),
+            Err(CephxError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The pools whose images identities may open (where the reconciler looks for images).
     pub fn pools(&self) -> &[String] {
         self.config.as_ref().map_or(&[], |c| &c.pools)
