@@ -602,11 +602,7 @@ async fn the_reconciler_makes_identities_and_images_agree_with_the_database_both
         ceph.auth(&["get-or-create", made, "mon", "profile rbd"]);
     }
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while ceph.identities().contains(&stray) {
-        assert!(Instant::now() < deadline, "the stray identity stayed; log:\n{}", server.log_tail(30));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(&server, "the stray identity stayed", || !ceph.identities().contains(&stray)).await;
     // Two more passes: what stays, stays.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let now = ceph.identities();
@@ -618,11 +614,7 @@ async fn the_reconciler_makes_identities_and_images_agree_with_the_database_both
     // The other way: the attachment's identity removed behind Berth's back is made again with the
     // key the host was given, which opens the image again.
     ceph.auth(&["del", &held]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !ceph.identities().contains(&held) {
-        assert!(Instant::now() < deadline, "the identity was not made again; log:\n{}", server.log_tail(30));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(&server, "the identity was not made again", || ceph.identities().contains(&held)).await;
     let info =
         json!({"driver_volume_type": "rbd", "data": made.body["attachment"]["connection_info"].clone()});
     let back =
@@ -638,15 +630,8 @@ async fn the_reconciler_makes_identities_and_images_agree_with_the_database_both
     ceph.rbd(&["create", "--size", "4M", &format!("volumes/{}", image(&gone))]);
     let unknown = format!("volume-{}", uuid::Uuid::new_v4());
     ceph.rbd(&["create", "--size", "4M", &format!("volumes/{unknown}")]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while ceph.image_size(&image(&gone)).is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "the deleted volume's image stayed; log:\n{}",
-            server.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(&server, "the deleted volume's image stayed", || ceph.image_size(&image(&gone)).is_none())
+        .await;
     assert!(server.log_text().contains("deleting the image of a deleted volume"));
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(ceph.image_size(&unknown).is_some(), "an image of a volume it does not know was removed");
@@ -656,15 +641,13 @@ async fn the_reconciler_makes_identities_and_images_agree_with_the_database_both
     let lost = c.create_volume(json!({"size": 1})).await;
     wait_status(&c, &lost, "available").await;
     ceph.rbd(&["rm", "--no-progress", &format!("volumes/{}", image(&lost))]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !server
-        .log_text()
-        .lines()
-        .any(|l| l.contains("image is missing from the backend") && l.contains(&lost))
-    {
-        assert!(Instant::now() < deadline, "the lost image was not reported; log:\n{}", server.log_tail(30));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(&server, "the lost image was not reported", || {
+        server
+            .log_text()
+            .lines()
+            .any(|l| l.contains("image is missing from the backend") && l.contains(&lost))
+    })
+    .await;
     c.delete(&format!("/volumes/{lost}")).await.expect(202);
 
     let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
@@ -823,6 +806,16 @@ esac
     assert_eq!(attachments().await, 0);
     wait_status(&c, &volume, "available").await;
     assert!(!ceph.identities().contains(&format!("client.{user}")), "the identity outlived local-detach");
+}
+
+/// Waits up to 30 s for `done`, looking every 200 ms; fails saying `what` did not happen, with the
+/// end of the service's log.
+async fn eventually(server: &BerthProcess, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}; the log ends:\n{}", server.log_tail(30));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// This machine's name, as `berth local-attach` puts it in its connector.
