@@ -166,7 +166,7 @@ impl Driver for CephRbd {
     fn delete_volume(volume: &Volume) -> DriverResult<()> {
         let (pool, image) = (pool()?, image(volume)?);
         if per_host()? {
-            cephx::revoke_all(&pool, image).map_err(refused)?;
+            cephx::revoke_all(&pool, image, &[]).map_err(refused)?;
         }
         match dashboard::delete_image(&pool, image)? {
             Done::Ok => Ok(()),
@@ -232,20 +232,28 @@ impl Driver for CephRbd {
     }
 
     /// With per-host identities, removes the host's identity for this volume unless another of
-    /// the volume's attachments is on the same host (a multiattach volume attached twice there).
+    /// the volume's attachments is on the same host (a multiattach volume attached twice there);
+    /// without a connector, every host's identity but those of the other attachments' hosts.
     /// With `identities = shared` there is nothing to revoke, as with Cinder.
     fn terminate_connection(
         volume: &Volume,
         connector: Option<&Connector>,
         others: &[Attachment],
     ) -> DriverResult<Termination> {
-        if per_host()?
-            && let Some(host) = connector.and_then(|c| c.host.as_deref()).filter(|h| !h.is_empty())
-        {
-            let still_there =
-                others.iter().any(|a| a.connector.as_ref().is_some_and(|c| c.host.as_deref() == Some(host)));
-            if !still_there {
-                cephx::revoke_image(&pool()?, image(volume)?, host).map_err(refused)?;
+        if per_host()? {
+            let (pool, image) = (pool()?, image(volume)?);
+            let staying: Vec<String> = others
+                .iter()
+                .filter_map(|a| a.connector.as_ref()?.host.clone())
+                .filter(|h| !h.is_empty())
+                .collect();
+            match connector.map(|c| c.host.as_deref().filter(|h| !h.is_empty())) {
+                Some(Some(host)) if !staying.iter().any(|h| h == host) => {
+                    cephx::revoke_image(&pool, image, host).map_err(refused)?;
+                }
+                Some(_) => {}
+                // Without a connector, every access ends but the other attachments'.
+                None => cephx::revoke_all(&pool, image, &staying).map_err(refused)?,
             }
         }
         Ok(Termination {

@@ -253,12 +253,16 @@ impl CephxCapability {
         self.delete(&self.entity(image, host)).await
     }
 
-    /// Removes every identity of `image`.
-    pub async fn revoke_all(&self, pool: &str, image: &str) -> Result<(), CephxError> {
+    /// Removes every identity of `image` but those of the hosts in `keep`.
+    pub async fn revoke_all(&self, pool: &str, image: &str, keep: &[String]) -> Result<(), CephxError> {
         self.pool(pool)?;
         check_name("image", image, true).map_err(CephxError::InvalidArgument)?;
+        for host in keep {
+            check_host(host)?;
+        }
+        let kept: Vec<String> = keep.iter().map(|h| host_digest(h)).collect();
         for held in self.held().await? {
-            if held.image == image {
+            if held.image == image && !kept.contains(&held.host_digest) {
                 self.delete(&held.entity).await?;
             }
         }

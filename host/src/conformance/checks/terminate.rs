@@ -142,7 +142,8 @@ pub(super) async fn shared_query(env: &mut Env<'_>) -> Result<(), String> {
 
 /// With per-host cephx identities: the connection names an identity the host made for this
 /// image and host (its key in `keyring`); a terminate while another attachment of the volume is
-/// on the same host keeps it; the host's last terminate removes it.
+/// on the same host keeps it; the host's last terminate removes it, and so does a terminate
+/// without a connector.
 pub(super) async fn terminate_removes_identity(env: &mut Env<'_>) -> Result<(), String> {
     let cephx = env.shared.cephx.clone().ok_or("the configuration gives the host no cephx capability")?;
     let mut v = env.create_volume(false).await?;
@@ -173,5 +174,10 @@ pub(super) async fn terminate_removes_identity(env: &mut Env<'_>) -> Result<(), 
         !held().await?,
         "{entity} outlived its host's last terminate-connection: a detached host keeps its key"
     );
+    // Without a connector (an admin's force-detach of every access): every host's identity goes.
+    env.connect(&mut v, &a()).await?;
+    ensure!(held().await?, "{entity} was not made again by the next connection");
+    env.terminate(&mut v, None, &[]).await?;
+    ensure!(!held().await?, "{entity} outlived a terminate-connection without a connector");
     Ok(())
 }

@@ -77,9 +77,10 @@ impl identities::Host for HostState {
         &mut self,
         pool: String,
         image: String,
+        keep: Vec<String>,
     ) -> wasmtime::Result<Result<(), identities::IdentityError>> {
-        self.scope.enter("cephx", "revoke-all", &[&pool, &image])?;
-        let r = self.cephx()?.revoke_all(&pool, &image).await;
+        self.scope.enter("cephx", "revoke-all", &[&pool, &image, &keep.join(",")])?;
+        let r = self.cephx()?.revoke_all(&pool, &image, &keep).await;
         Ok(self.cephx_result(r))
     }
 }
