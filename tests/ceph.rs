@@ -316,6 +316,13 @@ async fn three_nodes_share_the_backend_and_a_killed_node_leaves_every_volume_att
     let mut expected: Vec<String> = volumes.iter().map(|(v, _)| image(v)).collect();
     expected.sort();
     assert_eq!(images, expected);
+    // Every attachment is gone, the killed node's included: so is every identity of these volumes.
+    let left: Vec<String> = ceph
+        .identities()
+        .into_iter()
+        .filter(|e| volumes.iter().any(|(v, _)| e.starts_with(&format!("client.berth.ceph.{}.", image(v)))))
+        .collect();
+    assert!(left.is_empty(), "identities outlived their attachments: {left:?}");
     for (volume, _) in &volumes {
         clients[2].delete(&format!("/volumes/{volume}")).await.expect(202);
     }
@@ -704,6 +711,99 @@ async fn a_hosts_identity_lasts_until_its_last_attachment_of_the_volume_is_detac
     assert!(!ceph.identities().contains(&user(&info_b1)));
     c.delete(&format!("/volumes/{volume}")).await.expect(202);
     wait_status(&c, &volume, "deleted").await;
+}
+
+/// The cephx capability as a hostile driver meets it: without the grant the driver does not
+/// load; granted, it is refused an identity on a pool the operator did not list, an image name
+/// that climbs out of the pool's names, and a host name that would forge a keyring section, and
+/// no identity is made for any of them; and a driver of another backend sharing the cluster that
+/// names this backend's volume and host reaches only a name of its own backend, never this
+/// backend's identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_driver_gets_no_identity_it_must_not_have() {
+    use berth::capabilities::Grant;
+    use berth::capabilities::cephx::{CephxCapability, CephxConfig};
+    use berth::capabilities::network::{NetworkCapability, NetworkConfig};
+    use berth::runtime::{CallErrorKind, CallOptions, Request};
+    use berth_tests::drivers::{load, spec, volume, with_grants, with_settings};
+    use std::sync::Arc;
+
+    let ceph = cluster();
+    // Not granted: refused at load, naming the grant.
+    let ungranted = with_grants(spec("ceph-rbd"), &[Grant::Network]);
+    let mut ungranted = with_settings(ungranted, &[("dashboard", &ceph.dashboard)]);
+    let network = NetworkConfig { allowed_hosts: vec![ceph.dashboard.clone()], ..Default::default() };
+    ungranted.capabilities.network = Some(Arc::new(NetworkCapability::new("evil", &network).unwrap()));
+    let refused = load(ungranted).await.err().expect("loaded without the cephx grant").to_string();
+    assert!(refused.contains("cephx") && refused.contains("grant"), "{refused}");
+
+    // A real backend's attachment, whose identity the hostile driver will aim at.
+    let server = serve(ceph);
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    let victim = c.create_volume(json!({"size": 1})).await;
+    wait_status(&c, &victim, "available").await;
+    let made = c
+        .attach(&victim, Some(connector("iqn.1993-08.org.debian:01:victim", "victim-host")))
+        .await
+        .expect(200);
+    let held =
+        format!("client.{}", made.body["attachment"]["connection_info"]["auth_username"].as_str().unwrap());
+
+    let evils =
+        || ceph.identities().into_iter().filter(|e| e.starts_with("client.berth.evil.")).collect::<Vec<_>>();
+    for (flaw, refusal) in [
+        ("other-pool", Some("NotPermitted")),
+        ("path-image", Some("InvalidArgument")),
+        ("forged-host", Some("InvalidArgument")),
+        ("revoke-volume", None),
+    ] {
+        let settings = [
+            ("dashboard", ceph.dashboard.as_str()),
+            ("pool", "volumes"),
+            ("flaw", flaw),
+            ("victim", &victim),
+            ("victim_host", "victim-host"),
+        ];
+        let mut hostile =
+            with_grants(with_settings(spec("flawed-rbd"), &settings), &[Grant::Network, Grant::Cephx]);
+        hostile.backend = "evil".into();
+        hostile.capabilities.network = Some(Arc::new(NetworkCapability::new("evil", &network).unwrap()));
+        let config = CephxConfig {
+            conf: ceph.conf.clone(),
+            name: "client.berth-host".into(),
+            keyring: None,
+            pools: vec!["volumes".into()],
+            timeout_seconds: 20.0,
+        };
+        hostile.capabilities.cephx =
+            Some(Arc::new(CephxCapability::new("evil", Some(&config), "volumes").unwrap()));
+        let driver = load(hostile).await.expect("flawed-rbd loads with both grants");
+        let v = volume(&uuid::Uuid::new_v4().to_string(), &[]);
+        let conn = berth::runtime::contract::Connector {
+            host: Some("host-a".into()),
+            ..berth_tests::drivers::connector("iqn.1993-08.org.debian:01:evil")
+        };
+        let answer =
+            driver.invoke(&Request::InitializeConnection(v, conn), &CallOptions::default()).await.result;
+        let said = match &answer {
+            Err(e) => match &e.kind {
+                CallErrorKind::Driver(d) => format!("{d:?}"),
+                other => format!("{other:?}"),
+            },
+            Ok(_) => "ok".into(),
+        };
+        match refusal {
+            Some(kind) => assert!(said.contains("refused: ") && said.contains(kind), "{flaw}: {said}"),
+            // Allowed: the host named the identity after the calling backend, so nothing of
+            // this backend's was touched.
+            None => assert!(!said.contains("refused: "), "{flaw}: {said}"),
+        }
+        assert_eq!(evils(), Vec::<String>::new(), "{flaw}: an identity was made");
+        assert!(ceph.identities().contains(&held), "{flaw}: the other backend's identity was removed");
+    }
+    let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+    c.delete(&format!("/volumes/{victim}")).await.expect(202);
 }
 
 /// `berth local-attach` on an RBD volume: without rbd-nbd and its kernel module (or the kernel's
