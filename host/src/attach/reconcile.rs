@@ -126,8 +126,8 @@ struct Seen {
     first_seen: HashMap<(String, Option<String>), Instant>,
     /// Drift already reported (once per target per process).
     reported: HashSet<String>,
-    /// When each unneeded cephx identity was first seen.
-    identities: HashMap<String, Instant>,
+    /// When each unneeded cephx identity and each image of a deleted volume was first seen.
+    cephx: HashMap<String, Instant>,
 }
 
 impl Memory {
@@ -297,7 +297,13 @@ impl Reconcile<'_> {
                     for extra in target.initiators.iter().filter(|i| !wanted.contains(*i)) {
                         let key = (iqn.clone(), Some(extra.clone()));
                         still_seen.insert(key.clone());
-                        if !self.due(&key, options, report, &format!("ACL entry {extra} on {iqn}")) {
+                        if !self.due(
+                            |s| &mut s.first_seen,
+                            &key,
+                            options,
+                            report,
+                            &format!("ACL entry {extra} on {iqn}"),
+                        ) {
                             continue;
                         }
                         match self.revoke_unneeded(volume_id, iqn, extra, service).await {
@@ -318,7 +324,7 @@ impl Reconcile<'_> {
                     }
                     let key = (iqn.clone(), None);
                     still_seen.insert(key.clone());
-                    if !self.due(&key, options, report, &format!("target {iqn}")) {
+                    if !self.due(|s| &mut s.first_seen, &key, options, report, &format!("target {iqn}")) {
                         continue;
                     }
                     match self.remove_unused(volume_id, iqn, service).await {
@@ -363,14 +369,15 @@ impl Reconcile<'_> {
 
     /// Whether an unneeded thing has been seen for the grace period and may be removed now; in
     /// report-only mode it is reported instead.
-    fn due(
+    fn due<K: std::hash::Hash + Eq + Clone>(
         &self,
-        key: &(String, Option<String>),
+        seen: fn(&mut Seen) -> &mut HashMap<K, Instant>,
+        key: &K,
         options: &Options,
         report: &mut Reconciled,
         what: &str,
     ) -> bool {
-        let first = *self.reconciler.seen().first_seen.entry(key.clone()).or_insert_with(Instant::now);
+        let first = *seen(&mut self.reconciler.seen()).entry(key.clone()).or_insert_with(Instant::now);
         if first.elapsed() < options.grace {
             report.waiting += 1;
             return false;
@@ -641,19 +648,7 @@ impl Reconcile<'_> {
                     continue;
                 }
                 still_seen.insert(identity.entity.clone());
-                let first = *self
-                    .reconciler
-                    .seen()
-                    .identities
-                    .entry(identity.entity.clone())
-                    .or_insert_with(Instant::now);
-                if first.elapsed() < options.grace {
-                    report.waiting += 1;
-                    continue;
-                }
-                if !options.remove {
-                    tracing::warn!(identity = %identity.entity, "reconcile (report only): no connected attachment holds this cephx identity");
-                    report.reported.push(identity.entity.clone());
+                if !self.due(|s| &mut s.cephx, &identity.entity, options, report, &identity.entity) {
                     continue;
                 }
                 match self.remove_identity(volume_id, &identity, &cephx).await {
@@ -665,7 +660,7 @@ impl Reconcile<'_> {
                 }
             }
         }
-        self.reconciler.seen().identities.retain(|k, _| still_seen.contains(k));
+        self.reconciler.seen().cephx.retain(|k, _| still_seen.contains(k));
         Ok(())
     }
 
@@ -726,15 +721,7 @@ impl Reconcile<'_> {
                 }
                 Some(s) if s.backend == backend && s.deleted && !busy.contains(volume_id) => {
                     still_seen.insert(what.clone());
-                    let first =
-                        *self.reconciler.seen().identities.entry(what.clone()).or_insert_with(Instant::now);
-                    if first.elapsed() < options.grace {
-                        report.waiting += 1;
-                        continue;
-                    }
-                    if !options.remove {
-                        tracing::warn!(image = %what, "reconcile (report only): the image of a deleted volume");
-                        report.reported.push(what);
+                    if !self.due(|s| &mut s.cephx, &what, options, report, &what) {
                         continue;
                     }
                     match self.remove_orphan_image(volume_id, &what).await {
