@@ -147,3 +147,47 @@ async fn made_up_methods_add_no_series_and_the_metrics_listener_has_the_apis_bou
         assert!(closed.is_ok(), "the metrics listener kept a connection that sent {sent:?}");
     }
 }
+
+/// The sum of a counter's samples for the `fake` backend in OpenMetrics text.
+fn fake_total(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains("backend=\"fake\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// The performance issue's "fresh instances per operation": an attachment create with a
+/// connector makes three driver calls (validate-connector, create-export, initialize-connection)
+/// and its detach two (terminate-connection, remove-export); each operation's calls run in one
+/// instance, counted by `berth_driver_instances_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_calls_of_one_operation_share_one_instance() {
+    let port = free_port();
+    let config = format!(
+        "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[[backends]]\nname = \"fake\"\ndriver = \"fake\"\n\
+         [[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"fake\"\n"
+    );
+    let server = BerthProcess::start(&config);
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let scrape = || async {
+        let text =
+            reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.unwrap().text().await.unwrap();
+        (fake_total(&text, "berth_driver_calls_total"), fake_total(&text, "berth_driver_instances_total"))
+    };
+
+    let before = scrape().await;
+    let a = c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:m", "m"))).await.expect(200);
+    let attached = scrape().await;
+    assert_eq!(
+        (attached.0 - before.0, attached.1 - before.1),
+        (3.0, 1.0),
+        "the attach's calls and instances (before {before:?}, after {attached:?})"
+    );
+
+    let id = a.body["attachment"]["id"].as_str().unwrap();
+    c.delete(&format!("/attachments/{id}")).await.expect(200);
+    let detached = scrape().await;
+    assert!(detached.0 - attached.0 >= 2.0, "the detach made its calls: {attached:?} {detached:?}");
+    assert_eq!(detached.1 - attached.1, 1.0, "in one instance: {attached:?} {detached:?}");
+}

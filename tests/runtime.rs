@@ -156,11 +156,63 @@ async fn log_and_stderr_floods_are_bounded_and_do_not_fail_the_call() {
 }
 
 #[tokio::test]
-async fn every_call_runs_in_a_fresh_instance() {
+async fn every_call_made_alone_runs_in_a_fresh_instance() {
     let driver = load(spec("misbehaving")).await.unwrap();
     for _ in 0..3 {
         assert_eq!(location(create(&driver, "count").await), "1", "state leaked from an earlier call");
     }
+}
+
+/// What `create-volume` with `behave = count` answers in `calls`: how many calls its instance
+/// has served.
+async fn count_in(calls: &mut berth::runtime::DriverCalls<'_>) -> String {
+    let v = volume("11111111-2222-3333-4444-555555555555", &[("behave", "count")]);
+    calls.create_volume(&v).await.expect("count").provider_location.expect("location")
+}
+
+#[tokio::test]
+async fn the_calls_of_one_operation_share_an_instance_and_the_next_operation_gets_a_fresh_one() {
+    let driver = load(spec("misbehaving")).await.unwrap();
+    let mut operation = driver.calls();
+    let counted =
+        [count_in(&mut operation).await, count_in(&mut operation).await, count_in(&mut operation).await];
+    assert_eq!(counted, ["1", "2", "3"], "one instance serves the operation's calls");
+    drop(operation);
+    assert_eq!(count_in(&mut driver.calls()).await, "1", "state leaked from another operation");
+}
+
+#[tokio::test]
+async fn an_instance_whose_call_trapped_or_ran_out_of_time_is_never_called_again() {
+    let mut s = spec("misbehaving");
+    s.limits = limits(|l| l.cpu_ms = 200);
+    let driver = load(s).await.unwrap();
+    let mut operation = driver.calls();
+    for behave in ["trap", "loop", "hog", "oversize"] {
+        assert_eq!(count_in(&mut operation).await, "1");
+        assert_eq!(count_in(&mut operation).await, "2");
+        let v = volume("11111111-2222-3333-4444-555555555555", &[("behave", behave)]);
+        let error = operation.create_volume(&v).await.unwrap_err();
+        assert!(!matches!(error.kind, CallErrorKind::Driver(_)), "{behave}: {error}");
+        assert_eq!(count_in(&mut operation).await, "1", "after {behave}, a fresh instance");
+        drop(operation);
+        operation = driver.calls();
+    }
+}
+
+#[tokio::test]
+async fn an_instance_handed_to_the_operations_next_calls_serves_them_but_only_for_its_own_driver() {
+    let driver = load(spec("misbehaving")).await.unwrap();
+    let mut validation = driver.calls();
+    assert_eq!(count_in(&mut validation).await, "1");
+    let mut operation = driver.calls().with_instance(validation.keep_instance());
+    assert_eq!(count_in(&mut operation).await, "2", "the handed instance serves the next calls");
+    assert_eq!(count_in(&mut validation).await, "1", "and is no longer the first calls'");
+
+    // The same component loaded again is another driver (as after an upgrade): it never gets the
+    // first one's instance.
+    let other = load(spec("misbehaving")).await.unwrap();
+    let mut elsewhere = other.calls().with_instance(operation.keep_instance());
+    assert_eq!(count_in(&mut elsewhere).await, "1");
 }
 
 #[tokio::test]

@@ -335,7 +335,8 @@ pub struct RuntimeConfig {
     pub cache_dir: Option<PathBuf>,
     /// The epoch tick in milliseconds: the granularity of CPU limits.
     pub tick_ms: u64,
-    /// Driver calls that may run at once (each holds a preallocated instance slot).
+    /// Driver calls that may run at once (each holds a preallocated instance slot; as many
+    /// slots again hold the instances operations keep between their calls).
     pub max_concurrent_calls: u32,
 }
 

@@ -115,6 +115,7 @@ pub struct Metrics {
     pub driver_calls: Family<DriverCallLabels, Counter>,
     pub driver_seconds: Family<CallLabels, Histogram, fn() -> Histogram>,
     pub driver_fuel: Family<CallLabels, Histogram, fn() -> Histogram>,
+    pub driver_instances: Family<BackendLabels, Counter>,
     pub capability_calls: Family<CapabilityLabels, Counter>,
     pub capability_seconds: Family<CapabilityOpLabels, Histogram, fn() -> Histogram>,
     pub tx_seconds: Family<TxLabels, Histogram, fn() -> Histogram>,
@@ -143,6 +144,7 @@ impl Metrics {
             driver_calls: Family::default(),
             driver_seconds: Family::new_with_constructor(seconds),
             driver_fuel: Family::new_with_constructor(fuel),
+            driver_instances: Family::default(),
             capability_calls: Family::default(),
             capability_seconds: Family::new_with_constructor(seconds),
             tx_seconds: Family::new_with_constructor(seconds),
@@ -173,6 +175,11 @@ impl Metrics {
         );
         registry.register("driver_call_seconds", "Driver call latency (wall time)", m.driver_seconds.clone());
         registry.register("driver_call_fuel", "Fuel a metered driver call used", m.driver_fuel.clone());
+        registry.register(
+            "driver_instances",
+            "Driver instances made (one per operation: its calls share it)",
+            m.driver_instances.clone(),
+        );
         registry.register(
             "capability_calls",
             "Capability calls (iscsi-target, backing-store) by operation and outcome",
@@ -323,6 +330,11 @@ pub fn driver_call(backend: &str, call: &str, outcome: &str, took: Duration, fue
     if let Some(fuel) = fuel {
         METRICS.driver_fuel.get_or_create(&labels).observe(fuel as f64);
     }
+}
+
+/// Records a fresh instance of a backend's driver.
+pub fn driver_instance(backend: &str) {
+    METRICS.driver_instances.get_or_create(&BackendLabels { backend: backend.into() }).inc();
 }
 
 /// Records a capability call.

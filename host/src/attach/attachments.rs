@@ -24,6 +24,7 @@ use super::state::{AttachStatus, Event, Slot, is_connected, transition};
 use super::{AttachError, Caller, Service, attachment_not_found, conclude, names, volume_not_found};
 use crate::domain::history::Access;
 use crate::failpoint;
+use crate::runtime::KeptInstance;
 use crate::runtime::contract::{self, Attachment as DriverAttachment};
 use crate::runtime::json::connection_data_to_json;
 use crate::runtime::model::VolumeFields;
@@ -70,35 +71,35 @@ impl Attachments<'_> {
         req: NewAttachment,
     ) -> Result<Attachment, AttachError> {
         let volume = self.volume(caller, &req.volume_id).await?;
-        if let Some(c) = &req.connector {
-            // Checked before anything is reserved: a bad connector changes nothing.
-            let mode = AttachMode::from_request(req.mode).effective(Some(c));
-            self.driver(&volume).await?.calls().validate_connector(&c.for_mode(mode)).await?;
-        }
-        if req.connector.is_none() {
+        let Some(c) = &req.connector else {
             return self.reserve(&volume, &req, None).await;
-        }
+        };
+        let mode = AttachMode::from_request(req.mode).effective(Some(c));
+        let validated = self.validated(&volume, &c.for_mode(mode)).await?;
         let _held = self.hold(&volume.id).await?;
-        self.create_locked(caller, req).await
+        self.create_locked(caller, req, validated).await
     }
 
     /// A create with a connector; the caller holds the volume ([`Service::hold`]) and has
-    /// validated the connector.
+    /// validated the connector (in the instance it hands over, if it kept one).
     pub(super) async fn create_locked(
         &self,
         caller: &Caller,
         req: NewAttachment,
+        validated: Option<KeptInstance>,
     ) -> Result<Attachment, AttachError> {
         let volume = self.volume(caller, &req.volume_id).await?;
         self.reconcile().reconciled_first(&volume.id).await?;
         let connector = req.connector.clone().expect("a create that connects has a connector");
         let id = uuid::Uuid::new_v4().to_string();
-        let op = self.operation(
-            OpKind::Connect { origin: ConnectOrigin::Create, revoke: None },
-            &volume.id,
-            Some(&id),
-            Some(&connector),
-        );
+        let op = self
+            .operation(
+                OpKind::Connect { origin: ConnectOrigin::Create, revoke: None },
+                &volume.id,
+                Some(&id),
+                Some(&connector),
+            )
+            .handed(validated);
         let row = self.reserve(&volume, &req, Some((&id, &op))).await?;
         failpoint::hit("attach.create.intent");
         self.connect(&op, row, &connector, ConnectOrigin::Create, Vec::new()).await
@@ -182,9 +183,9 @@ impl Attachments<'_> {
             )));
         }
         let mode = row.attach_mode.effective(Some(&connector));
-        self.driver(&volume).await?.calls().validate_connector(&connector.for_mode(mode)).await?;
+        let validated = self.validated(&volume, &connector.for_mode(mode)).await?;
         let _held = self.hold(&volume.id).await?;
-        self.update_locked(caller, id, connector).await
+        self.update_locked(caller, id, connector, validated).await
     }
 
     /// Gives an attachment a (validated) connector and connects it; the caller holds the volume's
@@ -195,6 +196,7 @@ impl Attachments<'_> {
         caller: &Caller,
         id: &str,
         connector: Connector,
+        validated: Option<KeptInstance>,
     ) -> Result<Attachment, AttachError> {
         let row = self.attachment(caller, id).await?;
         self.reconcile().reconciled_first(&row.volume_id).await?;
@@ -232,12 +234,14 @@ impl Attachments<'_> {
             ConnectOrigin::Update
         };
         let replaced = stored.filter(|old| old.json() != connector.json());
-        let op = self.operation(
-            OpKind::Connect { origin, revoke: replaced.as_ref().map(|c| c.json().clone()) },
-            &row.volume_id,
-            Some(id),
-            Some(&connector),
-        );
+        let op = self
+            .operation(
+                OpKind::Connect { origin, revoke: replaced.as_ref().map(|c| c.json().clone()) },
+                &row.volume_id,
+                Some(id),
+                Some(&connector),
+            )
+            .handed(validated);
         let refresh = transition(Event::Refresh);
         self.store
             .write(async |tx| {

@@ -134,7 +134,7 @@ impl Legacy<'_> {
     ) -> Result<Json, AttachError> {
         let found = self.volume(caller, volume_id).await?;
         let mode = AttachMode::Null.effective(Some(&connector));
-        self.driver(&found).await?.calls().validate_connector(&connector.for_mode(mode)).await?;
+        let validated = self.validated(&found, &connector.for_mode(mode)).await?;
         let _held = self.hold(volume_id).await?;
         self.reconcile().reconciled_first(volume_id).await?;
         let volume = self.legacy_volume(volume_id).await?;
@@ -147,7 +147,7 @@ impl Legacy<'_> {
             .find(|l| is_pending(&l.attachment) && l.connector.is_none())
             .map(|l| l.attachment.id.clone());
         let row = match reserved {
-            Some(id) => self.attachments().update_locked(caller, &id, connector).await?,
+            Some(id) => self.attachments().update_locked(caller, &id, connector, validated).await?,
             None => {
                 let request = NewAttachment {
                     volume_id: volume_id.to_string(),
@@ -155,7 +155,7 @@ impl Legacy<'_> {
                     legacy: true,
                     ..Default::default()
                 };
-                self.attachments().create_locked(caller, request).await?
+                self.attachments().create_locked(caller, request, validated).await?
             }
         };
         connection_info(&row)

@@ -197,6 +197,20 @@ impl Service {
 
     /// The driver of a volume for a call that needs no operation (validate-connector): refused,
     /// naming the node, for a volume whose calls run on another node.
+    /// Checks a connector with the volume's driver, before anything is reserved (a bad connector
+    /// changes nothing), and returns the instance that answered: the operation that follows
+    /// makes its calls in it ([`ops::Op::handed`]).
+    async fn validated(
+        &self,
+        volume: &Volume,
+        connector: &crate::runtime::contract::Connector,
+    ) -> Result<Option<crate::runtime::KeptInstance>, AttachError> {
+        let driver = self.driver(volume).await?;
+        let mut calls = driver.calls();
+        calls.validate_connector(connector).await?;
+        Ok(calls.keep_instance())
+    }
+
     async fn driver(&self, volume: &Volume) -> Result<Driver, AttachError> {
         if self.backend(volume).is_err() {
             self.store.read(async |tx| self.check_placement(tx, &volume.id).await).await?;

@@ -36,7 +36,7 @@ use tokio::sync::{Notify, OwnedMutexGuard};
 use super::model::{Connector, OpKind, Operation};
 use super::nodes::Placement;
 use super::{AttachError, Caller, Service};
-use crate::runtime::{Driver, DriverCalls};
+use crate::runtime::{Driver, DriverCalls, KeptInstance};
 use crate::store::sql::Tx;
 use crate::store::{ONE_OPERATION_PER_VOLUME, now_micros, operations, volumes};
 
@@ -155,6 +155,8 @@ pub(crate) struct Op<'s> {
     lease: Arc<Lease>,
     /// The digest of the driver whose calls this operation made (the history names it).
     ran_by: std::sync::Mutex<Option<String>>,
+    /// The instance that validated the operation's connector, for its first calls.
+    handed: std::sync::Mutex<Option<KeptInstance>>,
 }
 
 impl Drop for Op<'_> {
@@ -183,11 +185,20 @@ impl Op<'_> {
         self.service
     }
 
-    /// The driver calls of this operation: each is made only while it holds its lease.
+    /// The instance that validated this operation's connector ([`Service::validated`]): the
+    /// operation's calls run in it, one instance for the whole operation.
+    pub(crate) fn handed(self, instance: Option<KeptInstance>) -> Self {
+        *self.handed.lock().unwrap_or_else(|p| p.into_inner()) = instance;
+        self
+    }
+
+    /// The driver calls of this operation: each is made only while it holds its lease; the first
+    /// runs in the instance handed to the operation, if any.
     pub(crate) fn calls<'d>(&self, driver: &'d Driver) -> DriverCalls<'d> {
         *self.ran_by.lock().unwrap_or_else(|p| p.into_inner()) = Some(driver.digest().to_string());
         let lease = self.lease.clone();
-        driver.calls().guarded(Arc::new(move || lease.lost()))
+        let handed = self.handed.lock().unwrap_or_else(|p| p.into_inner()).take();
+        driver.calls().with_instance(handed).guarded(Arc::new(move || lease.lost()))
     }
 
     /// Runs `f` as a write transaction of this operation: first, in the same transaction, a
@@ -316,7 +327,7 @@ impl Service {
         };
         let lease = self.owner.new_lease(record.generation);
         self.owner.running().insert(record.id.clone(), lease.clone());
-        Op { service: self, record, lease, ran_by: Default::default() }
+        Op { service: self, record, lease, ran_by: Default::default(), handed: Default::default() }
     }
 
     /// Makes an orphaned operation this process's, atomically: only if it is still at the
@@ -348,7 +359,7 @@ impl Service {
         record.generation = generation;
         let lease = self.owner.new_lease(generation);
         self.owner.running().insert(record.id.clone(), lease.clone());
-        Ok(Op { service: self, record, lease, ran_by: Default::default() })
+        Ok(Op { service: self, record, lease, ran_by: Default::default(), handed: Default::default() })
     }
 
     /// Takes a volume before anything happens to it, for as long as the guard lives: its lock in

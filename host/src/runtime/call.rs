@@ -177,6 +177,8 @@ pub struct CallStats {
     pub wall: Duration,
     /// Of which creating the fresh instance (linking, memory and tables set up).
     pub instantiation: Duration,
+    /// The call ran in the instance an earlier call of its operation left (no instantiation).
+    pub reused: bool,
     pub guest_time: Duration,
     /// Fuel consumed, when the call was metered.
     pub fuel: Option<u64>,

@@ -1,9 +1,11 @@
 //! A loaded driver, and the one place that calls into it.
 //!
-//! Every call runs in a fresh store and instance (so a driver cannot keep state between calls,
-//! and a trapped instance is never reused), with the driver's memory limit, a CPU-time budget
-//! enforced by epoch callbacks, a wall-time timeout, and a cap on the size of its result. Any
-//! failure fails that call only and names the driver, its version and the call.
+//! A call runs in a fresh store and instance, or in the instance an earlier call of the same
+//! operation left (`session.rs`), never in one another operation used (so a driver cannot keep
+//! state between operations) nor in one whose call timed out, trapped or was refused memory. Each
+//! call has the driver's CPU-time budget enforced by epoch callbacks, a wall-time timeout and a
+//! cap on the size of its result; the memory limit bounds the instance. Any failure fails that
+//! call only and names the driver, its version and the call.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,18 +15,16 @@ use wasmtime::{Engine, Store};
 
 use super::bindings::{latest, v0_1, v0_2};
 use super::cache::Provenance;
-use super::call::{Call, CallOptions, CallStats, Effect, Outcome, Request, Response};
-use super::contract::{
-    Attachment, Capabilities, Connection, Connector, DriverError, DriverInfo, Guarantee, ModelUpdate,
-    Termination, Volume,
-};
+use super::call::{Call, CallOptions, CallStats, Outcome, Request, Response};
+use super::contract::{Capabilities, DriverError, DriverInfo, Guarantee, ModelUpdate};
 use super::error::{CallError, CallErrorKind};
 use super::limits::Limits;
 use super::loader::ContractVersion;
 use super::model::VolumeFields;
 use super::outcome::judge;
+use super::session::DriverCalls;
 use super::state::{CallScope, HostState};
-use super::store::call_store;
+use super::store::{call_store, renew};
 use crate::capabilities::DriverCapabilities;
 use crate::capabilities::secret::Redactor;
 use crate::runtime::glue::network::CallNetwork;
@@ -65,6 +65,7 @@ pub(crate) struct Parts {
     pub(crate) caps: DriverCapabilities,
     pub(crate) fuel_enabled: bool,
     pub(crate) slots: Arc<tokio::sync::Semaphore>,
+    pub(crate) keeping: Arc<tokio::sync::Semaphore>,
 }
 
 struct Inner {
@@ -80,6 +81,8 @@ struct Inner {
     caps: DriverCapabilities,
     fuel_enabled: bool,
     slots: Arc<tokio::sync::Semaphore>,
+    /// Permits for instances kept between the calls of an operation.
+    keeping: Arc<tokio::sync::Semaphore>,
     /// What this driver's calls came to, for the watch after an upgrade (`slot.rs`).
     tally: super::slot::Tally,
 }
@@ -109,6 +112,7 @@ impl Driver {
                 caps: parts.caps,
                 fuel_enabled: parts.fuel_enabled,
                 slots: parts.slots,
+                keeping: parts.keeping,
                 tally: Default::default(),
             }),
         };
@@ -201,9 +205,28 @@ impl Driver {
 
     /// Runs one call in a fresh instance.
     pub async fn invoke(&self, request: &Request, options: &CallOptions) -> Outcome<Response> {
+        self.run(request, options, None).await
+    }
+
+    /// Runs one call: in the instance `kept` holds, when it is this driver's and the last call
+    /// in it ended with the guest's own answer, otherwise in a fresh one; afterwards `kept` holds
+    /// the instance again if the call ended that way too and the runtime has room to keep it.
+    /// With `None`, the call's instance is dropped with it.
+    pub(crate) async fn run(
+        &self,
+        request: &Request,
+        options: &CallOptions,
+        mut kept: Option<&mut Option<Kept>>,
+    ) -> Outcome<Response> {
         let inner = &*self.inner;
         let call = request.call();
         let started = Instant::now();
+        let reused = match kept {
+            Some(ref mut slot) => {
+                slot.take().filter(|k| std::ptr::eq(k.driver.as_ptr(), Arc::as_ptr(&self.inner)))
+            }
+            None => None,
+        };
         // Waiting for a slot is part of the call's wall time (its deadline bounds the wait) but not
         // of its CPU time. Declared before the store, so the instance is gone before the slot is
         // released.
@@ -239,57 +262,57 @@ impl Driver {
             deadline.into_std(),
             options.network_fault,
         );
-        let scope = CallScope {
-            driver: inner.backend.clone(),
+        let scope = CallScope::new(
+            inner.backend.clone(),
             call,
-            caps: inner.caps.clone(),
+            inner.caps.clone(),
             redactor,
-            log_limit: inner.limits.log_messages,
-            logs: 0,
-            dropped_logs: 0,
-            options: options.clone(),
-            capability_calls: Vec::new(),
-            effects: Vec::new(),
-            started: 0,
-            current: None,
-        };
-        let fuel = options.fuel.filter(|_| inner.fuel_enabled);
-        let mut store = call_store(
-            &inner.engine,
-            HostState::new(scope, inner.limits.memory_bytes(), network),
-            &inner.limits,
-            inner.fuel_enabled,
-            fuel,
+            inner.limits.log_messages,
+            options.clone(),
         );
+        let fuel = options.fuel.filter(|_| inner.fuel_enabled);
+        // The permit to keep an instance is declared before the store: one not kept again is
+        // released after its store is gone, as the call slot is.
+        let (live, keeping) = match reused {
+            Some(Kept { live, keeping, .. }) => {
+                (Some(live.into_inner().unwrap_or_else(|p| p.into_inner())), Some(keeping))
+            }
+            None => (None, None),
+        };
+        let (mut store, mut instance) = match live {
+            Some((mut store, instance)) => {
+                store.data_mut().renew(scope, network);
+                renew(&mut store, &inner.limits, inner.fuel_enabled, fuel);
+                (store, Some(instance))
+            }
+            None => {
+                let state = HostState::new(scope, inner.limits.memory_bytes(), network);
+                (call_store(&inner.engine, state, &inner.limits, inner.fuel_enabled, fuel), None)
+            }
+        };
+        let reused = instance.is_some();
 
         let mut instantiation = Duration::ZERO;
         let run = async {
-            let instantiating = Instant::now();
-            match &inner.pre {
-                Pre::Latest(pre) => {
-                    let instance = pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
-                    instantiation = instantiating.elapsed();
-                    dispatch_latest(instance.berth_driver_driver(), &mut store, request).await
-                }
-                Pre::V0_2(pre) => {
-                    let instance = pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
-                    instantiation = instantiating.elapsed();
-                    dispatch_v0_2(instance.berth_driver_driver(), &mut store, request).await
-                }
-                Pre::V0_1(pre) => {
-                    let instance = pre.instantiate_async(&mut store).await.map_err(|e| (true, e))?;
-                    instantiation = instantiating.elapsed();
-                    dispatch_v0_1(instance.berth_driver_driver(), &mut store, request).await
-                }
+            if instance.is_none() {
+                let instantiating = Instant::now();
+                instance = Some(inner.pre.instantiate(&mut store).await.map_err(|e| (true, e))?);
+                instantiation = instantiating.elapsed();
+                crate::metrics::driver_instance(&inner.backend);
             }
-            .map_err(|e| (false, e))
+            let instance = instance.as_ref().expect("instantiated above");
+            instance.dispatch(&mut store, request).await.map_err(|e| (false, e))
         };
         let raw = tokio::time::timeout_at(deadline, run).await;
+        // Only an instance whose guest answered by itself serves another call: after a timeout,
+        // a trap or a refused allocation it is dropped with its store.
+        let answered = matches!(raw, Ok(Ok(_))) && store.data().memory.refused.is_none();
 
         let state = store.data();
         let stats = CallStats {
             wall: started.elapsed(),
             instantiation,
+            reused,
             guest_time: state.clock.guest_time(),
             fuel: fuel.map(|f| f.saturating_sub(store.get_fuel().unwrap_or(0))),
             peak_memory: state.memory.peak,
@@ -321,6 +344,13 @@ impl Driver {
             stats.wall,
             stats.fuel,
         );
+        if let (Some(slot), Some(instance)) = (kept, instance)
+            && answered
+            && matches!(kind, Ok(_) | Err(CallErrorKind::Driver(_)))
+            && let Some(keeping) = keeping.or_else(|| inner.keeping.clone().try_acquire_owned().ok())
+        {
+            *slot = Some(Kept::new(store, instance, keeping, &self.inner));
+        }
         let result = kind.map_err(|kind| {
             let error = CallError {
                 driver: inner.backend.to_string(),
@@ -334,6 +364,62 @@ impl Driver {
             error
         });
         Outcome { result, stats }
+    }
+}
+
+/// An instance kept between the calls of one operation ([`DriverCalls`]), with its store. It
+/// holds a permit of the runtime's kept instances (never waited for: when none is free the
+/// instance is not kept), so kept instances and running calls never exhaust the instance pool
+/// together, and no call waits for an instance that another operation keeps.
+pub(crate) struct Kept {
+    /// The store and its instance; in a mutex only so that a `Kept` is `Sync` (a flow may hold a
+    /// reference to what holds one across an await): it is only ever reached by value.
+    live: std::sync::Mutex<(Store<HostState>, Instance)>,
+    /// Released after the store, so the instance is gone first.
+    keeping: tokio::sync::OwnedSemaphorePermit,
+    /// Whose instance it is: a kept instance serves only calls of the driver that made it.
+    driver: std::sync::Weak<Inner>,
+}
+
+impl Kept {
+    fn new(
+        store: Store<HostState>,
+        instance: Instance,
+        keeping: tokio::sync::OwnedSemaphorePermit,
+        driver: &Arc<Inner>,
+    ) -> Kept {
+        Kept { live: std::sync::Mutex::new((store, instance)), keeping, driver: Arc::downgrade(driver) }
+    }
+}
+
+/// An instance of a driver, bound to the contract version it was built for.
+enum Instance {
+    Latest(latest::StorageDriver),
+    V0_2(v0_2::StorageDriver),
+    V0_1(v0_1::StorageDriver),
+}
+
+impl Pre {
+    async fn instantiate(&self, store: &mut Store<HostState>) -> wasmtime::Result<Instance> {
+        Ok(match self {
+            Pre::Latest(pre) => Instance::Latest(pre.instantiate_async(store).await?),
+            Pre::V0_2(pre) => Instance::V0_2(pre.instantiate_async(store).await?),
+            Pre::V0_1(pre) => Instance::V0_1(pre.instantiate_async(store).await?),
+        })
+    }
+}
+
+impl Instance {
+    async fn dispatch(
+        &self,
+        store: &mut Store<HostState>,
+        request: &Request,
+    ) -> wasmtime::Result<Result<Response, DriverError>> {
+        match self {
+            Instance::Latest(i) => dispatch_latest(i.berth_driver_driver(), store, request).await,
+            Instance::V0_2(i) => dispatch_v0_2(i.berth_driver_driver(), store, request).await,
+            Instance::V0_1(i) => dispatch_v0_1(i.berth_driver_driver(), store, request).await,
+        }
     }
 }
 
@@ -414,7 +500,7 @@ dispatcher!(
 impl Driver {
     /// A session of calls for one operation of the service (see [`DriverCalls`]).
     pub fn calls(&self) -> DriverCalls<'_> {
-        DriverCalls { driver: self, effects: Vec::new(), guard: None }
+        DriverCalls::new(self)
     }
 
     /// Applies a model update a call of this driver returned; a result that would overfill the
@@ -436,129 +522,5 @@ impl Driver {
             call,
             kind: CallErrorKind::InvalidOutput(message),
         }
-    }
-}
-
-/// Typed calls for the service, which needs no stats, but needs to know what the capability
-/// calls of every call changed ([`Effect`]s, collected whether a call succeeds or fails).
-pub struct DriverCalls<'d> {
-    driver: &'d Driver,
-    pub effects: Vec<Effect>,
-    guard: Option<Guard>,
-}
-
-/// A condition checked before every call of a [`DriverCalls`]: when it answers a reason, the call
-/// is not made and fails with [`CallErrorKind::NotMade`] (an operation that lost its lease).
-pub(super) type Guard = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
-
-impl<'d> DriverCalls<'d> {
-    pub fn driver(&self) -> &'d Driver {
-        self.driver
-    }
-
-    /// The same calls, each made only while `guard` allows it.
-    pub fn guarded(mut self, guard: Guard) -> Self {
-        self.guard = Some(guard);
-        self
-    }
-
-    async fn expect<T>(
-        &mut self,
-        request: Request,
-        pick: impl FnOnce(Response) -> Option<T>,
-    ) -> Result<T, CallError> {
-        let call = request.call();
-        if let Some(reason) = self.guard.as_ref().and_then(|allows| allows()) {
-            return Err(CallError {
-                driver: self.driver.backend().to_string(),
-                version: self.driver.info().version.clone(),
-                call,
-                kind: CallErrorKind::NotMade(reason),
-            });
-        }
-        let outcome = self.driver.invoke(&request, &CallOptions::default()).await;
-        self.effects.extend(outcome.stats.effects);
-        let response = outcome.result?;
-        pick(response).ok_or_else(|| self.driver.invalid(call, "unexpected response type".into()))
-    }
-
-    pub async fn validate_connector(&mut self, connector: &Connector) -> Result<(), CallError> {
-        self.expect(Request::ValidateConnector(connector.clone()), |r| {
-            matches!(r, Response::Unit).then_some(())
-        })
-        .await
-    }
-
-    pub async fn create_volume(&mut self, volume: &Volume) -> Result<ModelUpdate, CallError> {
-        self.expect(Request::CreateVolume(volume.clone()), Response::into_model_update).await
-    }
-
-    pub async fn delete_volume(&mut self, volume: &Volume) -> Result<(), CallError> {
-        self.expect(Request::DeleteVolume(volume.clone()), |r| matches!(r, Response::Unit).then_some(()))
-            .await
-    }
-
-    pub async fn extend_volume(
-        &mut self,
-        volume: &Volume,
-        new_size_gib: u64,
-    ) -> Result<ModelUpdate, CallError> {
-        self.expect(Request::ExtendVolume(volume.clone(), new_size_gib), Response::into_model_update).await
-    }
-
-    pub async fn create_export(
-        &mut self,
-        volume: &Volume,
-        connector: Option<&Connector>,
-    ) -> Result<ModelUpdate, CallError> {
-        self.expect(Request::CreateExport(volume.clone(), connector.cloned()), Response::into_model_update)
-            .await
-    }
-
-    pub async fn remove_export(&mut self, volume: &Volume) -> Result<ModelUpdate, CallError> {
-        self.expect(Request::RemoveExport(volume.clone()), Response::into_model_update).await
-    }
-
-    pub async fn initialize_connection(
-        &mut self,
-        volume: &Volume,
-        connector: &Connector,
-    ) -> Result<Connection, CallError> {
-        self.expect(Request::InitializeConnection(volume.clone(), connector.clone()), |r| match r {
-            Response::Connection(c) => Some(c),
-            _ => None,
-        })
-        .await
-    }
-
-    pub async fn terminate_connection(
-        &mut self,
-        volume: &Volume,
-        connector: Option<&Connector>,
-        others: &[Attachment],
-    ) -> Result<Termination, CallError> {
-        self.expect(Request::TerminateConnection(volume.clone(), connector.cloned(), others.to_vec()), |r| {
-            match r {
-                Response::Termination(t) => Some(t),
-                _ => None,
-            }
-        })
-        .await
-    }
-
-    pub async fn shared_connections(
-        &mut self,
-        volume: &Volume,
-        connector: &Connector,
-        attachments: &[Attachment],
-    ) -> Result<Vec<String>, CallError> {
-        self.expect(
-            Request::SharedConnections(volume.clone(), connector.clone(), attachments.to_vec()),
-            |r| match r {
-                Response::Ids(ids) => Some(ids),
-                _ => None,
-            },
-        )
-        .await
     }
 }

@@ -9,11 +9,13 @@ use std::time::Duration;
 use serde::Deserialize;
 use wasmtime::CallHook;
 
-/// Limits for every call of one driver. The operator can override each per backend.
+/// Limits for the calls of one driver: per call, but for memory, which bounds an instance (the
+/// calls of one operation share one). The operator can override each per backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// Linear memory, summed over the component's memories, in MiB.
+    /// Linear memory, summed over the component's memories, in MiB: per instance, so what the
+    /// calls of one operation hold together.
     pub memory_mib: u64,
     /// Guest CPU time per call, in milliseconds. Time blocked in host calls does not count:
     /// capability calls carry their own timeouts.

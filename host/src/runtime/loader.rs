@@ -395,6 +395,7 @@ impl Runtime {
             caps: capabilities,
             fuel_enabled: self.fuel,
             slots: self.slots.clone(),
+            keeping: self.keeping.clone(),
         })
         .await
         .map_err(|error| LoadError::Info { driver: backend.clone(), error: Box::new(error) })?;

@@ -16,6 +16,7 @@ mod limits;
 mod loader;
 pub mod model;
 mod outcome;
+mod session;
 mod since_v0_1;
 mod since_v0_2;
 mod size;
@@ -32,11 +33,13 @@ use wasmtime::{Config, Engine};
 
 pub use cache::Provenance;
 pub use call::{Call, CallOptions, CallStats, CapabilityCall, Effect, Outcome, Request, Response};
-pub use driver::{Driver, DriverCalls};
+pub use driver::Driver;
+pub(crate) use driver::Kept;
 pub use error::{CallError, CallErrorKind, Failure, LoadError};
 pub use footprint::Footprint;
 pub use limits::Limits;
 pub use loader::{CONTRACT, DriverSpec, WasmSource};
+pub use session::{DriverCalls, KeptInstance};
 
 use cache::ArtifactCache;
 use state::HostState;
@@ -124,6 +127,8 @@ pub struct Runtime {
     tick: Duration,
     /// One permit per concurrent call.
     slots: Arc<tokio::sync::Semaphore>,
+    /// One permit per instance kept between the calls of an operation.
+    keeping: Arc<tokio::sync::Semaphore>,
     /// What each call slot of the instance pool holds.
     slot: Footprint,
     /// Components already loaded, by source (see `loader.rs`).
@@ -142,7 +147,7 @@ impl Runtime {
         config.consume_fuel(options.fuel);
         config.max_wasm_stack(512 * 1024);
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
-        // Every call gets a fresh instance. A linear memory starts as the component's image mapped
+        // Every operation gets a fresh instance. A linear memory starts as the component's image mapped
         // copy-on-write (only the pages a call writes are copied), and a table's entries are
         // filled when first used. Copying every data segment at each instantiation cost a Python
         // driver (18 MB, its interpreter's heap in the image) 5.4 ms per call and a JavaScript one
@@ -151,13 +156,17 @@ impl Runtime {
         config.memory_init_cow(true);
         config.table_lazy_init(true);
         // Every slot can hold an instance of the largest driver, so a call that has a slot never
-        // finds the pool exhausted: beyond `max_concurrent_calls`, calls wait for a slot.
+        // finds the pool exhausted: beyond `max_concurrent_calls`, calls wait for a slot. As many
+        // again hold the instances operations keep between their calls (`driver::Kept`): an
+        // instance is kept only while one of those is free, so running and kept instances
+        // together never exceed the pool.
         let slot = options.slot;
+        let instances = slots * 2;
         let mut pool = wasmtime::PoolingAllocationConfig::new();
-        pool.total_component_instances(slots)
-            .total_core_instances(slots * slot.core_instances)
-            .total_memories(slots * slot.memories)
-            .total_tables(slots * slot.tables)
+        pool.total_component_instances(instances)
+            .total_core_instances(instances * slot.core_instances)
+            .total_memories(instances * slot.memories)
+            .total_tables(instances * slot.tables)
             .total_stacks(slots * 2)
             .max_core_instances_per_component(slot.core_instances)
             .max_memories_per_component(slot.memories)
@@ -218,6 +227,7 @@ impl Runtime {
             fuel: options.fuel,
             tick: options.tick,
             slots: Arc::new(tokio::sync::Semaphore::new(slots as usize)),
+            keeping: Arc::new(tokio::sync::Semaphore::new(slots as usize)),
             slot,
             loaded: Default::default(),
         })

@@ -1,6 +1,7 @@
-//! The data of one store, i.e. of one driver call: an empty WASI context (no preopens, no
-//! network, no environment), bounded stdio capture, the resource accounting, and the call's scope
-//! (which capabilities, which secrets to redact, which capability calls were made).
+//! The data of one store, i.e. of one instance, which serves the calls of one operation at
+//! most: an empty WASI context (no preopens, no network, no environment), bounded stdio capture,
+//! the resource accounting, and the current call's scope (which capabilities, which secrets to
+//! redact, which capability calls were made), renewed for each call.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -49,6 +50,16 @@ impl HostState {
 }
 
 impl HostState {
+    /// Readies the state of a kept instance for its next call: that call's scope and network,
+    /// its own CPU clock and output capture. The memory accounting stays (the instance's memory
+    /// does: the memory limit bounds the instance, whichever calls grew it).
+    pub(crate) fn renew(&mut self, scope: CallScope, network: CallNetwork) {
+        self.scope = scope;
+        self.network = network;
+        self.clock = GuestClock::new();
+        self.stderr.clear();
+    }
+
     /// The resource table and the call's network, borrowed together (`wasi:http` keeps its
     /// resources in the table WASI's streams use).
     pub(crate) fn table_and_network(&mut self) -> (&mut ResourceTable, &mut CallNetwork) {
@@ -88,6 +99,30 @@ pub(crate) struct CallScope {
 pub(crate) struct InjectedFault(pub u32);
 
 impl CallScope {
+    pub(crate) fn new(
+        driver: Arc<str>,
+        call: Call,
+        caps: DriverCapabilities,
+        redactor: Redactor,
+        log_limit: u32,
+        options: CallOptions,
+    ) -> Self {
+        CallScope {
+            driver,
+            call,
+            caps,
+            redactor,
+            log_limit,
+            logs: 0,
+            dropped_logs: 0,
+            options,
+            capability_calls: Vec::new(),
+            effects: Vec::new(),
+            started: 0,
+            current: None,
+        }
+    }
+
     /// Notes the start of a capability call; traps if a fault is to be injected here.
     pub(crate) fn enter(
         &mut self,
@@ -133,6 +168,10 @@ impl Capture {
     pub(crate) fn text(&self) -> String {
         let buf = self.0.lock().unwrap_or_else(|p| p.into_inner());
         String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    fn clear(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     fn push(&self, bytes: &[u8]) {

@@ -1,4 +1,4 @@
-//! A store set up for one call, with every limit of `limits.rs` in place: linear memory, the
+//! A store set up for a driver's calls, with every limit of `limits.rs` in place: linear memory, the
 //! bound on what one crossing may copy into the host, guest CPU time checked at every epoch tick
 //! (which also yields to the executor), and fuel when the engine meters it.
 
@@ -17,16 +17,11 @@ pub(crate) fn call_store(
 ) -> Store<HostState> {
     let mut store = Store::new(engine, state);
     store.limiter(|s| &mut s.memory);
-    // What the guest may make the host allocate in one crossing (its result, or the arguments
-    // of one capability call), counted by wasmtime as it copies, before it allocates: a
-    // result that would be too large is refused while being copied, not after.
-    store.set_hostcall_fuel(limits.copy_bytes());
     store.call_hook(|mut ctx, hook| {
         ctx.data_mut().clock.hook(hook);
         Ok(())
     });
     let cpu = limits.cpu();
-    store.set_epoch_deadline(1);
     store.epoch_deadline_callback(move |ctx| {
         let clock = ctx.data().clock.clone();
         if clock.guest_time() > cpu {
@@ -42,9 +37,21 @@ pub(crate) fn call_store(
             }),
         ))
     });
+    renew(&mut store, limits, fuel_enabled, fuel);
+    store
+}
+
+/// Gives a store the budgets of one call: at its creation, and again before each further call of
+/// an instance kept for its operation (`driver.rs`). The call's CPU clock is the state's
+/// (`HostState::renew`).
+pub(crate) fn renew(store: &mut Store<HostState>, limits: &Limits, fuel_enabled: bool, fuel: Option<u64>) {
+    // What the guest may make the host allocate in one crossing (its result, or the arguments
+    // of one capability call), counted by wasmtime as it copies, before it allocates: a
+    // result that would be too large is refused while being copied, not after.
+    store.set_hostcall_fuel(limits.copy_bytes());
+    store.set_epoch_deadline(1);
     if fuel_enabled {
         // A metered engine needs fuel even for unmetered calls.
         let _ = store.set_fuel(fuel.unwrap_or(u64::MAX / 2));
     }
-    store
 }

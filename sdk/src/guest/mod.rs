@@ -146,8 +146,9 @@ pub mod prelude {
 /// A storage driver. Implement `info` and `initialize_connection`; every other call has a
 /// default.
 ///
-/// Drivers are stateless: each call runs in a fresh instance and gets the volume record as the
-/// host stores it. Keep what must survive in a [`ModelUpdate`]. Every call that changes something
+/// Drivers are stateless: each call gets the volume record as the host stores it, and may find
+/// what earlier calls of the same operation left in memory, or a fresh instance (never what
+/// another operation left; docs/writing-a-driver.md, "Instances"). Keep what must survive in a [`ModelUpdate`]. Every call that changes something
 /// must be idempotent (see the WIT contract, `wit/driver@0.3.0/driver.wit`).
 pub trait Driver {
     /// Who the driver is and what it supports.
