@@ -243,6 +243,7 @@ fn flaws() -> Vec<(&'static str, Vec<Id>)> {
         ("hog", vec![SharedQuery, MemoryBudget]),
         ("oversize", vec![SharedQuery, OutputBounds]),
         ("crash-unsafe", vec![Convergence]),
+        ("counts-calls", vec![SharedInstance]),
         ("unchecked-deny", vec![ArgumentGrammar]),
         ("extend-does-nothing", vec![Extend]),
         // Slow is not wrong: it passes every check (an upgrade's watch catches it instead).

@@ -118,6 +118,9 @@ pub struct Env<'s> {
     pub measure: Measure,
     /// The capability calls of the last driver call.
     pub last_calls: Vec<CapabilityCall>,
+    /// `Some` when each call runs in the instance the last one left, as the calls of one
+    /// operation do in service; `None`, each in a fresh instance.
+    sharing: Option<Option<crate::runtime::Kept>>,
 }
 
 /// The backend name a driver under test runs as.
@@ -175,7 +178,22 @@ impl<'s> Env<'s> {
             capabilities: caps,
         };
         let driver = shared.runtime.load(spec).await.map_err(|e| e.to_string())?;
-        Ok(Env { shared, driver, target, stores, measure: Measure::default(), last_calls: Vec::new() })
+        Ok(Env {
+            shared,
+            driver,
+            target,
+            stores,
+            measure: Measure::default(),
+            last_calls: Vec::new(),
+            sharing: None,
+        })
+    }
+
+    /// The same environment, but each call runs in the instance the last one left (as long as it
+    /// answered by itself), as the calls of one operation do in `berth serve`.
+    pub fn sharing_instances(mut self) -> Self {
+        self.sharing = Some(None);
+        self
     }
 
     /// Removes what a check left on a real backend (a network driver's volumes, made in this
@@ -244,7 +262,7 @@ impl<'s> Env<'s> {
             fuel: Some(self.shared.fuel_per_call),
             network_fault,
         };
-        let outcome = self.driver.invoke(&request, &options).await;
+        let outcome = self.driver.run(&request, &options, self.sharing.as_mut()).await;
         let s = &outcome.stats;
         let m = &mut self.measure;
         m.calls += 1;

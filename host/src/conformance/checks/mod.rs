@@ -89,6 +89,7 @@ pub enum Id {
     OutputBounds,
     NoLeak,
     Deterministic,
+    SharedInstance,
     Convergence,
     NetworkFaults,
     ArgumentGrammar,
@@ -302,6 +303,12 @@ pub const CHECKS: &[Check] = &[
         needs: &[],
         id: Id::Deterministic,
         run: |env| Box::pin(repeatability::deterministic(env)),
+    },
+    Check {
+        name: "calls made in an instance earlier calls used should answer as in a fresh one",
+        needs: &[],
+        id: Id::SharedInstance,
+        run: |env| Box::pin(repeatability::shared_instance(env)),
     },
     Check {
         name: "a call interrupted at any capability call should converge when retried",

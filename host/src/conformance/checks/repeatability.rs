@@ -21,6 +21,29 @@ pub(super) async fn no_leak(env: &mut Env<'_>) -> Result<(), String> {
     Ok(())
 }
 
+/// In service the calls of one operation run in one instance: a driver may find what an earlier
+/// call left in its memory, and must answer as it would in a fresh instance. The reference calls
+/// made one after another in one instance are compared with the same calls each in a fresh
+/// instance, where those agree between two runs (what differs between two fresh runs is the
+/// `Deterministic` check's to judge).
+pub(super) async fn shared_instance(env: &mut Env<'_>) -> Result<(), String> {
+    let fresh = transcript(env).await;
+    let mut again = Env::new(env.shared).await?;
+    let fresh_again = transcript(&mut again).await;
+    let mut sharing = Env::new(env.shared).await?.sharing_instances();
+    let in_one = transcript(&mut sharing).await;
+    env.measure.merge(&again.measure);
+    env.measure.merge(&sharing.measure);
+    for (i, ((x, y), z)) in fresh.iter().zip(&fresh_again).zip(&in_one).enumerate() {
+        ensure!(
+            x != y || x == z,
+            "call {} answers otherwise in the instance the earlier calls used than in a fresh one:\n  fresh: {x}\n  after earlier calls: {z}",
+            i + 1
+        );
+    }
+    Ok(())
+}
+
 /// A volume record whose host-generated parts (id, credentials) are fixed.
 pub(super) fn fixed_volume() -> Volume {
     Volume {
