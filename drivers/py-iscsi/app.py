@@ -88,17 +88,22 @@ def invalid_connector(missing: List[str], reason: str) -> Err:
 
 # ---- names --------------------------------------------------------------------------------
 
+# Compiled at import: componentize-py snapshots the module after it is imported, so every fresh
+# instance starts with these (a pattern compiled in a call is compiled again in every instance).
 IQN = re.compile(r"^iqn\.(\d{4})-(\d{2})\.([^:]+)(?::(.*))?$")
+ISCSI_CHARS = re.compile(r"[a-z0-9.:-]+")
+EUI = re.compile(r"eui\.[0-9a-f]{16}")
+NAA = re.compile(r"naa\.([0-9a-f]{16}|[0-9a-f]{32})")
 
 
 def is_iscsi_name(name: Optional[str]) -> bool:
     """RFC 3720 iSCSI names, as the host checks them: lower-case iqn./eui./naa. forms, <= 223 bytes."""
-    if not name or len(name.encode()) > 223 or not re.fullmatch(r"[a-z0-9.:-]+", name):
+    if not name or len(name.encode()) > 223 or not ISCSI_CHARS.fullmatch(name):
         return False
     if name.startswith("eui."):
-        return re.fullmatch(r"eui\.[0-9a-f]{16}", name) is not None
+        return EUI.fullmatch(name) is not None
     if name.startswith("naa."):
-        return re.fullmatch(r"naa\.([0-9a-f]{16}|[0-9a-f]{32})", name) is not None
+        return NAA.fullmatch(name) is not None
     m = IQN.match(name)
     if not m or not 1 <= int(m.group(2)) <= 12:
         return False

@@ -2,7 +2,7 @@
 //! `js-iscsi` (ComponentizeJS) and the Python `py-iscsi` (componentize-py), which do the same work.
 //! For each: the component's size and footprint, the first compile, a load from the artifact
 //! cache, one call in a fresh instance (instantiation, memory initialisation and the call) with
-//! its fuel, and an attachment create over HTTP with all three served by one `berth serve`
+//! its fuel, the next call of an operation in the instance the first left, and an attachment create over HTTP with all three served by one `berth serve`
 //! (release build) on a real tgtd.
 //!
 //! Run after `bash .ci/test` (or the two driver builds it runs):
@@ -20,6 +20,13 @@ use serde_json::json;
 
 const DRIVERS: [(&str, &str, &str); 3] =
     [("Rust", "tgt-iscsi", "tgt"), ("JavaScript", "js-iscsi", "js"), ("Python", "py-iscsi", "py")];
+
+/// A model update applied as the host applies it (the fields the iSCSI drivers use).
+fn apply(volume: &mut berth::runtime::contract::Volume, update: &berth::runtime::contract::ModelUpdate) {
+    let mut fields = berth::runtime::model::VolumeFields::of(volume);
+    fields.apply(update).unwrap();
+    fields.write_to(volume);
+}
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -73,11 +80,74 @@ async fn run() {
             outcome.result.unwrap();
             instantiations.push(outcome.stats.instantiation);
         }
+        // The same call again in the instance an earlier call of its operation left.
+        let mut again = Vec::new();
+        for _ in 0..200 {
+            let mut operation = driver.calls();
+            operation.validate_connector(&connector("iqn.1993-08.org.debian:01:bench")).await.unwrap();
+            let started = Instant::now();
+            operation.validate_connector(&connector("iqn.1993-08.org.debian:01:bench")).await.unwrap();
+            again.push(started.elapsed());
+        }
+        // An attach's and a detach's calls as `berth serve` makes them (each operation's calls in
+        // one instance), on the in-memory target model: where an operation's time goes.
+        let names = [
+            "validate-connector",
+            "create-export",
+            "initialize-connection",
+            "terminate-connection",
+            "remove-export",
+        ];
+        let mut steps: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
+        // A volume of each driver's own (the stores' directory is shared, each store its backend's).
+        let mut volume =
+            berth_tests::drivers::volume(&format!("11111111-2222-4333-8444-{:012}", wasm.len()), &[]);
+        driver.calls().create_volume(&volume).await.unwrap();
+        for i in 0..60 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let initiator = connector(&format!("iqn.1993-08.org.debian:01:step{i}"));
+            let mut timed = Vec::new();
+            let mut attach = driver.calls();
+            let t = Instant::now();
+            attach.validate_connector(&initiator).await.unwrap();
+            timed.push(t.elapsed());
+            let t = Instant::now();
+            let update = attach.create_export(&volume, Some(&initiator)).await.unwrap();
+            timed.push(t.elapsed());
+            apply(&mut volume, &update);
+            let t = Instant::now();
+            let connection = attach.initialize_connection(&volume, &initiator).await.unwrap();
+            timed.push(t.elapsed());
+            apply(&mut volume, &connection.update);
+            drop(attach);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let mut detach = driver.calls();
+            let t = Instant::now();
+            let ended = detach.terminate_connection(&volume, Some(&initiator), &[]).await.unwrap();
+            timed.push(t.elapsed());
+            apply(&mut volume, &ended.update);
+            let t = Instant::now();
+            let update = detach.remove_export(&volume).await.unwrap();
+            timed.push(t.elapsed());
+            apply(&mut volume, &update);
+            if i >= 10 {
+                for (step, took) in steps.iter_mut().zip(timed) {
+                    step.push(took);
+                }
+            }
+        }
+        let breakdown: Vec<String> = names
+            .iter()
+            .zip(&mut steps)
+            .map(|(name, took)| format!("{name} {}", human(Summary::of(took).p50)))
+            .collect();
+
         let call = Summary::of(&mut calls);
         let instantiation = Summary::of(&mut instantiations);
         println!(
             "{language:<10} {name:<9} {:>6.1} MB, {footprint}; first compile {}, cached load p50 {}; \
-             one call (validate-connector, fresh instance) p50 {} p99 {} (instantiation p50 {}), {:.1}M fuel",
+             one call (validate-connector, fresh instance) p50 {} p99 {} (instantiation p50 {}), {:.1}M fuel; \
+             the next call in the operation's instance p50 {}",
             wasm.len() as f64 / 1e6,
             human(first),
             human(Summary::of(&mut cached).p50),
@@ -85,7 +155,9 @@ async fn run() {
             human(call.p99),
             human(instantiation.p50),
             fuel as f64 / 1e6,
+            human(Summary::of(&mut again).p50),
         );
+        println!("{language:<10} {name:<9} an attach's and a detach's calls (p50): {}", breakdown.join(", "));
     }
 
     // The three in one server: an attachment create with a connector (validate-connector,
