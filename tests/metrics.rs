@@ -11,6 +11,16 @@ use berth_tests::python::python;
 use berth_tests::server::{Client, connector};
 use serde_json::{Value, json};
 
+/// `berth serve` on the fake driver, with its metrics listener: the server and the listener's port.
+fn serve_with_metrics() -> (BerthProcess, u16) {
+    let port = free_port();
+    let config = format!(
+        "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[[backends]]\nname = \"fake\"\ndriver = \"fake\"\n\
+         [[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"fake\"\n"
+    );
+    (BerthProcess::start(&config), port)
+}
+
 const PARSE: &str = r#"
 import json, sys
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
@@ -22,12 +32,7 @@ print(json.dumps(out))
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_metrics_endpoint_is_valid_openmetrics_and_counts_what_happened() {
-    let port = free_port();
-    let config = format!(
-        "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[[backends]]\nname = \"fake\"\ndriver = \"fake\"\n\
-         [[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"fake\"\n"
-    );
-    let server = BerthProcess::start(&config);
+    let (server, port) = serve_with_metrics();
     let c = Client::for_base(&server.base, "p1").at("3.54");
     let volume = c.create_volume(json!({"size": 1})).await;
     let a = c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:m", "m"))).await.expect(200);
@@ -162,12 +167,7 @@ fn fake_total(text: &str, name: &str) -> f64 {
 /// instance, counted by `berth_driver_instances_total`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_calls_of_one_operation_share_one_instance() {
-    let port = free_port();
-    let config = format!(
-        "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[[backends]]\nname = \"fake\"\ndriver = \"fake\"\n\
-         [[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"fake\"\n"
-    );
-    let server = BerthProcess::start(&config);
+    let (server, port) = serve_with_metrics();
     let c = Client::for_base(&server.base, "p1").at("3.54");
     let volume = c.create_volume(json!({"size": 1})).await;
     let scrape = || async {
