@@ -600,6 +600,12 @@ async fn the_reconciler_makes_identities_and_images_agree_with_the_database_both
     let c = Client::for_base(&server.base, "p1").at("3.54");
     let volume = c.create_volume(json!({"size": 1})).await;
     wait_status(&c, &volume, "available").await;
+    // Host `gone` had the volume once: its identity went with its detach.
+    let before =
+        c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:gone", "gone"))).await.expect(200);
+    c.delete(&format!("/attachments/{}", before.body["attachment"]["id"].as_str().unwrap()))
+        .await
+        .expect(200);
     let made = c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:held", "held"))).await.expect(200);
     let held =
         format!("client.{}", made.body["attachment"]["connection_info"]["auth_username"].as_str().unwrap());
@@ -617,6 +623,26 @@ async fn the_reconciler_makes_identities_and_images_agree_with_the_database_both
     assert!(now.contains(&foreign), "another deployment's identity was removed");
     assert!(server.log_text().contains("removing a cephx identity that no connected attachment holds"));
     ceph.auth(&["del", &foreign]);
+    // The history says whose access the service ended: the host its earlier grant names.
+    let removed = |volume: &str, outcome: &'static str| {
+        let c = &c;
+        let volume = volume.to_string();
+        async move {
+            let history =
+                c.get(&format!("/os-attachment-events?volume_id={volume}&access=revoked")).await.expect(200);
+            history.body["attachment_events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["outcome"] == outcome)
+                .map(|e| (e["event"].clone(), e["host"].clone(), e["user_id"].clone()))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        removed(&volume, "cephx identity removed").await,
+        [(json!("revoke"), json!("gone"), json!("berth"))]
+    );
 
     // The other way: the attachment's identity removed behind Berth's back is made again with the
     // key the host was given, which opens the image again.
@@ -640,6 +666,10 @@ async fn the_reconciler_makes_identities_and_images_agree_with_the_database_both
     eventually(&server, "the deleted volume's image stayed", || ceph.image_size(&image(&gone)).is_none())
         .await;
     assert!(server.log_text().contains("deleting the image of a deleted volume"));
+    assert_eq!(
+        removed(&gone, "image of the deleted volume deleted").await,
+        [(json!("revoke"), Value::Null, json!("berth"))]
+    );
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(ceph.image_size(&unknown).is_some(), "an image of a volume it does not know was removed");
     ceph.rbd(&["rm", "--no-progress", &format!("volumes/{unknown}")]);

@@ -109,6 +109,21 @@ async fn the_access_of_an_attachment_in_error_is_revoked_and_its_export_removed(
     })
     .await;
     assert!(rig.berth.log_text().contains("removing a target that no connected attachment uses"));
+    // The history says whose access went with the target, as the service's own doing: the
+    // attachment in error's initiator.
+    let history =
+        c.get(&format!("/os-attachment-events?volume_id={volume}&access=revoked")).await.expect(200);
+    let revoked: Vec<(&str, &str, &str, &str)> = history.body["attachment_events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["user_id"] == "berth")
+        .map(|e| {
+            let field = |k: &str| e[k].as_str().unwrap_or("-");
+            (field("event"), field("outcome"), field("initiator"), field("attachment_id"))
+        })
+        .collect();
+    assert_eq!(revoked, [("revoke", "export removed", ALICE, id.as_str())], "{}", history.body);
     let shown = c.get(&format!("/attachments/{id}")).await.expect(200);
     assert_eq!(shown.body["attachment"]["status"], "error_attaching", "the row stays until deleted");
     c.delete(&format!("/attachments/{id}")).await.expect(200);

@@ -388,6 +388,8 @@ async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
                     ("repaired", r.repaired.len()),
                     ("revoked", r.revoked.len()),
                     ("removed", r.removed.len()),
+                    ("identity_removed", r.identities_removed.len()),
+                    ("image_removed", r.images_removed.len()),
                 ] {
                     m.reconcile_changes
                         .get_or_create(&crate::metrics::ChangeLabels { change: change.into() })
@@ -402,6 +404,8 @@ async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
                         repaired = r.repaired.len(),
                         revoked = r.revoked.len(),
                         removed = r.removed.len(),
+                        identities_removed = r.identities_removed.len(),
+                        images_removed = r.images_removed.len(),
                         waiting = r.waiting,
                         drift = r.drift.len(),
                         failed = r.failed.len(),

@@ -125,6 +125,27 @@ impl Service {
         Ok(())
     }
 
+    /// The compute host whose name has the digest `digest` (`capabilities::cephx::host_digest`:
+    /// a cephx identity names its host only so), among the hosts `volume_id`'s history gave
+    /// access; none if the history names no such host (a pruned chain).
+    pub(crate) async fn host_of_digest(
+        &self,
+        tx: &mut Tx,
+        volume_id: &str,
+        digest: &str,
+    ) -> Result<Option<String>, AttachError> {
+        let filter = EventFilter {
+            volume_id: Some(volume_id.to_string()),
+            access: Some(Access::Granted),
+            ..EventFilter::default()
+        };
+        let granted = events::list(tx, Scope::All, &filter, None, HOSTS_LOOKED_AT).await?;
+        Ok(granted
+            .into_iter()
+            .filter_map(|e| e.fields.host)
+            .find(|host| crate::capabilities::cephx::host_digest(host) == digest))
+    }
+
     /// The attach history the caller may read (admins: every project's; `all`: ask for them),
     /// in time order.
     pub async fn list_events(
@@ -149,6 +170,9 @@ impl Service {
             .await
     }
 }
+
+/// How many of a volume's grants [`Service::host_of_digest`] looks at.
+const HOSTS_LOOKED_AT: i64 = 1000;
 
 /// What `berth history verify` found.
 #[derive(Debug, Default)]

@@ -33,6 +33,11 @@
 //!    this database does not know is drift, left alone; a settled volume whose image is in none
 //!    of the pools is reported (nothing can make its data again).
 //!
+//! Access it ends (an ACL entry, an identity, a target, a deleted volume's image) is recorded in
+//! the attach history as a `revoke` of the service's own, in the transaction that ends its
+//! operation; what it gives back (an export rebuilt, an identity made again) is access the
+//! history already says was granted, and is logged only.
+//!
 //! Not compared: CHAP accounts (an account is bound to its target and goes with it; a crash inside
 //! `set-chap` closes the target's ACL, which a repair then reopens) and targets of backends that
 //! were not granted the target service.
@@ -43,11 +48,13 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use super::model::{Connector, Live, OpKind};
-use super::state::VolumeStatus;
+use super::history::Change;
+use super::model::{Connector, Live, OpKind, Volume};
+use super::state::{Event, VolumeStatus};
 
 use super::{AttachError, Service, record_fields};
 use crate::capabilities::iscsi::{Iqn, TargetService, TargetState};
+use crate::domain::history::Access;
 use crate::failpoint;
 use crate::runtime::Call;
 use crate::store::attachments as rows;
@@ -90,6 +97,8 @@ pub struct Reconciled {
     pub drift: Vec<String>,
     /// Cephx identities removed (no connected attachment held them).
     pub identities_removed: Vec<String>,
+    /// Images of deleted volumes deleted: `pool/image`.
+    pub images_removed: Vec<String>,
     /// Unused objects the target service's housekeeping removed (tgtd: kept CHAP accounts).
     pub swept: usize,
     /// What could not be done, with the reason.
@@ -103,6 +112,8 @@ impl Reconciled {
             || !self.repaired.is_empty()
             || !self.revoked.is_empty()
             || !self.removed.is_empty()
+            || !self.identities_removed.is_empty()
+            || !self.images_removed.is_empty()
     }
 }
 
@@ -527,18 +538,11 @@ impl Reconcile<'_> {
         service: &dyn TargetService,
     ) -> Result<bool, AttachError> {
         let _held = self.hold(volume_id).await?;
-        let (volume, live) = self
-            .store
-            .read(async |tx| {
-                Ok::<_, AttachError>((
-                    volumes::get_even_deleted(tx, volume_id).await?,
-                    rows::live(tx, volume_id).await?,
-                ))
-            })
-            .await?;
-        if live.iter().any(Live::is_connected) || !self.still_there(service, iqn, None).await? {
+        let (volume, live) = self.volume_and_live(volume_id).await?;
+        if live.iter().any(Live::is_connected) {
             return Ok(false);
         }
+        let Some(state) = self.shown(service, iqn).await? else { return Ok(false) };
         let Some(volume) = volume else {
             return Err(AttachError::NotFound(format!("volume {volume_id} of target {iqn} is unknown")));
         };
@@ -571,11 +575,78 @@ impl Reconcile<'_> {
                     tracing::warn!(target_iqn = %iqn, "the driver's remove-export left this target; no longer tracking it");
                     targets::forget(tx, iqn).await?;
                 }
+                if removed.is_ok() && gone {
+                    // Whose access went with the target: each initiator of its ACL, with the
+                    // attachment that had it (an error row), if any.
+                    for initiator in &state.initiators {
+                        let holder = live.iter().find(|l| {
+                            l.connector.as_ref().and_then(Connector::initiator) == Some(initiator.as_str())
+                        });
+                        let connector = holder
+                            .and_then(|l| l.connector.clone())
+                            .unwrap_or_else(|| Connector::of_initiator(initiator));
+                        let change = Change {
+                            event: Event::Revoke,
+                            access: Access::Revoked,
+                            attachment: holder.map(|l| &l.attachment),
+                            connector: Some(&connector),
+                            outcome: Some("export removed"),
+                        };
+                        self.record(tx, &volume, change).await?;
+                    }
+                    if state.initiators.is_empty() {
+                        self.record_revoked(tx, &volume, None, "export removed").await?;
+                    }
+                }
                 op.finish(tx).await
             })
             .await?;
         removed?;
         Ok(gone)
+    }
+
+    /// A volume's row (deleted or not) and its live attachments, read together.
+    async fn volume_and_live(&self, volume_id: &str) -> Result<(Option<Volume>, Vec<Live>), AttachError> {
+        self.store
+            .read(async |tx| {
+                Ok::<_, AttachError>((
+                    volumes::get_even_deleted(tx, volume_id).await?,
+                    rows::live(tx, volume_id).await?,
+                ))
+            })
+            .await
+    }
+
+    /// Records, in the transaction that ends the reconciler's operation, that access nobody
+    /// was owed was ended (`connector`: whose, when known).
+    async fn record_revoked(
+        &self,
+        tx: &mut crate::store::sql::Tx,
+        volume: &Volume,
+        connector: Option<&Connector>,
+        outcome: &str,
+    ) -> Result<(), AttachError> {
+        let change = Change {
+            event: Event::Revoke,
+            access: Access::Revoked,
+            attachment: None,
+            connector,
+            outcome: Some(outcome),
+        };
+        self.record(tx, volume, change).await
+    }
+
+    /// The target as the target service has it now; none if it is gone (or not a valid name).
+    async fn shown(
+        &self,
+        service: &dyn TargetService,
+        iqn: &str,
+    ) -> Result<Option<TargetState>, AttachError> {
+        let Ok(name) = Iqn::parse(iqn) else { return Ok(None) };
+        service
+            .show(&name)
+            .await
+            .map_err(|e| AttachError::Unavailable(format!("cannot show target {iqn}: {e}")))
     }
 
     /// Whether the target (and the initiator in its ACL, when given) still exists.
@@ -585,11 +656,7 @@ impl Reconcile<'_> {
         iqn: &str,
         initiator: Option<&str>,
     ) -> Result<bool, AttachError> {
-        let Ok(name) = Iqn::parse(iqn) else { return Ok(false) };
-        let shown = service
-            .show(&name)
-            .await
-            .map_err(|e| AttachError::Unavailable(format!("cannot show target {iqn}: {e}")))?;
+        let shown = self.shown(service, iqn).await?;
         Ok(match (shown, initiator) {
             (None, _) => false,
             (Some(_), None) => true,
@@ -725,7 +792,7 @@ impl Reconcile<'_> {
                         continue;
                     }
                     match self.remove_orphan_image(volume_id, &what).await {
-                        Ok(true) => report.removed.push(what),
+                        Ok(true) => report.images_removed.push(format!("{pool}/{image}")),
                         Ok(false) => {}
                         Err(e) => report.failed.push((volume_id.to_string(), format!("remove {what}: {e}"))),
                     }
@@ -775,7 +842,13 @@ impl Reconcile<'_> {
         tracing::warn!(volume = %volume_id, image = %what, "reconcile: deleting the image of a deleted volume");
         let mut calls = op.calls(&backend.driver);
         let deleted = calls.delete_volume(&volume.contract()).await;
-        op.write(async |tx| op.finish(tx).await).await?;
+        op.write(async |tx| {
+            if deleted.is_ok() {
+                self.record_revoked(tx, &volume, None, "image of the deleted volume deleted").await?;
+            }
+            op.finish(tx).await
+        })
+        .await?;
         deleted.map_err(AttachError::Driver)?;
         Ok(true)
     }
@@ -855,7 +928,7 @@ impl Reconcile<'_> {
         cephx: &crate::capabilities::cephx::CephxCapability,
     ) -> Result<bool, AttachError> {
         let _held = self.hold(volume_id).await?;
-        let live = self.store.read(async |tx| rows::live(tx, volume_id).await).await?;
+        let (volume, live) = self.volume_and_live(volume_id).await?;
         if live.iter().filter_map(holder).any(|(_, digest)| digest == identity.host_digest) {
             return Ok(false);
         }
@@ -864,7 +937,17 @@ impl Reconcile<'_> {
         failpoint::hit("reconcile.cephx.intent");
         tracing::warn!(volume = %volume_id, identity = %identity.entity, "reconcile: removing a cephx identity that no connected attachment holds");
         let removed = cephx.remove(identity).await;
-        op.write(async |tx| op.finish(tx).await).await?;
+        op.write(async |tx| {
+            if removed.is_ok()
+                && let Some(volume) = &volume
+            {
+                let host = self.host_of_digest(tx, volume_id, &identity.host_digest).await?;
+                let connector = host.as_deref().map(Connector::of_host);
+                self.record_revoked(tx, volume, connector.as_ref(), "cephx identity removed").await?;
+            }
+            op.finish(tx).await
+        })
+        .await?;
         removed.map_err(|e| AttachError::Unavailable(format!("cannot remove {}: {e}", identity.entity)))?;
         Ok(true)
     }

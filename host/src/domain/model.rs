@@ -200,6 +200,13 @@ impl Connector {
         json.insert("initiator".into(), Json::String(initiator.to_string()));
         Connector::parse(json).expect("a one-key connector parses")
     }
+
+    /// A connector that names only a compute host (what a cephx identity's host is known by).
+    pub fn of_host(host: &str) -> Connector {
+        let mut json = Map::new();
+        json.insert("host".into(), Json::String(host.to_string()));
+        Connector::parse(json).expect("a one-key connector parses")
+    }
 }
 
 /// An attachment with its stored connector (none while it is only reserved).
