@@ -2,7 +2,7 @@
 //! fresh instance, the next ones in the instance the last one left, as long as it answered by
 //! itself (`driver.rs` says when an instance is dropped). A driver may find what an earlier call
 //! of the same operation left in its memory, or a fresh instance; it must work with either, and
-//! never finds what another operation left (docs/driver-guide.md, "Instances").
+//! never finds what another operation left (docs/writing-a-driver.md, "Instances").
 
 use super::call::{CallOptions, Effect, Request, Response};
 use super::contract::{Attachment, Connection, Connector, ModelUpdate, Termination, Volume};
