@@ -1,4 +1,4 @@
-//! The reconciler on a real tgtd (`attach/reconcile.rs`): what connected attachments need is
+//! The reconciler on a real tgtd (`attach/reconcile/`): what connected attachments need is
 //! re-created, what nobody needs is removed (or only reported), what the service did not create
 //! is left alone, and healthy attachments cost no change at all. With two nodes on one database,
 //! each reconciles only its own volumes on its own tgtd.

@@ -249,7 +249,7 @@ impl Default for OperationsConfig {
     }
 }
 
-/// What the reconciler does (`attach/reconcile.rs`).
+/// What the reconciler does (`attach/reconcile/`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ReconcileMode {

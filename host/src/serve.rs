@@ -1,6 +1,6 @@
 //! `berth serve`: assembles the service from its configuration (store, runtime, capabilities,
 //! drivers, catalog) and serves the API until SIGINT or SIGTERM. The API answers as soon as the
-//! listener is bound; reconciliation (`attach/reconcile.rs`) runs in the background, first at
+//! listener is bound; reconciliation (`attach/reconcile/`) runs in the background, first at
 //! start-up and then periodically, and operations left by a killed process are finished before
 //! anything else happens to their volumes.
 
@@ -347,7 +347,7 @@ impl Assembled {
         }
     }
 
-    /// One reconciliation pass (see `attach/reconcile.rs`).
+    /// One reconciliation pass (see `attach/reconcile/`).
     pub async fn reconcile(&self) -> anyhow::Result<Reconciled> {
         Ok(self.state.service.reconcile().pass(self.targets.as_deref(), &self.reconcile_options()).await?)
     }

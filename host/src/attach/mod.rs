@@ -8,7 +8,7 @@
 //! store, the backends' catalog, the volume locks, the operation machinery of `ops.rs` and the
 //! history of `history.rs`): [`Service::volumes`] (`volumes.rs`), [`Service::attachments`]
 //! (`attachments.rs`), [`Service::legacy`] (`legacy.rs`), [`Service::reconcile`]
-//! (`reconcile.rs`) and [`Service::recovery`] (`recover.rs`). A flow is a method of its family;
+//! (`reconcile/`) and [`Service::recovery`] (`recover.rs`). A flow is a method of its family;
 //! what more than one family needs is a method of the core.
 //!
 //! **Adding a flow** (follow `volumes.rs`'s `extend` and `finish_extend`): a method of its family
@@ -24,7 +24,7 @@
 //! task of its own, so a client that goes away changes nothing about how far it goes; its intent
 //! is recorded in the transaction that starts it, and its outcome in the transaction that ends
 //! it. What a killed process leaves behind is driven to a safe end (`recover.rs`), and the
-//! backends are made to match the database both ways (`reconcile.rs`).
+//! backends are made to match the database both ways (`reconcile/`).
 
 pub mod attachments;
 pub mod catalog;
@@ -114,7 +114,7 @@ pub struct Service {
     locks: VolumeLocks,
     /// This process as the owner of operations.
     owner: Owner,
-    /// What the reconciler has noticed between passes (`reconcile.rs`).
+    /// What the reconciler has noticed between passes (`reconcile/`).
     reconciler: reconcile::Memory,
     limits: Limits,
     /// The target service of the backends granted it, to verify an export before a connection
