@@ -13,8 +13,9 @@
 //!   `terminate-connection` and, when nothing else uses the export, `remove-export`; then one
 //!   transaction removes the attachment and ends the operation. A failure leaves it
 //!   `error_detaching`.
-
-use serde_json::Value as Json;
+//!
+//! Here the entry points and the reservation; the connect half is in `connect.rs`, the
+//! disconnect half in `disconnect.rs`.
 
 use super::history::Change;
 use super::list::{AttachmentFilter, Page, Scope};
@@ -26,12 +27,9 @@ use crate::domain::history::Access;
 use crate::failpoint;
 use crate::runtime::KeptInstance;
 use crate::runtime::contract::{self, Attachment as DriverAttachment};
-use crate::runtime::json::connection_data_to_json;
-use crate::runtime::model::VolumeFields;
-use crate::runtime::{Call, CallError, DriverCalls};
-use crate::store::attachments::{self as rows, Connected};
+use crate::store::attachments as rows;
 use crate::store::sql::Tx;
-use crate::store::{ONE_ATTACHMENT_PER_SLOT, now_micros, targets, volumes};
+use crate::store::{ONE_ATTACHMENT_PER_SLOT, now_micros, volumes};
 
 /// A request to create an attachment.
 #[derive(Debug, Clone, Default)]
@@ -63,7 +61,6 @@ impl std::ops::Deref for Attachments<'_> {
         self.0
     }
 }
-
 impl Attachments<'_> {
     pub(super) async fn create(
         &self,
@@ -256,255 +253,6 @@ impl Attachments<'_> {
         self.connect(&op, row, &connector, origin, replaced.into_iter().collect()).await
     }
 
-    /// Refuses, before any driver call, a connection that needs a new LUN (the volume has none
-    /// in the backend's target service) while the service is at its ceiling on this machine:
-    /// the host and tgtd are never pushed past what they can hold.
-    async fn admit_export(
-        &self,
-        backend: &super::catalog::Backend,
-        volume: &Volume,
-    ) -> Result<(), AttachError> {
-        let Some(service) = backend.driver.target_service() else { return Ok(()) };
-        let Err(why) = service.admit_lun() else { return Ok(()) };
-        let recorded = self.store.read(async |tx| targets::of_volume(tx, &volume.id).await).await?;
-        if recorded.iter().any(|t| service.holds_luns(&t.iqn)) {
-            return Ok(());
-        }
-        Err(AttachError::ExportCeiling { backend: backend.name.clone(), why })
-    }
-
-    /// Connects an attachment whose connector and operation are recorded: revokes the connectors
-    /// it replaces (`revoke`), exports, initializes, and records the connection. The caller holds
-    /// the volume's lock.
-    pub(super) async fn connect(
-        &self,
-        op: &Op<'_>,
-        row: Attachment,
-        connector: &Connector,
-        origin: ConnectOrigin,
-        revoke: Vec<Connector>,
-    ) -> Result<Attachment, AttachError> {
-        let volume = self.fresh_volume(&row.volume_id).await?;
-        let backend = self.backend(&volume)?;
-        let mut calls = op.calls(&backend.driver);
-        let mode = row.attach_mode.effective(Some(connector));
-        let conn = connector.for_mode(mode);
-        let mut fields = volume.fields.clone();
-        let connected = async {
-            self.admit_export(&backend, &volume).await?;
-            if !revoke.is_empty() {
-                let others = self.other_attachments(&volume.id, &row.id).await?;
-                for old in &revoke {
-                    let old = old.for_mode(row.attach_mode.effective(Some(old)));
-                    fields =
-                        disconnect(&mut calls, &volume.with_fields(&fields), &others, Some(&old)).await?;
-                }
-            }
-            match calls.create_export(&volume.with_fields(&fields).contract(), Some(&conn)).await {
-                Ok(update) => backend.driver.apply(Call::CreateExport, &mut fields, &update)?,
-                Err(e) if e.is_unsupported() => {}
-                Err(e) => return Err(e.into()),
-            }
-            failpoint::hit("attach.connect.create-export");
-            let connection =
-                calls.initialize_connection(&volume.with_fields(&fields).contract(), &conn).await?;
-            backend.driver.apply(Call::InitializeConnection, &mut fields, &connection.update)?;
-            failpoint::hit("attach.connect.initialize-connection");
-            let info = flatten(&calls, &connection.info, &row.id, &conn)?;
-            if backend.uses_targets {
-                self.verify_export(&calls, &info, &conn).await?;
-            }
-            Ok::<_, AttachError>(info)
-        }
-        .await;
-        let info = match connected {
-            Ok(info) => info,
-            Err(error) => {
-                let mut all = vec![connector.clone()];
-                all.extend(revoke);
-                return Err(self.undo_connect(op, calls, &volume, fields, &row, all, origin, error).await);
-            }
-        };
-
-        let t = transition(Event::Connect);
-        let done = Connected {
-            connection_info: info,
-            attach_mode: mode.into(),
-            attached_host: connector.host().map(str::to_string),
-            mountpoint: Some(connector.mountpoint().unwrap_or("na").to_string()),
-        };
-        failpoint::hit("attach.connect.commit");
-        // One transaction, all or nothing: the merged driver fields commit only with the
-        // connection, and only while the operation is still this process's (`Op::write`).
-        let finished = op
-            .write(async |tx| {
-                let Some(locked) = volumes::lock(tx, &volume.id, t, Some((&volume.fields, &fields))).await?
-                else {
-                    return Err(AttachError::InvalidVolume(format!(
-                        "volume {} changed state during the attach",
-                        volume.id
-                    )));
-                };
-                let Some(written) = rows::transition(tx, &row.id, t, Some(&done)).await? else {
-                    return Err(attachment_not_found(&row.id));
-                };
-                conclude(tx, &locked, t).await?;
-                for old in &revoke {
-                    let change = Change {
-                        connector: Some(old),
-                        outcome: Some("replaced"),
-                        ..Change::of(t.event, Access::Revoked, &written)
-                    };
-                    self.record(tx, &locked, change).await?;
-                }
-                let change =
-                    Change { connector: Some(connector), ..Change::of(t.event, Access::Granted, &written) };
-                self.record(tx, &locked, change).await?;
-                op.finish_with(tx, &volume.backend, &calls).await?;
-                Ok(written)
-            })
-            .await;
-        match finished {
-            Ok(written) => Ok(written),
-            Err(error) => {
-                let revoke = vec![connector.clone()];
-                Err(self.undo_connect(op, calls, &volume, fields, &row, revoke, origin, error).await)
-            }
-        }
-    }
-
-    /// Checks, on the target service itself, that the export a connection names is complete
-    /// before the connection is acknowledged: the target exists with a LUN, and admits the
-    /// connector's initiator. A driver that answered success without it fails the call (an
-    /// invalid result, 502), and the connect is undone.
-    async fn verify_export(
-        &self,
-        calls: &DriverCalls<'_>,
-        info: &Json,
-        conn: &contract::Connector,
-    ) -> Result<(), AttachError> {
-        let (Some(targets), Some(iqn), Some(initiator)) =
-            (&self.targets, info.get("target_iqn").and_then(Json::as_str), conn.initiator.as_deref())
-        else {
-            return Ok(());
-        };
-        let name = crate::capabilities::iscsi::Iqn::parse(iqn).map_err(|e| {
-            calls.driver().invalid(Call::InitializeConnection, format!("target_iqn {iqn:?}: {e}"))
-        })?;
-        let state = targets.show(&name).await.map_err(|e| {
-            AttachError::Unavailable(format!("cannot verify the export of target {iqn}: {e}"))
-        })?;
-        let missing = match state {
-            None => Some("does not exist".to_string()),
-            Some(t) if t.luns.is_empty() => Some("has no LUN".to_string()),
-            Some(t) if !t.initiators.iter().any(|i| i == initiator) => {
-                Some(format!("does not admit initiator {initiator}"))
-            }
-            Some(_) => None,
-        };
-        match missing {
-            Some(what) => Err(calls
-                .driver()
-                .invalid(Call::InitializeConnection, format!("the export is incomplete: target {iqn} {what}"))
-                .into()),
-            None => Ok(()),
-        }
-    }
-
-    /// After a failed connect: revokes whatever access may have been granted (every connector in
-    /// `revoke`), then rolls the attachment back (`Remove` for a create, `UndoConnect` for an
-    /// update), or marks it `error_attaching` when revoking failed; ends the operation. Returns
-    /// `error`. Also what recovery does with an interrupted connect. `volume` is as the operation
-    /// read it; `fields`, its driver fields as the connect left them.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn undo_connect(
-        &self,
-        op: &Op<'_>,
-        mut calls: DriverCalls<'_>,
-        volume: &Volume,
-        mut fields: VolumeFields,
-        row: &Attachment,
-        revoke: Vec<Connector>,
-        origin: ConnectOrigin,
-        error: AttachError,
-    ) -> AttachError {
-        let cleaned: Result<(), AttachError> = async {
-            let others = self.other_attachments(&volume.id, &row.id).await?;
-            for c in &revoke {
-                let conn = c.for_mode(row.attach_mode.effective(Some(c)));
-                fields = disconnect(&mut calls, &volume.with_fields(&fields), &others, Some(&conn)).await?;
-            }
-            Ok(())
-        }
-        .await;
-        let event = match (&cleaned, origin) {
-            (Ok(()), ConnectOrigin::Create) => Event::Remove,
-            (Ok(()), ConnectOrigin::Update) => Event::UndoConnect,
-            (Ok(()), ConnectOrigin::UpdateUnconnected) => Event::UndoConnectUnconnected,
-            (Err(_), _) => Event::FailAttach,
-        };
-        let t = transition(event);
-        let recorded: Result<(), AttachError> = op
-            .write(async |tx| {
-                let change = cleaned.is_ok().then_some((&volume.fields, &fields));
-                let locked = volumes::lock(tx, &volume.id, t, change).await?;
-                match (locked, event) {
-                    (Some(locked), Event::Remove) => {
-                        rows::remove(tx, &row.id, t).await?;
-                        rows::promote_migration(tx, &volume.id).await?;
-                        conclude(tx, &locked, t).await?;
-                        self.record_undone(tx, &locked, event, row, &revoke, cleaned.is_ok()).await?;
-                    }
-                    (Some(locked), _) => {
-                        if matches!(event, Event::UndoConnect | Event::UndoConnectUnconnected) {
-                            rows::put_connector(tx, &row.id, None).await?;
-                        }
-                        rows::transition(tx, &row.id, t, None).await?;
-                        conclude(tx, &locked, t).await?;
-                        self.record_undone(tx, &locked, event, row, &revoke, cleaned.is_ok()).await?;
-                    }
-                    // The attachment or volume is gone already: nothing to roll back.
-                    (None, _) => {}
-                }
-                op.finish_with(tx, &volume.backend, &calls).await
-            })
-            .await;
-        if let Err(e) = recorded {
-            tracing::error!(attachment = %row.id, "could not record the outcome of a failed attach: {e}");
-        }
-        if let Err(e) = &cleaned {
-            tracing::warn!(attachment = %row.id, "attach failed and revoking its access failed too ({e}); the attachment is error_attaching");
-        }
-        error
-    }
-
-    /// Records a connect that failed: its connection was never handed over. When the cleanup
-    /// revoked every connector it was given (the new one, and those it replaced), each is
-    /// recorded as revoked: the connector may have held access before (a connect replayed with
-    /// the connector an attachment already had, or a replaced one), and has none now. When the
-    /// cleanup failed, what each holds is unknown: the attachment is `error_attaching`, and the
-    /// history keeps what it said before.
-    async fn record_undone(
-        &self,
-        tx: &mut Tx,
-        locked: &Volume,
-        event: Event,
-        row: &Attachment,
-        revoke: &[Connector],
-        revoked: bool,
-    ) -> Result<(), AttachError> {
-        let access = if revoked { Access::Revoked } else { Access::None };
-        for connector in revoke {
-            let change = Change {
-                connector: Some(connector),
-                outcome: Some("failed"),
-                ..Change::of(event, access, row)
-            };
-            self.record(tx, locked, change).await?;
-        }
-        Ok(())
-    }
-
     /// The volume's live attachments other than `except`, as the driver sees them.
     pub(super) async fn other_attachments(
         &self,
@@ -568,101 +316,6 @@ impl Attachments<'_> {
         let row = self.attachment(caller, id).await?;
         let _held = self.hold(&row.volume_id).await?;
         self.remove_locked(caller, id, AfterDisconnect::Detach).await
-    }
-
-    /// Revokes an attachment's access and then removes it (`Remove`, `Detach`) or keeps it
-    /// without connector (`Terminate`); the caller holds the volume's lock. Returns the volume's
-    /// remaining live attachments.
-    pub(crate) async fn remove_locked(
-        &self,
-        caller: &Caller,
-        id: &str,
-        then: AfterDisconnect,
-    ) -> Result<Vec<Attachment>, AttachError> {
-        let row = self.attachment(caller, id).await?;
-        let (volume, live) = self
-            .store
-            .read(async |tx| {
-                let volume = volumes::get(tx, &row.volume_id, Scope::All)
-                    .await?
-                    .ok_or_else(|| volume_not_found(&row.volume_id))?;
-                let live = rows::live(tx, &volume.id).await?;
-                Ok::<_, AttachError>((volume, live))
-            })
-            .await?;
-        let this = live.iter().find(|l| l.attachment.id == id).ok_or_else(|| attachment_not_found(id))?;
-        // OSSA-2023-003: an instance's connected attachment is the compute service's to end;
-        // a user who ends it behind the compute service's back leaves a guest with a stale device.
-        if let (Some(instance), Some(_)) = (&this.attachment.instance_uuid, &this.connector)
-            && !(caller.is_service || caller.is_admin())
-        {
-            return Err(AttachError::InstanceUsing(instance.clone()));
-        }
-        let t = transition(after_event(then));
-        if !t.allows(volume.status, volume.multiattach) {
-            return Err(AttachError::InvalidVolume(format!(
-                "volume {} is {}; attachments can be removed only when it is {}",
-                volume.id,
-                volume.status,
-                names(t.volume_from(volume.multiattach))
-            )));
-        }
-        let Some(connector) = this.connector.clone() else {
-            // Only reserved: nothing was exported for it, so no driver call and no operation.
-            return self.store.write(async |tx| self.apply_after(tx, &volume, id, then, None).await).await;
-        };
-        let others: Vec<DriverAttachment> =
-            live.iter().filter(|l| l.attachment.id != id).map(Live::contract).collect();
-        let op = self.operation(OpKind::Disconnect { then }, &volume.id, Some(id), Some(&connector));
-        self.store.write(async |tx| op.begin(tx).await).await?;
-        failpoint::hit("attach.remove.intent");
-        let backend = self.backend(&volume)?;
-        let mut calls = op.calls(&backend.driver);
-        let conn = connector.for_mode(this.attachment.attach_mode.effective(Some(&connector)));
-        match disconnect(&mut calls, &volume, &others, Some(&conn)).await {
-            Ok(fields) => {
-                failpoint::hit("attach.remove.commit");
-                op.write(async |tx| {
-                    let remaining = self.apply_after(tx, &volume, id, then, Some(&fields)).await?;
-                    op.finish_with(tx, &volume.backend, &calls).await?;
-                    Ok(remaining)
-                })
-                .await
-            }
-            Err(error) => {
-                self.fail_detach(&op, &volume, &[id.to_string()], &calls).await;
-                Err(error)
-            }
-        }
-    }
-
-    /// After a failed disconnect: the attachments are `error_detaching`, the operation ends.
-    pub(super) async fn fail_detach(
-        &self,
-        op: &Op<'_>,
-        volume: &Volume,
-        ids: &[String],
-        calls: &DriverCalls<'_>,
-    ) {
-        let t = transition(Event::FailDetach);
-        let recorded: Result<(), AttachError> = op
-            .write(async |tx| {
-                if let Some(locked) = volumes::lock(tx, &volume.id, t, None).await? {
-                    let mut failed = Vec::new();
-                    for id in ids {
-                        failed.extend(rows::transition(tx, id, t, None).await?);
-                    }
-                    conclude(tx, &locked, t).await?;
-                    for a in &failed {
-                        self.record(tx, &locked, Change::of(t.event, Access::None, a)).await?;
-                    }
-                }
-                op.finish_with(tx, &volume.backend, calls).await
-            })
-            .await;
-        if let Err(e) = recorded {
-            tracing::error!(volume = %volume.id, "could not record the outcome of a failed detach: {e}");
-        }
     }
 
     /// An attachment with the ids of the volume's other live attachments that share its
@@ -764,107 +417,6 @@ async fn insert_reservation(tx: &mut Tx, row: &Attachment) -> Result<bool, Attac
     }
 }
 
-/// The event that ends a disconnect.
-pub(super) fn after_event(then: AfterDisconnect) -> Event {
-    match then {
-        AfterDisconnect::Remove => Event::Remove,
-        AfterDisconnect::Detach => Event::Detach,
-        AfterDisconnect::Terminate => Event::Terminate,
-    }
-}
-
-impl Attachments<'_> {
-    /// In a write transaction: what a disconnect does to its attachment once access is revoked, with
-    /// the driver's fields afterwards (`volume` is as the disconnect read it). Returns the volume's
-    /// remaining live attachments.
-    pub(super) async fn apply_after(
-        &self,
-        tx: &mut Tx,
-        volume: &Volume,
-        id: &str,
-        then: AfterDisconnect,
-        fields: Option<&VolumeFields>,
-    ) -> Result<Vec<Attachment>, AttachError> {
-        let t = transition(after_event(then));
-        let Some(locked) = volumes::lock(tx, &volume.id, t, fields.map(|f| (&volume.fields, f))).await?
-        else {
-            let now = volumes::get(tx, &volume.id, Scope::All)
-                .await?
-                .ok_or_else(|| volume_not_found(&volume.id))?;
-            return Err(AttachError::InvalidVolume(format!(
-                "volume {} is {}; attachments can be removed only when it is {}",
-                now.id,
-                now.status,
-                names(t.volume_from(now.multiattach))
-            )));
-        };
-        let before = rows::get(tx, id, Scope::All).await?;
-        let connector = rows::connectors(tx, &[id]).await?.remove(id);
-        match then {
-            AfterDisconnect::Terminate => {
-                if before.as_ref().is_none_or(|a| !t.allows_attachment(a.status)) {
-                    return Err(attachment_not_found(id));
-                }
-                // Access is revoked: the connector and the connection info (with its credentials) go.
-                rows::put_connector(tx, id, None).await?;
-                rows::clear_connection_info(tx, id).await?;
-            }
-            AfterDisconnect::Remove | AfterDisconnect::Detach => {
-                if !rows::remove(tx, id, t).await? {
-                    return Err(attachment_not_found(id));
-                }
-                rows::promote_migration(tx, &volume.id).await?;
-            }
-        }
-        conclude(tx, &locked, t).await?;
-        if let Some(a) = &before {
-            let access = if connector.is_some() { Access::Revoked } else { Access::None };
-            let outcome = match then {
-                AfterDisconnect::Terminate => t.attachment_to().map_or("terminated", |s| s.as_str()),
-                AfterDisconnect::Remove | AfterDisconnect::Detach => AttachStatus::Detached.as_str(),
-            };
-            let change = Change {
-                connector: connector.as_ref(),
-                outcome: Some(outcome),
-                ..Change::of(t.event, access, a)
-            };
-            self.record(tx, &locked, change).await?;
-        }
-        Ok(rows::of_volume(tx, &volume.id).await?)
-    }
-}
-
-/// Revokes a connector's access through the driver (none: every access, a force detach), and
-/// removes the export when nothing else uses it. Returns the volume's driver fields afterwards.
-/// `unsupported` answers count as "nothing to do".
-pub(super) async fn disconnect(
-    calls: &mut DriverCalls<'_>,
-    volume: &Volume,
-    others: &[DriverAttachment],
-    conn: Option<&contract::Connector>,
-) -> Result<VolumeFields, AttachError> {
-    let driver = calls.driver().clone();
-    let mut fields = volume.fields.clone();
-    let in_use = match calls.terminate_connection(&volume.contract(), conn, others).await {
-        Ok(t) => {
-            driver.apply(Call::TerminateConnection, &mut fields, &t.update)?;
-            t.export_in_use
-        }
-        Err(e) if e.is_unsupported() => others.iter().any(|a| a.connector.is_some()),
-        Err(e) => return Err(e.into()),
-    };
-    failpoint::hit("attach.disconnect.terminate-connection");
-    if !in_use {
-        match calls.remove_export(&volume.with_fields(&fields).contract()).await {
-            Ok(update) => driver.apply(Call::RemoveExport, &mut fields, &update)?,
-            Err(e) if e.is_unsupported() => {}
-            Err(e) => return Err(e.into()),
-        }
-        failpoint::hit("attach.disconnect.remove-export");
-    }
-    Ok(fields)
-}
-
 pub(super) fn reserve_refused(volume: &Volume) -> AttachError {
     let t = transition(Event::Reserve);
     AttachError::InvalidVolume(format!(
@@ -880,26 +432,4 @@ impl AttachMode {
     pub fn from_request(mode: Option<contract::AccessMode>) -> AttachMode {
         mode.map(AttachMode::from).unwrap_or(AttachMode::Null)
     }
-}
-
-/// Cinder's flattened `connection_info`: the driver's data at the top level, plus
-/// `driver_volume_type`, `attachment_id`, `enforce_multipath`, and the keys Cinder's volume
-/// manager adds when the driver did not (`qos_specs`, `access_mode`, `encrypted`, `cacheable`).
-/// Unlike Cinder (Q7), `access_mode` follows the attachment's mode.
-pub(super) fn flatten(
-    calls: &DriverCalls<'_>,
-    info: &contract::ConnectionInfo,
-    attachment_id: &str,
-    conn: &contract::Connector,
-) -> Result<Json, CallError> {
-    let mut data = connection_data_to_json(info)
-        .map_err(|message| calls.driver().invalid(Call::InitializeConnection, message))?;
-    data.entry("qos_specs").or_insert(Json::Null);
-    data.insert("access_mode".into(), Json::String(conn.mode.as_str().into()));
-    data.entry("encrypted").or_insert(Json::Bool(false));
-    data.entry("cacheable").or_insert(Json::Bool(false));
-    data.insert("driver_volume_type".into(), Json::String(info.driver_volume_type.clone()));
-    data.insert("attachment_id".into(), Json::String(attachment_id.to_string()));
-    data.insert("enforce_multipath".into(), Json::Bool(conn.enforce_multipath));
-    Ok(Json::Object(data))
 }

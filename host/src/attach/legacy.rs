@@ -25,7 +25,9 @@
 
 use serde_json::Value as Json;
 
-use super::attachments::{NewAttachment, disconnect, flatten};
+use super::attachments::NewAttachment;
+use super::connect::flatten;
+use super::disconnect::disconnect;
 use super::history::Change;
 use super::list::Scope;
 use super::model::{AfterDisconnect, AttachMode, Attachment, Connector, Live, OpKind};

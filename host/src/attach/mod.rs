@@ -29,6 +29,8 @@
 pub mod attachments;
 pub mod catalog;
 pub mod commands;
+mod connect;
+mod disconnect;
 pub mod error;
 pub mod history;
 pub mod legacy;

@@ -18,7 +18,7 @@
 //! (`retryable`, a timeout) leaves the operation for the next pass and the volume unavailable
 //! (503) until then; a final failure records the error status as the live flow would.
 
-use super::attachments::disconnect;
+use super::disconnect::disconnect;
 use super::history::Change;
 use super::legacy::finish_force_detach;
 use super::model::{AttachMode, Connector, Live, OpKind, Operation};
