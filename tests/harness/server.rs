@@ -232,6 +232,31 @@ impl Client {
         }
     }
 
+    /// The service's own revocations of `volume` with `outcome` in the history (`user_id`
+    /// "berth"), once there is one (or none after 30 s). The reconciler writes its event in the transaction that ends its
+    /// operation, just after the backend changed: a test that saw the change may read the history
+    /// a moment before the event is there.
+    pub async fn service_revocations(&self, volume: &str, outcome: &str) -> Vec<Value> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let history = self
+                .get(&format!("/os-attachment-events?volume_id={volume}&access=revoked"))
+                .await
+                .expect(200);
+            let events: Vec<Value> = history.body["attachment_events"]
+                .as_array()
+                .expect("a list of events")
+                .iter()
+                .filter(|e| e["user_id"] == "berth" && e["outcome"] == outcome)
+                .cloned()
+                .collect();
+            if !events.is_empty() || std::time::Instant::now() > deadline {
+                return events;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn get(&self, path: &str) -> Resp {
         self.send(Method::GET, &self.url(path), None).await
     }
