@@ -61,8 +61,8 @@ impl Attachments<'_> {
         };
         let others: Vec<DriverAttachment> =
             live.iter().filter(|l| l.attachment.id != id).map(Live::contract).collect();
-        let op = self.operation(OpKind::Disconnect { then }, &volume.id, Some(id), Some(&connector));
-        self.store.write(async |tx| op.begin(tx).await).await?;
+        let op =
+            self.begin_operation(OpKind::Disconnect { then }, &volume.id, Some(id), Some(&connector)).await?;
         failpoint::hit("attach.remove.intent");
         let backend = self.backend(&volume)?;
         let mut calls = op.calls(&backend.driver);

@@ -169,8 +169,7 @@ impl Legacy<'_> {
     async fn reinitialize(&self, row: &Attachment, connector: &Connector) -> Result<Json, AttachError> {
         let volume = self.fresh_volume(&row.volume_id).await?;
         let backend = self.backend(&volume)?;
-        let op = self.operation(OpKind::Reconnect, &volume.id, Some(&row.id), Some(connector));
-        self.store.write(async |tx| op.begin(tx).await).await?;
+        let op = self.begin_operation(OpKind::Reconnect, &volume.id, Some(&row.id), Some(connector)).await?;
         failpoint::hit("legacy.reinitialize.intent");
         let mut calls = op.calls(&backend.driver);
         let conn = connector.for_mode(row.attach_mode.effective(Some(connector)));
@@ -359,8 +358,7 @@ impl Legacy<'_> {
     ) -> Result<(), AttachError> {
         let volume = self.fresh_volume(volume_id).await?;
         let backend = self.backend(&volume)?;
-        let op = self.operation(OpKind::Revoke, volume_id, None, Some(connector));
-        self.store.write(async |tx| op.begin(tx).await).await?;
+        let op = self.begin_operation(OpKind::Revoke, volume_id, None, Some(connector)).await?;
         failpoint::hit("attach.revoke.intent");
         let mut calls = op.calls(&backend.driver);
         let conn = connector.for_mode(AttachMode::Null.effective(Some(connector)));
@@ -460,13 +458,14 @@ impl Legacy<'_> {
         // Nothing to revoke for a reservation without a connector, unless the call is "all".
         let revoke = given.is_some() || (attachment_id.is_none() && connector.is_none());
         let backend = self.backend(&volume)?;
-        let op = self.operation(
-            OpKind::ForceDetach { attachments: ids.clone() },
-            volume_id,
-            ids.first().map(String::as_str),
-            given.as_ref(),
-        );
-        self.store.write(async |tx| op.begin(tx).await).await?;
+        let op = self
+            .begin_operation(
+                OpKind::ForceDetach { attachments: ids.clone() },
+                volume_id,
+                ids.first().map(String::as_str),
+                given.as_ref(),
+            )
+            .await?;
         failpoint::hit("legacy.force-detach.intent");
         let mut calls = op.calls(&backend.driver);
         let mut fields = volume.fields.clone();

@@ -330,6 +330,20 @@ impl Service {
         Op { service: self, record, lease, ran_by: Default::default(), handed: Default::default() }
     }
 
+    /// A new operation of this process, begun in a transaction of its own ([`Op::begin`]): for an
+    /// operation whose intent is all its first commit holds.
+    pub(crate) async fn begin_operation(
+        &self,
+        kind: OpKind,
+        volume_id: &str,
+        attachment_id: Option<&str>,
+        connector: Option<&Connector>,
+    ) -> Result<Op<'_>, AttachError> {
+        let op = self.operation(kind, volume_id, attachment_id, connector);
+        self.store.write(async |tx| op.begin(tx).await).await?;
+        Ok(op)
+    }
+
     /// Makes an orphaned operation this process's, atomically: only if it is still at the
     /// generation it had when it was read, and at the next one from now on (the owner it had can
     /// no longer finish it, and two nodes cannot both take it over).

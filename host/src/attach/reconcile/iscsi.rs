@@ -246,8 +246,7 @@ impl Reconcile<'_> {
             "reconcile: the export of connected attachments is incomplete (was the target service restarted?); re-creating it"
         );
         let backend = self.backend(&volume)?;
-        let op = self.operation(OpKind::Repair, volume_id, None, None);
-        self.store.write(async |tx| op.begin(tx).await).await?;
+        let op = self.begin_operation(OpKind::Repair, volume_id, None, None).await?;
         failpoint::hit("reconcile.repair.intent");
         let mut calls = op.calls(&backend.driver);
         let mut fields = volume.fields.clone();
@@ -330,8 +329,7 @@ impl Reconcile<'_> {
             "reconcile: removing a target that no connected attachment uses"
         );
         let backend = self.backend(&volume)?;
-        let op = self.operation(OpKind::RemoveExport, volume_id, None, None);
-        self.store.write(async |tx| op.begin(tx).await).await?;
+        let op = self.begin_operation(OpKind::RemoveExport, volume_id, None, None).await?;
         failpoint::hit("reconcile.remove-export.intent");
         let mut calls = op.calls(&backend.driver);
         let mut fields = volume.fields.clone();
