@@ -8,8 +8,9 @@
 
 use std::time::Instant;
 
-use berth::domain::history::{Access, AttachEvent, GENESIS, NewEvent};
+use berth::domain::history::{AttachEvent, GENESIS};
 use berth::store::sql::Param;
+use berth_tests::bench::bench_event;
 use berth_tests::server::{Db, TestServer};
 use berth_tests::stats::{human, timed};
 
@@ -19,30 +20,6 @@ fn main() {
 }
 
 const PER_VOLUME: usize = 10;
-
-fn event(volume: &str, at: i64, k: usize) -> NewEvent {
-    let host = format!("host-{}", k % 3);
-    NewEvent {
-        volume_id: volume.to_string(),
-        at,
-        event: ["reserve", "connect", "complete", "detach"][k % 4].to_string(),
-        access: [Access::None, Access::Granted, Access::None, Access::Revoked][k % 4],
-        outcome: "attached".into(),
-        project_id: "bench".into(),
-        attachment_id: Some(uuid::Uuid::new_v4().to_string()),
-        instance_uuid: None,
-        initiator: Some(format!("iqn.1993-08.org.debian:01:{host}")),
-        host: Some(host),
-        user_id: "bench".into(),
-        caller_project_id: "bench".into(),
-        roles: vec!["member".into()],
-        service_token: true,
-        request_id: Some(format!("req-{}", uuid::Uuid::new_v4())),
-        global_request_id: None,
-        node: "bench".into(),
-        driver_digest: Some("0".repeat(64)),
-    }
-}
 
 /// An event id as the service makes it: a UUIDv7 of the event's millisecond.
 fn event_id(at: i64) -> String {
@@ -65,7 +42,7 @@ async fn fill(s: &TestServer, n: usize) -> Vec<String> {
                     let mut prev = GENESIS.to_string();
                     for k in 0..PER_VOLUME {
                         let at = t0 + (((c * 100 + i) * PER_VOLUME + k) as i64) * 7;
-                        let e = AttachEvent::link(event_id(at), k as i64 + 1, prev, event(v, at, k));
+                        let e = AttachEvent::link(event_id(at), k as i64 + 1, prev, bench_event(v, at, k));
                         prev = e.hash.clone();
                         let f = &e.fields;
                         let values: Vec<Param> = vec![

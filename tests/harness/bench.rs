@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use berth::domain::history::{Access, NewEvent};
 use serde_json::json;
 
 use crate::server::{Client, connector};
@@ -74,4 +75,30 @@ pub async fn closed_loop(workers: Vec<Worker>) -> (Vec<Duration>, Duration) {
     }
     let latencies = tasks.join_all().await.into_iter().flatten().collect();
     (latencies, started.elapsed())
+}
+
+/// The `k`th event of `volume`'s history in the history benchmarks, at `at`: a cycle's reserve,
+/// connect, complete and detach in turn, on one of three hosts, with every field filled.
+pub fn bench_event(volume: &str, at: i64, k: usize) -> NewEvent {
+    let host = format!("host-{}", k % 3);
+    NewEvent {
+        volume_id: volume.to_string(),
+        at,
+        event: ["reserve", "connect", "complete", "detach"][k % 4].to_string(),
+        access: [Access::None, Access::Granted, Access::None, Access::Revoked][k % 4],
+        outcome: "attached".into(),
+        project_id: "bench".into(),
+        attachment_id: Some(uuid::Uuid::new_v4().to_string()),
+        instance_uuid: None,
+        initiator: Some(format!("iqn.1993-08.org.debian:01:{host}")),
+        host: Some(host),
+        user_id: "bench".into(),
+        caller_project_id: "bench".into(),
+        roles: vec!["member".into()],
+        service_token: true,
+        request_id: Some(format!("req-{}", uuid::Uuid::new_v4())),
+        global_request_id: None,
+        node: "bench".into(),
+        driver_digest: Some("0".repeat(64)),
+    }
 }
