@@ -359,7 +359,11 @@ impl Assembled {
 pub async fn prune_history(service: Arc<crate::attach::Service>, days: u32) {
     loop {
         let before = crate::store::now_micros() - i64::from(days) * 86_400_000_000;
-        match crate::attach::history::prune(service.store(), before).await {
+        let pruned = match service.owner().schema_refusal() {
+            Some(refused) => Err(refused),
+            None => crate::attach::history::prune(service.store(), before).await,
+        };
+        match pruned {
             Ok(0) => {}
             Ok(n) => tracing::info!(events = n, keep_days = days, "pruned the attach history"),
             Err(e) => tracing::warn!("could not prune the attach history: {e}"),

@@ -165,3 +165,69 @@ async fn a_node_that_does_not_answer_makes_its_volumes_unavailable_and_nothing_i
     assert_eq!(live.len(), 1, "no attachment was added or removed: {live:?}");
     assert!(ops.is_empty(), "no operation was recorded: {ops:?}");
 }
+
+/// A newer berth that upgrades the database's schema while an older one still runs (a node of a
+/// cluster not yet upgraded, or the old process of one node): the older one notices at its next
+/// heartbeat and refuses every change with 503 naming the migration, instead of writing with
+/// statements the schema no longer fits; reads go on. An older berth that starts on that database
+/// is refused the same way. When the schema is one it knows again, it makes changes again.
+#[tokio::test]
+async fn a_berth_older_than_the_databases_schema_refuses_changes_and_says_why() {
+    for db in [Db::Sqlite, Db::Postgres] {
+        let mut config = berth_tests::server::fake_config();
+        config.operations.lease_seconds = 1;
+        let s = TestServer::start_with(db, config).await;
+        let c = s.client("p1").at("3.54");
+        let volume = c.create_volume(json!({"size": 1})).await;
+        let newer = berth::store::schema_known() + 1;
+        let store = s.service.store();
+        store
+            .write(async |tx| {
+                tx.execute(
+                    "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+                     VALUES ($1, 'a newer berth', TRUE, '', 0)",
+                    &berth::params![newer],
+                )
+                .await
+            })
+            .await
+            .unwrap();
+
+        // Within a heartbeat (a third of the lease), changes are refused, reads answered.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let refused = loop {
+            let r = c.post("/volumes", json!({"volume": {"size": 1}})).await;
+            if r.status == 503 {
+                break r;
+            }
+            assert_eq!(r.status, 202, "{db:?}: {}", r.body);
+            assert!(std::time::Instant::now() < deadline, "{db:?}: changes were never refused");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
+        let message = refused.body["serviceUnavailable"]["message"].as_str().unwrap_or_default().to_string();
+        assert!(message.contains(&format!("migration {newer}")), "{db:?}: {message}");
+        let attach = c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:h", "h"))).await;
+        assert_eq!(attach.status, 503, "{db:?}: {}", attach.body);
+        assert_eq!(c.volume_status(&volume).await, "available", "{db:?}: nothing was changed");
+
+        // An older berth starting on it is refused, naming the migration.
+        let url = s.config.database_url.clone().unwrap();
+        let Err(e) = berth::store::Store::open(&url, &Default::default()).await else {
+            panic!("{db:?}: an older berth opened a newer schema")
+        };
+        assert!(e.to_string().contains(&format!("migration {newer}, newer than this build")), "{db:?}: {e}");
+
+        // The schema is one this build knows again: changes are made again.
+        store
+            .write(async |tx| {
+                tx.execute("DELETE FROM _sqlx_migrations WHERE version = $1", &berth::params![newer]).await
+            })
+            .await
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:h", "h"))).await.status != 200 {
+            assert!(std::time::Instant::now() < deadline, "{db:?}: changes stayed refused");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+}

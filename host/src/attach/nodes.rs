@@ -19,7 +19,7 @@ use super::model::Volume;
 use super::{AttachError, Service};
 use crate::store::nodes::{self, BackendInfo, Node, Registration};
 use crate::store::sql::Tx;
-use crate::store::{now_micros, volumes};
+use crate::store::{StoreError, now_micros, volumes};
 
 /// Why a node may not start as `me`, given the registered `nodes` (`None`: it may). A node is
 /// live when its heartbeat is younger than its lease.
@@ -345,7 +345,24 @@ impl Service {
         loop {
             tokio::time::sleep(every).await;
             let (node, incarnation) = (self.owner.node.clone(), self.owner.incarnation.clone());
-            match self.store.write(async |tx| nodes::heartbeat(tx, &node, &incarnation).await).await {
+            let beat = self
+                .store
+                .write(async |tx| {
+                    let held = nodes::heartbeat(tx, &node, &incarnation).await?;
+                    Ok::<_, StoreError>((held, crate::store::schema_applied(tx).await?))
+                })
+                .await;
+            if let Ok((_, applied)) = beat
+                && self.owner.note_schema(applied)
+            {
+                tracing::error!(
+                    applied,
+                    known = crate::store::schema_known(),
+                    "a newer berth has upgraded the database's schema: this node refuses every change (503) \
+                     until it runs that version or a later one"
+                );
+            }
+            match beat.map(|(held, _)| held) {
                 Ok(true) => {}
                 Ok(false) => tracing::error!(
                     %node,

@@ -53,6 +53,10 @@ pub struct Owner {
     /// Flows in flight (tasks started by [`Service::owned`]).
     in_flight: AtomicUsize,
     idle: Notify,
+    /// The database's last migration when the heartbeat found it newer than this build knows (a
+    /// newer berth upgraded the schema while this process ran), else 0: this process then makes
+    /// no change, which its statements could no longer write right ([`Owner::schema_refusal`]).
+    schema_ahead: AtomicI64,
 }
 
 impl Owner {
@@ -64,6 +68,27 @@ impl Owner {
             running: Mutex::default(),
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
+            schema_ahead: AtomicI64::new(0),
+        }
+    }
+
+    /// Notes the database's last migration, as the heartbeat read it; true when it is newer than
+    /// this build knows.
+    pub(crate) fn note_schema(&self, applied: i64) -> bool {
+        let ahead = applied > crate::store::schema_known();
+        self.schema_ahead.store(if ahead { applied } else { 0 }, Ordering::Release);
+        ahead
+    }
+
+    /// Why this process may make no change: a newer berth has upgraded the database's schema.
+    pub fn schema_refusal(&self) -> Option<AttachError> {
+        match self.schema_ahead.load(Ordering::Acquire) {
+            0 => None,
+            applied => Some(AttachError::Unavailable(format!(
+                "this node's berth is older than the database's schema (migration {applied}; this build \
+                 knows up to {}): another node runs a newer berth; upgrade this node",
+                crate::store::schema_known()
+            ))),
         }
     }
 
@@ -274,6 +299,9 @@ impl Service {
         Fut: Future<Output = Result<T, AttachError>> + Send + 'static,
         T: Send + 'static,
     {
+        if let Some(refused) = self.owner.schema_refusal() {
+            return Err(refused);
+        }
         self.owner.in_flight.fetch_add(1, Ordering::AcqRel);
         crate::metrics::METRICS.operations_in_flight.inc();
         let counted = InFlight(self.clone());

@@ -79,6 +79,38 @@ pub enum StoreError {
     /// A statement on a transaction that was already committed (a bug).
     #[error("the transaction is finished")]
     Finished,
+    /// The database's schema has a migration this build does not know: a newer berth upgraded it.
+    #[error(
+        "the database's schema is at migration {applied}, newer than this build of berth knows (up to \
+         {known}): a newer berth has upgraded it; run that version or a later one"
+    )]
+    SchemaAhead { applied: i64, known: i64 },
+}
+
+/// This build's migrations (`migrations/`), applied by [`Store::open`].
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// The last migration this build knows.
+pub fn schema_known() -> i64 {
+    MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+/// The last migration applied to the database: past [`schema_known`] when a newer berth has
+/// upgraded it since this process opened it.
+pub async fn schema_applied(tx: &mut Tx) -> Result<i64, StoreError> {
+    let rows = tx.query("SELECT MAX(version) FROM _sqlx_migrations WHERE success", &[]).await?;
+    Ok(rows.first().map(|r| r.opt_int(0)).transpose()?.flatten().unwrap_or(0))
+}
+
+/// What applying the migrations came to: a migration this build does not know is a newer berth's.
+fn migrated(outcome: Result<(), sqlx::migrate::MigrateError>) -> Result<(), StoreError> {
+    match outcome {
+        Ok(()) => Ok(()),
+        Err(sqlx::migrate::MigrateError::VersionMissing(applied)) => {
+            Err(StoreError::SchemaAhead { applied, known: schema_known() })
+        }
+        Err(e) => Err(StoreError::Db(e.into())),
+    }
 }
 
 /// The named constraints that refuse a change a race lost: a second live attachment in a slot of
@@ -157,7 +189,7 @@ impl Store {
             // alone (0600), whatever the umask.
             create_private(&path)?;
             let pool = SqlitePoolOptions::new().max_connections(1).connect_with(connect).await?;
-            sqlx::migrate!("../migrations").run(&pool).await.map_err(|e| StoreError::Db(e.into()))?;
+            migrated(MIGRATOR.run(&pool).await)?;
             pool.close().await;
             let synchronous = match options.synchronous {
                 Synchronous::Full => "FULL",
@@ -183,7 +215,7 @@ impl Store {
                 .acquire_timeout(Duration::from_secs(30))
                 .connect(url)
                 .await?;
-            sqlx::migrate!("../migrations").run(&pool).await.map_err(|e| StoreError::Db(e.into()))?;
+            migrated(MIGRATOR.run(&pool).await)?;
             Db::Postgres(pool)
         } else {
             return Err(StoreError::Db(sqlx::Error::Configuration(

@@ -183,6 +183,9 @@ impl Reconcile<'_> {
         targets: Option<&dyn TargetService>,
         options: &Options,
     ) -> Result<Reconciled, AttachError> {
+        if let Some(refused) = self.owner.schema_refusal() {
+            return Err(refused);
+        }
         let mut report = Reconciled::default();
         self.recover_orphans(&mut report).await?;
         self.compare_identities(options, &mut report).await?;
