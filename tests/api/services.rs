@@ -231,3 +231,37 @@ async fn a_berth_older_than_the_databases_schema_refuses_changes_and_says_why() 
         }
     }
 }
+
+/// Between the newer berth's migration and the older one's next heartbeat (a third of the lease),
+/// a change whose statements no longer fit the schema is answered with the same 503, not a 500:
+/// a failed write looks at the schema before it answers.
+#[tokio::test]
+async fn a_change_that_fails_on_a_newer_schema_before_the_heartbeat_saw_it_is_refused_not_a_500() {
+    for db in [Db::Sqlite, Db::Postgres] {
+        // The default lease: the first heartbeat is ten seconds away.
+        let s = TestServer::start(db).await;
+        let c = s.client("p1").at("3.54");
+        let volume = c.create_volume(json!({"size": 1})).await;
+        let newer = berth::store::schema_known() + 1;
+        // The newer schema keeps the history elsewhere, as a migration could.
+        s.service
+            .store()
+            .write(async |tx| {
+                tx.execute(
+                    "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+                     VALUES ($1, 'a newer berth', TRUE, '', 0)",
+                    &berth::params![newer],
+                )
+                .await?;
+                tx.execute("ALTER TABLE attach_events RENAME TO attach_events_elsewhere", &[]).await
+            })
+            .await
+            .unwrap();
+        let r = c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:h", "h"))).await;
+        let message = r.fault(503, "serviceUnavailable");
+        assert!(message.contains(&format!("migration {newer}")), "{db:?}: {message}");
+        assert_eq!(c.volume_status(&volume).await, "available", "{db:?}: nothing was changed");
+        // From then on every change is refused at once.
+        c.post("/volumes", json!({"volume": {"size": 1}})).await.fault(503, "serviceUnavailable");
+    }
+}

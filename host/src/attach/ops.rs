@@ -38,7 +38,7 @@ use super::nodes::Placement;
 use super::{AttachError, Caller, Service};
 use crate::runtime::{Driver, DriverCalls, KeptInstance};
 use crate::store::sql::Tx;
-use crate::store::{ONE_OPERATION_PER_VOLUME, now_micros, operations, volumes};
+use crate::store::{ONE_OPERATION_PER_VOLUME, StoreError, now_micros, operations, volumes};
 
 /// This process as the owner of operations: the node it runs as, and this run of it.
 pub struct Owner {
@@ -327,9 +327,23 @@ impl Service {
             .instrument(tracing::Span::current()),
         ));
         match task.await {
-            Ok(result) => result,
+            Ok(result) => self.unless_schema_ahead(result).await,
             Err(e) => Err(AttachError::Internal(format!("the operation stopped: {e}"))),
         }
+    }
+
+    /// A database error may come from a schema a newer berth has migrated since the last
+    /// heartbeat looked: then the answer is the refusal that names it (503), not the error.
+    async fn unless_schema_ahead<T>(&self, outcome: Result<T, AttachError>) -> Result<T, AttachError> {
+        if let Err(e @ AttachError::Store(StoreError::Db(_) | StoreError::Sqlite(_))) = &outcome
+            && let Ok(applied) = self.store.read(async |tx| crate::store::schema_applied(tx).await).await
+            && self.owner.note_schema(applied)
+            && let Some(refused) = self.owner.schema_refusal()
+        {
+            tracing::error!(applied, "a change failed on a schema a newer berth has upgraded: {e}");
+            return Err(refused);
+        }
+        outcome
     }
 
     /// A new operation of this process (written by [`Op::begin`]).
