@@ -83,8 +83,9 @@ async fn a_memory_hog_fails_at_its_limit_and_host_memory_stays_bounded() {
     s.limits = limits(|l| l.memory_mib = 32);
     let driver = load(s).await.unwrap();
     let before = resident_bytes();
-    // More hogs than two decommit batches: what they touched is released batch by batch, so the
-    // host holds at most a batch of limits however many hogs run.
+    // More hogs than two decommit batches: what they touched is released batch by batch (or,
+    // up to `keep_resident`, kept in the slot the next hog reuses), so the host holds at most a
+    // batch of limits however many hogs run.
     let hogs = 2 * berth::runtime::DECOMMIT_BATCH + 8;
     for _ in 0..hogs {
         let outcome = create(&driver, "hog").await;
@@ -161,6 +162,27 @@ async fn every_call_made_alone_runs_in_a_fresh_instance() {
     for _ in 0..3 {
         assert_eq!(location(create(&driver, "count").await), "1", "state leaked from an earlier call");
     }
+}
+
+/// A slot's memory is kept resident between instances where the kernel allows it
+/// (`[runtime] keep_resident_mib`): what an instance wrote, in the driver's image (a static) and
+/// in memory it grew, is never what the next instance of the driver in that slot finds.
+#[tokio::test]
+async fn an_instance_finds_nothing_an_earlier_instance_wrote_in_its_memory() {
+    let driver = load(spec("misbehaving")).await.unwrap();
+    for round in 0..5 {
+        assert_eq!(location(create(&driver, "remember").await), "clean", "grown memory, round {round}");
+        assert_eq!(location(create(&driver, "count").await), "1", "a static, round {round}");
+    }
+    // Within one instance the marker is there: the check can see it.
+    let mut operation = driver.calls();
+    let mut call = async |behave: &str| {
+        let v = volume("11111111-2222-3333-4444-555555555555", &[("behave", behave)]);
+        operation.create_volume(&v).await.expect(behave).provider_location.expect("location")
+    };
+    assert_eq!(call("recall").await, "none");
+    assert_eq!(call("remember").await, "clean");
+    assert_eq!(call("recall").await, "dirty", "the marker it wrote");
 }
 
 /// What `create-volume` with `behave = count` answers in `calls`: how many calls its instance

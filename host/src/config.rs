@@ -338,11 +338,18 @@ pub struct RuntimeConfig {
     /// Driver calls that may run at once (each holds a preallocated instance slot; as many
     /// slots again hold the instances operations keep between their calls).
     pub max_concurrent_calls: u32,
+    /// MiB of each instance slot's linear memory kept resident when its instance is dropped:
+    /// the pages the instance wrote are put back as the driver's image has them (found with
+    /// Linux's `PAGEMAP_SCAN`, 6.7 and later; elsewhere this setting does nothing) instead of
+    /// being returned to the kernel, so the next instance of the driver in that slot starts
+    /// without page faults. Costs memory: what drivers wrote, up to this much per slot used.
+    /// 0: every page is returned.
+    pub keep_resident_mib: u32,
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        RuntimeConfig { cache_dir: None, tick_ms: 10, max_concurrent_calls: 128 }
+        RuntimeConfig { cache_dir: None, tick_ms: 10, max_concurrent_calls: 128, keep_resident_mib: 32 }
     }
 }
 

@@ -114,6 +114,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         fuel: false,
         max_concurrent_calls: config.runtime.max_concurrent_calls,
         slot,
+        keep_resident: (config.runtime.keep_resident_mib as usize) << 20,
     })?;
 
     // Each backend owns a directory of stores and a target prefix (`capabilities/namespace.rs`).

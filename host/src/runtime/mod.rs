@@ -103,6 +103,9 @@ pub struct RuntimeOptions {
     /// will load (`berth serve` takes at least [`Footprint::BASELINE`]). A driver that needs more
     /// is refused at load.
     pub slot: Footprint,
+    /// Bytes of a slot's linear memory kept resident, reset page by page, when its instance is
+    /// dropped (`[runtime] keep_resident_mib`); used only where the kernel has `PAGEMAP_SCAN`.
+    pub keep_resident: usize,
 }
 
 impl Default for RuntimeOptions {
@@ -113,6 +116,7 @@ impl Default for RuntimeOptions {
             fuel: false,
             max_concurrent_calls: 64,
             slot: Footprint::BASELINE,
+            keep_resident: 32 << 20,
         }
     }
 }
@@ -176,6 +180,17 @@ impl Runtime {
             // Returning a slot's memory to the kernel (madvise) makes every core flush its TLB;
             // on a small VM those interrupts cost more than the call itself. Batch them.
             .decommit_batch_size(DECOMMIT_BATCH as usize);
+        // A dropped instance's memory goes back to the kernel (madvise), and the next instance
+        // in the slot takes a page fault, and a copy of the image's page, for every page it
+        // writes: some 200 for a Python or JavaScript driver's first call. Where the kernel
+        // can list the pages an instance wrote (PAGEMAP_SCAN), those are put back as the image
+        // has them instead and stay resident; without it, keeping memory resident would mean
+        // resetting all of it, which costs more than the faults.
+        if options.keep_resident > 0 && wasmtime::PoolingAllocationConfig::is_pagemap_scan_available() {
+            pool.linear_memory_keep_resident(options.keep_resident)
+                .table_keep_resident(1 << 20)
+                .pagemap_scan(wasmtime::Enabled::Yes);
+        }
         let mut pooled = config.clone();
         pooled.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
         // Reserving the pool's address space can fail (a small virtual address space, or
