@@ -6,7 +6,8 @@
 //! (release build) on a real tgtd.
 //!
 //! Run after `bash .ci/test` (or the two driver builds it runs):
-//! `cargo bench -p berth-tests --bench languages`. Figures go to BENCHMARKS.md.
+//! `cargo bench -p berth-tests --bench languages` (`BERTH_BENCH_KEEP_RESIDENT_MIB` sets
+//! `[runtime] keep_resident_mib`). Figures go to BENCHMARKS.md.
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,12 @@ fn apply(volume: &mut berth::runtime::contract::Volume, update: &berth::runtime:
     fields.write_to(volume);
 }
 
+/// `BERTH_BENCH_KEEP_RESIDENT_MIB`: `[runtime] keep_resident_mib` for the runtime and the server
+/// (default: the configuration's), to compare memory kept resident between instances with none.
+fn keep_resident_mib() -> Option<usize> {
+    std::env::var("BERTH_BENCH_KEEP_RESIDENT_MIB").ok().and_then(|v| v.parse().ok())
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(run());
@@ -46,8 +53,11 @@ async fn run() {
         let load_spec = || granted_spec(name);
 
         let cache = tempfile::tempdir().unwrap();
-        let options =
+        let mut options =
             RuntimeOptions { cache_dir: Some(cache.path().into()), slot, fuel: true, ..Default::default() };
+        if let Some(mib) = keep_resident_mib() {
+            options.keep_resident = mib << 20;
+        }
         let started = Instant::now();
         Runtime::new(options.clone()).unwrap().load(load_spec()).await.unwrap();
         let first = started.elapsed();
@@ -172,6 +182,10 @@ async fn run() {
              [[volume_types]]\nname = \"{backend}\"\nbackend = \"{backend}\"\n",
             component(name).display()
         ));
+    }
+    if let Some(mib) = keep_resident_mib() {
+        // The body follows the `[runtime]` table `BerthProcess` opens.
+        config.insert_str(0, &format!("keep_resident_mib = {mib}\n"));
     }
     let berth = BerthProcess::start(&config);
     let c = Client::for_base(&berth.base, "bench").at("3.54");
