@@ -248,3 +248,31 @@ export const driver = {
       .map((a) => a.id);
   },
 };
+
+// ---- warm-up ------------------------------------------------------------------------------
+
+// ComponentizeJS runs this module's top level once, when the component is built, and ships the
+// engine as it stands afterwards: what runs here is parsed, compiled and has its regular
+// expressions compiled in every instance from the start. Only the pure paths of every operation
+// (no import can be called while the component is built), with made-up values.
+{
+  const initiator = 'iqn.1993-08.org.debian:01:warm-up';
+  driver.validateConnector({ initiator });
+  for (const name of ['eui.0123456789abcdef', 'naa.0123456789abcdef', 'not a name']) isIscsiName(name);
+  const volume = {
+    id: 'warm-up',
+    providerLocation: '127.0.0.1:3260;[::1]:3260,1 iqn.2010-10.org.openstack:warm-up 1',
+    providerAuth: 'CHAP user secret',
+    driverData: [[modeKey(initiator), 'rw']],
+  };
+  location(volume);
+  storedCredentials(volume);
+  data(volume, modeKey(initiator));
+  portalText({ address: '::1', port: 3260 });
+  update({ setData: [[modeKey(initiator), 'rw']], removeData: [], clear: ['provider-auth'] });
+  [text('x'), integer(1), boolean(true)];
+  driver.sharedConnections(volume, { initiator }, [{ id: 'a', connector: { initiator } }]);
+  variantOf({ payload: { tag: 'not-found', val: 'x' } });
+  targetError('warm-up', { payload: { tag: 'timeout', val: 'x' } });
+  storeError('warm-up', { payload: { tag: 'no-space', val: 'x' } });
+}
