@@ -59,7 +59,11 @@ async fn run() {
     // Measured as a user runs it: the default log level.
     // SAFETY: set before any thread that reads the environment is started by this benchmark.
     unsafe { std::env::set_var("BERTH_TEST_SERVER_LOG", "info") };
-    let berth = BerthProcess::start(&tgtd.config());
+    // `BERTH_BENCH_SQLITE_SYNCHRONOUS=normal`: commits without fsync, to see what durability costs.
+    let top = std::env::var("BERTH_BENCH_SQLITE_SYNCHRONOUS")
+        .map(|s| format!("sqlite_synchronous = \"{s}\""))
+        .unwrap_or_default();
+    let berth = BerthProcess::start_full(&top, &tgtd.config());
     let counts: Vec<usize> = std::env::var("BERTH_BENCH_CLIENTS")
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|_| vec![1, 4]);

@@ -10,7 +10,9 @@
 //! which locks it in PostgreSQL: statements after that see every change committed by earlier
 //! writers of the same volume, so a status derived from the attachments inside the transaction is
 //! never stale. SQLite has one writer connection, so writers queue instead of failing with
-//! `SQLITE_BUSY`, and runs in WAL mode with `synchronous=FULL` by default.
+//! `SQLITE_BUSY`, and runs in WAL mode with `synchronous=FULL` by default: a write returns once
+//! its commit is on disk, by a sync of the write-ahead log that the commits waiting at the same
+//! time share and that runs outside the writer's lock (group commit, [`WalSync`]).
 
 // This room owns the SQL (host/clippy.toml).
 #![allow(clippy::disallowed_methods)]
@@ -113,6 +115,67 @@ fn migrated(outcome: Result<(), sqlx::migrate::MigrateError>) -> Result<(), Stor
     }
 }
 
+/// Group commit for SQLite with `synchronous=FULL`. A commit writes its pages to the write-ahead
+/// log under the writer's lock; its caller then waits here until a sync of the log that began
+/// after its commit has finished. One sync at a time runs, covering every commit made before it
+/// began, so commits that wait together share one, and no commit holds the writer's lock (or a
+/// runtime thread) while the disk syncs. What a writer is told it wrote is on disk, as with
+/// SQLite's own FULL; a reader may see a change a moment before it is, never after its writer
+/// was answered.
+struct WalSync {
+    /// `<database>-wal`, opened at the first sync (SQLite makes it with the first write).
+    path: PathBuf,
+    file: std::sync::OnceLock<Arc<std::fs::File>>,
+    /// Tickets taken by commits, each after its commit returned.
+    tickets: AtomicU64,
+    /// The highest ticket a finished sync covers; held while a sync runs.
+    synced: Mutex<u64>,
+    /// Syncs made.
+    syncs: AtomicU64,
+}
+
+impl WalSync {
+    fn new(database: &std::path::Path) -> WalSync {
+        let mut path = database.as_os_str().to_owned();
+        path.push("-wal");
+        WalSync {
+            path: PathBuf::from(path),
+            file: std::sync::OnceLock::new(),
+            tickets: AtomicU64::new(0),
+            synced: Mutex::new(0),
+            syncs: AtomicU64::new(0),
+        }
+    }
+
+    /// Returns once the commits made before this call are on disk.
+    async fn covered(&self) -> Result<(), StoreError> {
+        let ticket = self.tickets.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut synced = self.synced.lock().await;
+        if *synced >= ticket {
+            return Ok(());
+        }
+        // Every ticket taken so far belongs to a commit that returned before it: all are in the
+        // log this sync flushes.
+        let covering = self.tickets.load(Ordering::Acquire);
+        let file = match self.file.get() {
+            Some(file) => file.clone(),
+            None => {
+                let opened = Arc::new(std::fs::File::open(&self.path).map_err(|e| {
+                    StoreError::Sqlite(format!("disk I/O error: opening {}: {e}", self.path.display()))
+                })?);
+                self.file.get_or_init(|| opened).clone()
+            }
+        };
+        tokio::task::spawn_blocking(move || file.sync_data())
+            .await
+            .map_err(|e| StoreError::Sqlite(format!("disk I/O error: syncing the write-ahead log: {e}")))?
+            .map_err(|e| StoreError::Sqlite(format!("disk I/O error: syncing the write-ahead log: {e}")))?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        *synced = covering;
+        Ok(())
+    }
+}
+
 /// The named constraints that refuse a change a race lost: a second live attachment in a slot of
 /// a non-multiattach volume, a second operation on a volume.
 pub const ONE_ATTACHMENT_PER_SLOT: &str = "one_live_attachment_per_exclusive_slot";
@@ -164,7 +227,13 @@ impl From<rusqlite::Error> for StoreError {
 }
 
 enum Db {
-    Sqlite { writer: Arc<Mutex<SqliteConn>>, readers: Vec<Arc<Mutex<SqliteConn>>>, next: AtomicUsize },
+    Sqlite {
+        writer: Arc<Mutex<SqliteConn>>,
+        readers: Vec<Arc<Mutex<SqliteConn>>>,
+        next: AtomicUsize,
+        /// With `synchronous=FULL`: the write-ahead log's syncs, shared by the commits waiting.
+        durable: Option<WalSync>,
+    },
     Postgres(PgPool),
 }
 
@@ -191,10 +260,10 @@ impl Store {
             let pool = SqlitePoolOptions::new().max_connections(1).connect_with(connect).await?;
             migrated(MIGRATOR.run(&pool).await)?;
             pool.close().await;
-            let synchronous = match options.synchronous {
-                Synchronous::Full => "FULL",
-                Synchronous::Normal => "NORMAL",
-            };
+            // FULL is kept by syncing the write-ahead log after the commit, outside the writer's
+            // lock and shared by every commit waiting (`WalSync`); SQLite itself then commits as
+            // with NORMAL (the log written, not synced).
+            let synchronous = "NORMAL";
             let open = || -> Result<Arc<Mutex<SqliteConn>>, StoreError> {
                 let conn = rusqlite::Connection::open(&path)?;
                 conn.execute_batch(&format!(
@@ -208,7 +277,8 @@ impl Store {
             let readers =
                 (0..options.max_connections.clamp(1, 8)).map(|_| open()).collect::<Result<_, _>>()?;
             make_private(&path)?;
-            Db::Sqlite { writer, readers, next: AtomicUsize::new(0) }
+            let durable = (options.synchronous == Synchronous::Full).then(|| WalSync::new(&path));
+            Db::Sqlite { writer, readers, next: AtomicUsize::new(0), durable }
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             let pool = PgPoolOptions::new()
                 .max_connections(options.max_connections.max(2))
@@ -243,6 +313,9 @@ impl Store {
         let mut tx = self.begin(true).await.map_err(E::from)?;
         let value = f(&mut tx).await?;
         tx.commit().await.map_err(E::from)?;
+        if let Db::Sqlite { durable: Some(wal), .. } = &*self.db {
+            wal.covered().await.map_err(E::from)?;
+        }
         self.commits.fetch_add(1, Ordering::Relaxed);
         crate::metrics::transaction("write", started.elapsed());
         Ok(value)
@@ -265,7 +338,7 @@ impl Store {
 
     async fn begin(&self, write: bool) -> Result<Tx, StoreError> {
         match &*self.db {
-            Db::Sqlite { writer, readers, next } => {
+            Db::Sqlite { writer, readers, next, .. } => {
                 let conn = if write {
                     writer.clone().lock_owned().await
                 } else {
@@ -371,6 +444,65 @@ fn make_private(path: &std::path::Path) -> Result<(), StoreError> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::params;
+
+    fn wal_sync(store: &Store) -> &WalSync {
+        match &*store.db {
+            Db::Sqlite { durable: Some(wal), .. } => wal,
+            _ => panic!("a SQLite store with synchronous=FULL"),
+        }
+    }
+
+    async fn full_store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        (dir, Store::open(&url, &StoreOptions::default()).await.unwrap())
+    }
+
+    async fn write_one(store: &Store) {
+        store
+            .write(async |tx| {
+                tx.execute("INSERT INTO nodes (name, backends, version, started_at, heartbeat_at) VALUES ($1, '', '0', 0, 0)", &params![uuid::Uuid::new_v4().to_string()])
+                    .await
+            })
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn with_synchronous_full_a_write_returns_after_a_sync_of_the_log_begun_after_its_commit() {
+        let (_dir, store) = full_store().await;
+        let wal = wal_sync(&store);
+        for n in 1..=3 {
+            write_one(&store).await;
+            assert_eq!(wal.syncs.load(Ordering::Relaxed), n, "one sync per write made alone");
+            assert_eq!(*wal.synced.lock().await, wal.tickets.load(Ordering::Relaxed), "every commit covered");
+        }
+    }
+
+    #[tokio::test]
+    async fn commits_that_wait_while_a_sync_runs_share_the_next_one() {
+        let (_dir, store) = full_store().await;
+        let store = Arc::new(store);
+        // A sync in progress: the lock it holds.
+        let running = wal_sync(&store).synced.lock().await;
+        let writers: Vec<_> = (0..3)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move { write_one(&store).await })
+            })
+            .collect();
+        while wal_sync(&store).tickets.load(Ordering::Acquire) < 3 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(wal_sync(&store).syncs.load(Ordering::Relaxed), 0, "the three commits wait");
+        drop(running);
+        for w in writers {
+            w.await.unwrap();
+        }
+        assert_eq!(wal_sync(&store).syncs.load(Ordering::Relaxed), 1, "one sync covered the three");
+    }
     #[tokio::test]
     async fn the_database_its_wal_and_shm_are_private_whatever_the_umask() {
         use std::os::unix::fs::PermissionsExt;
@@ -393,7 +525,6 @@ mod tests {
         assert_eq!(std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777, 0o600);
         store.close().await;
     }
-    use super::*;
 
     #[test]
     fn urls_lose_their_password_in_messages() {
