@@ -118,8 +118,9 @@ fn migrated(outcome: Result<(), sqlx::migrate::MigrateError>) -> Result<(), Stor
 /// Group commit for SQLite with `synchronous=FULL`. A commit writes its pages to the write-ahead
 /// log under the writer's lock; its caller then waits here until a sync of the log that began
 /// after its commit has finished. One sync at a time runs, covering every commit made before it
-/// began, so commits that wait together share one, and no commit holds the writer's lock (or a
-/// runtime thread) while the disk syncs. What a writer is told it wrote is on disk, as with
+/// began, so commits that wait together share one, and no commit holds the writer's lock while
+/// the disk syncs. A write alone syncs on its own thread, as SQLite would; while others write,
+/// the sync runs on the blocking pool and the runtime thread serves them. What a writer is told it wrote is on disk, as with
 /// SQLite's own FULL; a reader may see a change a moment before it is, never after its writer
 /// was answered.
 struct WalSync {
@@ -130,8 +131,21 @@ struct WalSync {
     tickets: AtomicU64,
     /// The highest ticket a finished sync covers; held while a sync runs.
     synced: Mutex<u64>,
-    /// Syncs made.
+    /// Syncs made, and of them those made on the spot by a write alone.
     syncs: AtomicU64,
+    on_the_spot: AtomicU64,
+    /// Writes under way (from waiting for the writer to being covered): a write alone syncs on
+    /// the spot.
+    writers: AtomicUsize,
+}
+
+/// Counts a write as under way until dropped (also when its caller is cancelled).
+struct Writing<'a>(&'a AtomicUsize);
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl WalSync {
@@ -144,7 +158,14 @@ impl WalSync {
             tickets: AtomicU64::new(0),
             synced: Mutex::new(0),
             syncs: AtomicU64::new(0),
+            on_the_spot: AtomicU64::new(0),
+            writers: AtomicUsize::new(0),
         }
+    }
+
+    fn writing(&self) -> Writing<'_> {
+        self.writers.fetch_add(1, Ordering::AcqRel);
+        Writing(&self.writers)
     }
 
     /// Returns once the commits made before this call are on disk.
@@ -166,10 +187,22 @@ impl WalSync {
                 self.file.get_or_init(|| opened).clone()
             }
         };
-        tokio::task::spawn_blocking(move || file.sync_data())
-            .await
-            .map_err(|e| StoreError::Sqlite(format!("disk I/O error: syncing the write-ahead log: {e}")))?
-            .map_err(|e| StoreError::Sqlite(format!("disk I/O error: syncing the write-ahead log: {e}")))?;
+        let failed = |e: &dyn std::fmt::Display| {
+            StoreError::Sqlite(format!("disk I/O error: syncing the write-ahead log: {e}"))
+        };
+        if self.writers.load(Ordering::Acquire) <= 1 {
+            // No other write is under way: sync on the spot, as SQLite's own FULL does; a hand-off
+            // to the blocking pool and back would only add to this write's latency.
+            file.sync_data().map_err(|e| failed(&e))?;
+            self.on_the_spot.fetch_add(1, Ordering::Relaxed);
+        } else {
+            // Others are writing: the sync runs off this runtime thread, which serves them
+            // meanwhile; their commits are covered by the next sync.
+            tokio::task::spawn_blocking(move || file.sync_data())
+                .await
+                .map_err(|e| failed(&e))?
+                .map_err(|e| failed(&e))?;
+        }
         self.syncs.fetch_add(1, Ordering::Relaxed);
         *synced = covering;
         Ok(())
@@ -310,6 +343,10 @@ impl Store {
         E: From<StoreError>,
     {
         let started = std::time::Instant::now();
+        let _writing = match &*self.db {
+            Db::Sqlite { durable: Some(wal), .. } => Some(wal.writing()),
+            _ => None,
+        };
         let mut tx = self.begin(true).await.map_err(E::from)?;
         let value = f(&mut tx).await?;
         tx.commit().await.map_err(E::from)?;
@@ -477,6 +514,7 @@ mod tests {
         for n in 1..=3 {
             write_one(&store).await;
             assert_eq!(wal.syncs.load(Ordering::Relaxed), n, "one sync per write made alone");
+            assert_eq!(wal.on_the_spot.load(Ordering::Relaxed), n, "made on the spot, no hand-off");
             assert_eq!(*wal.synced.lock().await, wal.tickets.load(Ordering::Relaxed), "every commit covered");
         }
     }
@@ -502,7 +540,10 @@ mod tests {
             w.await.unwrap();
         }
         assert_eq!(wal_sync(&store).syncs.load(Ordering::Relaxed), 1, "one sync covered the three");
+        assert_eq!(wal_sync(&store).on_the_spot.load(Ordering::Relaxed), 0, "off the runtime's threads");
+        assert_eq!(wal_sync(&store).writers.load(Ordering::Relaxed), 0, "no write left counted");
     }
+
     #[tokio::test]
     async fn the_database_its_wal_and_shm_are_private_whatever_the_umask() {
         use std::os::unix::fs::PermissionsExt;
