@@ -5,8 +5,12 @@
 //! Compiled in only with the `failpoints` feature, which the test package enables; in any other
 //! build [`hit`] is an empty inline function. Even when compiled in, nothing happens until a test
 //! arms a failpoint through the test-only route `/_failpoints` (see `api/mod.rs`), or, for what
-//! happens at start-up, through `BERTH_FAILPOINTS` (`name=kill` or `name=sleep:<ms>`, optionally
+//! happens at start-up, through `BERTH_FAILPOINTS` (`name=kill`, `name=sleep:<ms>` or `name=fail`, optionally
 //! `@<nth>`, comma-separated).
+//!
+//! A few places where a disk can fail are points of another kind ([`fails`]): armed with `fail`,
+//! the operation there fails as a failing disk would (`store.wal.sync <path of the log>`: a
+//! sync of SQLite's write-ahead log). They are not step boundaries and are not traced.
 //!
 //! Names are `<flow>.<step>` (`attach.connect.intent`, `volume.delete.commit`) and
 //! `capability.<interface>.<op>` for the end of a capability call. Every hit is traced (when
@@ -14,12 +18,19 @@
 //! kill the process at each of them.
 
 #[cfg(feature = "failpoints")]
-pub use active::{Action, arm, hit, hits, reset};
+pub use active::{Action, arm, fails, hit, hits, reset};
 
 /// Marks a failpoint (does nothing: this build has no failpoints).
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}
+
+/// Where a fault can be injected (never: this build has no failpoints).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn fails(_name: &str) -> bool {
+    false
+}
 
 #[cfg(feature = "failpoints")]
 mod active {
@@ -34,6 +45,8 @@ mod active {
         Kill,
         /// Sleep this many milliseconds, then go on.
         Sleep,
+        /// Make the operation at a [`fails`] point fail, as a failing disk would.
+        Fail,
     }
 
     struct Armed {
@@ -71,6 +84,7 @@ mod active {
                 match what.split_once(':') {
                     Some(("sleep", ms)) => arm(name, nth, Action::Sleep, ms.parse().unwrap_or(0)),
                     _ if what == "kill" => arm(name, nth, Action::Kill, 0),
+                    _ if what == "fail" => arm(name, nth, Action::Fail, 0),
                     _ => {}
                 }
             }
@@ -88,7 +102,7 @@ mod active {
                 trace.push(name.to_string());
             }
             let mut fire = None;
-            for a in s.armed.iter_mut().filter(|a| a.name == name) {
+            for a in s.armed.iter_mut().filter(|a| a.name == name && a.action != Action::Fail) {
                 a.seen += 1;
                 if a.seen == a.nth {
                     fire = Some((a.action, a.millis));
@@ -108,8 +122,24 @@ mod active {
                 }
             }
             Some((Action::Sleep, millis)) => std::thread::sleep(Duration::from_millis(millis)),
-            None => {}
+            Some((Action::Fail, _)) | None => {}
         }
+    }
+
+    /// Passes the place `name` where a fault can be injected: true when a `fail` armed there
+    /// fires now. Not a step boundary: not traced, so the crash harness does not kill there.
+    pub fn fails(name: &str) -> bool {
+        from_environment();
+        let mut s = state();
+        let mut fire = false;
+        for a in s.armed.iter_mut().filter(|a| a.name == name && a.action == Action::Fail) {
+            a.seen += 1;
+            fire |= a.seen == a.nth;
+        }
+        if fire {
+            tracing::warn!(failpoint = name, "failpoint: failing");
+        }
+        fire
     }
 
     /// Arms `name` to act at its `nth` hit from now.

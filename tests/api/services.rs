@@ -265,3 +265,54 @@ async fn a_change_that_fails_on_a_newer_schema_before_the_heartbeat_saw_it_is_re
         c.post("/volumes", json!({"volume": {"size": 1}})).await.fault(503, "serviceUnavailable");
     }
 }
+
+/// A disk that fails a sync of SQLite's write-ahead log (SQLite with `synchronous=FULL`, the
+/// default): the change that waited on it is answered 503, never acknowledged, and so is every
+/// change after it, since what this process committed before the failure may not be on disk and
+/// the next change could build on it; reads go on. A berth started again on the database (what
+/// the disk kept) makes changes again.
+#[tokio::test]
+async fn after_the_disk_fails_a_sync_of_the_log_every_change_is_refused_until_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("berth.db");
+    let url = format!("sqlite://{}", db.display());
+    let mut config = berth_tests::server::fake_config();
+    config.node = Some("the-node".into());
+    config.operations.lease_seconds = 1;
+    let s = TestServer::start_on(Db::Sqlite, Some(url.clone()), config.clone()).await;
+    let c = s.client("p1").at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+
+    berth::failpoint::arm(
+        &format!("store.wal.sync {}-wal", db.display()),
+        1,
+        berth::failpoint::Action::Fail,
+        0,
+    );
+    let host = || Some(connector("iqn.1993-08.org.debian:01:h", "h"));
+    let attach = c.attach(&volume, host()).await;
+    assert_eq!(attach.status, 503, "{}", attach.body);
+    for _ in 0..3 {
+        let r = c.post("/volumes", json!({"volume": {"size": 1}})).await;
+        assert_eq!(r.status, 503, "a change after the failed sync: {}", r.body);
+        assert!(r.body["serviceUnavailable"]["message"].is_string(), "{}", r.body);
+    }
+    assert_eq!(c.get(&format!("/volumes/{volume}")).await.status, 200, "reads go on");
+    drop(s);
+
+    // The refusing process writes no heartbeat: once its lease has run out the node is free.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let s = TestServer::start_on(Db::Sqlite, Some(url), config).await;
+    let c = s.client("p1").at("3.54");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let r = c.attach(&volume, host()).await;
+        if r.status == 200 {
+            break;
+        }
+        // The interrupted attach's operation is recovered once its lease ran out.
+        assert!(std::time::Instant::now() < deadline, "changes stayed refused: {} {}", r.status, r.body);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    c.create_volume(json!({"size": 1})).await;
+}

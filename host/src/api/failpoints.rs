@@ -2,7 +2,7 @@
 //! builds (the `failpoints` feature); a release build has no such route.
 //!
 //! - `POST /_failpoints/reset {"trace": true}` disarms everything and starts a new trace;
-//! - `POST /_failpoints/arm {"name": "...", "nth": 1, "action": "kill" | "sleep", "millis": 0}`;
+//! - `POST /_failpoints/arm {"name": "...", "nth": 1, "action": "kill" | "sleep" | "fail", "millis": 0}`;
 //! - `GET /_failpoints/hits` lists the failpoints passed since the last reset, in order.
 
 use axum::routing::{get, post};

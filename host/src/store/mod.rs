@@ -137,6 +137,11 @@ struct WalSync {
     /// Writes under way (from waiting for the writer to being covered): a write alone syncs on
     /// the spot.
     writers: AtomicUsize,
+    /// Why a sync failed, once one has. Commits made before it are visible but may not be on
+    /// disk (the kernel may drop the pages it could not write), and any later change could build
+    /// on them: from then on every write is refused, as SQLite's own FULL would have failed the
+    /// commit, until the process is restarted (PostgreSQL stops for the same reason).
+    failed: std::sync::OnceLock<String>,
 }
 
 /// Counts a write as under way until dropped (also when its caller is cancelled).
@@ -160,7 +165,29 @@ impl WalSync {
             syncs: AtomicU64::new(0),
             on_the_spot: AtomicU64::new(0),
             writers: AtomicUsize::new(0),
+            failed: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Refuses a write once a sync has failed.
+    fn refusal(&self) -> Result<(), StoreError> {
+        match self.failed.get() {
+            None => Ok(()),
+            Some(why) => Err(StoreError::Sqlite(format!(
+                "disk I/O error: a sync of the write-ahead log failed ({why}); this process makes no \
+                 more change, since what it committed before may not be on disk: restart berth once \
+                 the disk is sound"
+            ))),
+        }
+    }
+
+    /// A failing disk, in tests: the failpoint `store.wal.sync <path of the log>`.
+    fn injected(&self) -> std::io::Result<()> {
+        #[cfg(feature = "failpoints")]
+        if crate::failpoint::fails(&format!("store.wal.sync {}", self.path.display())) {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
     }
 
     fn writing(&self) -> Writing<'_> {
@@ -175,6 +202,7 @@ impl WalSync {
         if *synced >= ticket {
             return Ok(());
         }
+        self.refusal()?;
         // Every ticket taken so far belongs to a commit that returned before it: all are in the
         // log this sync flushes.
         let covering = self.tickets.load(Ordering::Acquire);
@@ -187,21 +215,29 @@ impl WalSync {
                 self.file.get_or_init(|| opened).clone()
             }
         };
-        let failed = |e: &dyn std::fmt::Display| {
-            StoreError::Sqlite(format!("disk I/O error: syncing the write-ahead log: {e}"))
-        };
-        if self.writers.load(Ordering::Acquire) <= 1 {
+        let synced_now = if self.writers.load(Ordering::Acquire) <= 1 {
             // No other write is under way: sync on the spot, as SQLite's own FULL does; a hand-off
             // to the blocking pool and back would only add to this write's latency.
-            file.sync_data().map_err(|e| failed(&e))?;
             self.on_the_spot.fetch_add(1, Ordering::Relaxed);
+            self.injected().and_then(|()| file.sync_data())
         } else {
             // Others are writing: the sync runs off this runtime thread, which serves them
             // meanwhile; their commits are covered by the next sync.
-            tokio::task::spawn_blocking(move || file.sync_data())
-                .await
-                .map_err(|e| failed(&e))?
-                .map_err(|e| failed(&e))?;
+            match self.injected() {
+                Err(e) => Err(e),
+                Ok(()) => tokio::task::spawn_blocking(move || file.sync_data())
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e))),
+            }
+        };
+        if let Err(e) = synced_now {
+            if self.failed.set(e.to_string()).is_ok() {
+                tracing::error!(
+                    log = %self.path.display(),
+                    "a sync of the write-ahead log failed: {e}; every change is refused until berth is restarted"
+                );
+            }
+            self.refusal()?;
         }
         self.syncs.fetch_add(1, Ordering::Relaxed);
         *synced = covering;
@@ -344,7 +380,10 @@ impl Store {
     {
         let started = std::time::Instant::now();
         let _writing = match &*self.db {
-            Db::Sqlite { durable: Some(wal), .. } => Some(wal.writing()),
+            Db::Sqlite { durable: Some(wal), .. } => {
+                wal.refusal().map_err(E::from)?;
+                Some(wal.writing())
+            }
             _ => None,
         };
         let mut tx = self.begin(true).await.map_err(E::from)?;
