@@ -71,8 +71,8 @@ impl Attachments<'_> {
         let Some(c) = &req.connector else {
             return self.reserve(&volume, &req, None).await;
         };
-        let mode = AttachMode::from_request(req.mode).effective(Some(c));
-        let validated = self.validated(&volume, &c.for_mode(mode)).await?;
+        let validated =
+            self.validated(&volume, &AttachMode::from_request(req.mode).driver_connector(c)).await?;
         let _held = self.hold(&volume.id).await?;
         self.create_locked(caller, req, validated).await
     }
@@ -179,8 +179,7 @@ impl Attachments<'_> {
                 volume.id, volume.status
             )));
         }
-        let mode = row.attach_mode.effective(Some(&connector));
-        let validated = self.validated(&volume, &connector.for_mode(mode)).await?;
+        let validated = self.validated(&volume, &row.driver_connector(&connector)).await?;
         let _held = self.hold(&volume.id).await?;
         self.update_locked(caller, id, connector, validated).await
     }
@@ -337,7 +336,7 @@ impl Attachments<'_> {
             return Ok((row, Vec::new()));
         }
         let volume = self.fresh_volume(&row.volume_id).await?;
-        let conn = connector.for_mode(row.attach_mode.effective(Some(&connector)));
+        let conn = row.driver_connector(&connector);
         let ids: Vec<String> = others.iter().map(|a| a.id.clone()).collect();
         let shared = match self
             .driver(&volume)

@@ -52,15 +52,14 @@ impl Attachments<'_> {
         let volume = self.fresh_volume(&row.volume_id).await?;
         let backend = self.backend(&volume)?;
         let mut calls = op.calls(&backend.driver);
-        let mode = row.attach_mode.effective(Some(connector));
-        let conn = connector.for_mode(mode);
+        let conn = row.driver_connector(connector);
         let mut fields = volume.fields.clone();
         let connected = async {
             self.admit_export(&backend, &volume).await?;
             if !revoke.is_empty() {
                 let others = self.other_attachments(&volume.id, &row.id).await?;
                 for old in &revoke {
-                    let old = old.for_mode(row.attach_mode.effective(Some(old)));
+                    let old = row.driver_connector(old);
                     fields =
                         disconnect(&mut calls, &volume.with_fields(&fields), &others, Some(&old)).await?;
                 }
@@ -94,7 +93,7 @@ impl Attachments<'_> {
         let t = transition(Event::Connect);
         let done = Connected {
             connection_info: info,
-            attach_mode: mode.into(),
+            attach_mode: conn.mode.into(),
             attached_host: connector.host().map(str::to_string),
             mountpoint: Some(connector.mountpoint().unwrap_or("na").to_string()),
         };
@@ -196,7 +195,7 @@ impl Attachments<'_> {
         let cleaned: Result<(), AttachError> = async {
             let others = self.other_attachments(&volume.id, &row.id).await?;
             for c in &revoke {
-                let conn = c.for_mode(row.attach_mode.effective(Some(c)));
+                let conn = row.driver_connector(c);
                 fields = disconnect(&mut calls, &volume.with_fields(&fields), &others, Some(&conn)).await?;
             }
             Ok(())

@@ -66,7 +66,7 @@ impl Attachments<'_> {
         failpoint::hit("attach.remove.intent");
         let backend = self.backend(&volume)?;
         let mut calls = op.calls(&backend.driver);
-        let conn = connector.for_mode(this.attachment.attach_mode.effective(Some(&connector)));
+        let conn = this.attachment.driver_connector(&connector);
         match disconnect(&mut calls, &volume, &others, Some(&conn)).await {
             Ok(fields) => {
                 failpoint::hit("attach.remove.commit");

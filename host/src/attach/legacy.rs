@@ -135,8 +135,7 @@ impl Legacy<'_> {
         connector: Connector,
     ) -> Result<Json, AttachError> {
         let found = self.volume(caller, volume_id).await?;
-        let mode = AttachMode::Null.effective(Some(&connector));
-        let validated = self.validated(&found, &connector.for_mode(mode)).await?;
+        let validated = self.validated(&found, &AttachMode::Null.driver_connector(&connector)).await?;
         let _held = self.hold(volume_id).await?;
         self.reconcile().reconciled_first(volume_id).await?;
         let volume = self.legacy_volume(volume_id).await?;
@@ -172,7 +171,7 @@ impl Legacy<'_> {
         let op = self.begin_operation(OpKind::Reconnect, &volume.id, Some(&row.id), Some(connector)).await?;
         failpoint::hit("legacy.reinitialize.intent");
         let mut calls = op.calls(&backend.driver);
-        let conn = connector.for_mode(row.attach_mode.effective(Some(connector)));
+        let conn = row.driver_connector(connector);
         let mut fields = volume.fields.clone();
         let replayed = async {
             match calls.create_export(&volume.contract(), Some(&conn)).await {
@@ -361,7 +360,7 @@ impl Legacy<'_> {
         let op = self.begin_operation(OpKind::Revoke, volume_id, None, Some(connector)).await?;
         failpoint::hit("attach.revoke.intent");
         let mut calls = op.calls(&backend.driver);
-        let conn = connector.for_mode(AttachMode::Null.effective(Some(connector)));
+        let conn = AttachMode::Null.driver_connector(connector);
         let revoked = disconnect(&mut calls, &volume, others, Some(&conn)).await;
         failpoint::hit("attach.revoke.commit");
         op.write(async |tx| {
@@ -470,7 +469,7 @@ impl Legacy<'_> {
         let mut calls = op.calls(&backend.driver);
         let mut fields = volume.fields.clone();
         if revoke {
-            let conn = given.as_ref().map(|c| c.for_mode(AttachMode::Null.effective(Some(c))));
+            let conn = given.as_ref().map(|c| AttachMode::Null.driver_connector(c));
             let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
             match disconnect(&mut calls, &volume, &live.except(&id_refs), conn.as_ref()).await {
                 Ok(f) => fields = f,

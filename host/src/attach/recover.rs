@@ -26,8 +26,8 @@ use super::ops::Op;
 use super::state::{Event, VolumeStatus};
 use super::{AttachError, Service, record_fields};
 use crate::domain::history::Access;
+use crate::runtime::Failure;
 use crate::runtime::contract::Attachment as DriverAttachment;
-use crate::runtime::{Failure, contract};
 use crate::store::attachments as rows;
 use crate::store::volumes;
 
@@ -73,9 +73,7 @@ impl Recovery<'_> {
             live.iter().filter(|l| !ids.contains(&l.attachment.id.as_str())).map(Live::contract).collect()
         };
         let this = record.attachment_id.as_deref().and_then(|a| live.iter().find(|l| l.attachment.id == a));
-        let mode_of = |c: &Connector| {
-            this.map(|l| l.attachment.attach_mode).unwrap_or(AttachMode::Null).effective(Some(c))
-        };
+        let mode = this.map(|l| l.attachment.attach_mode).unwrap_or(AttachMode::Null);
         match &record.kind {
             OpKind::CreateVolume => {
                 if volume.status != VolumeStatus::Creating {
@@ -150,7 +148,7 @@ impl Recovery<'_> {
                 };
                 let backend = self.backend(&volume)?;
                 let mut calls = op.calls(&backend.driver);
-                let conn = record.connector.as_ref().map(|c| c.for_mode(mode_of(c)));
+                let conn = record.connector.as_ref().map(|c| mode.driver_connector(c));
                 match disconnect(&mut calls, &volume, &others, conn.as_ref()).await {
                     Ok(fields) => {
                         let attachment = record.attachment_id.clone().filter(|_| this.is_some());
@@ -183,7 +181,7 @@ impl Recovery<'_> {
                 let refs: Vec<&str> = attachments.iter().map(String::as_str).collect();
                 let backend = self.backend(&volume)?;
                 let mut calls = op.calls(&backend.driver);
-                let conn = record.connector.as_ref().map(|c| c.for_mode(mode_of(c)));
+                let conn = record.connector.as_ref().map(|c| mode.driver_connector(c));
                 match disconnect(&mut calls, &volume, &except(&refs), conn.as_ref()).await {
                     Ok(fields) => finish_force_detach(op, &volume, attachments, &fields, &calls).await,
                     Err(AttachError::Driver(e)) if e.failure() == Failure::Transient => {
@@ -236,7 +234,7 @@ impl Recovery<'_> {
         let mut fields = volume.fields.clone();
         let mut revoked = Vec::new();
         for c in connectors {
-            let conn: contract::Connector = c.for_mode(AttachMode::Null.effective(Some(c)));
+            let conn = AttachMode::Null.driver_connector(c);
             match disconnect(&mut calls, &volume.with_fields(&fields), others, Some(&conn)).await {
                 Ok(f) => {
                     fields = f;

@@ -93,6 +93,12 @@ impl AttachMode {
             AttachMode::Null => connector.and_then(Connector::requested_mode).unwrap_or(AccessMode::Rw),
         }
     }
+
+    /// The connector as a driver receives it for an attachment of this stored mode (the one
+    /// place the effective mode is put into a driver's connector).
+    pub fn driver_connector(self, connector: &Connector) -> contract::Connector {
+        connector.for_mode(self.effective(Some(connector)))
+    }
 }
 
 impl From<AccessMode> for AttachMode {
@@ -127,6 +133,11 @@ pub struct Attachment {
 }
 
 impl Attachment {
+    /// `connector` as a driver receives it for this attachment.
+    pub fn driver_connector(&self, connector: &Connector) -> contract::Connector {
+        self.attach_mode.driver_connector(connector)
+    }
+
     /// The attachment as a driver sees it.
     pub fn contract(&self, connector: Option<&Connector>) -> contract::Attachment {
         let mode = self.attach_mode.effective(connector);
@@ -351,6 +362,14 @@ mod tests {
         assert_eq!(AttachMode::Null.effective(None), AccessMode::Rw);
         assert_eq!(AttachMode::parse(Some("null")), AttachMode::Null);
         assert_eq!(AttachMode::parse(None), AttachMode::Null);
+    }
+
+    #[test]
+    fn a_driver_receives_the_connector_with_the_attachments_effective_mode() {
+        let ro = connector(json!({"initiator": "iqn.2004-10.com.ubuntu:01:a", "mode": "ro"}));
+        assert_eq!(AttachMode::Rw.driver_connector(&ro).mode, AccessMode::Rw);
+        assert_eq!(AttachMode::Null.driver_connector(&ro).mode, AccessMode::Ro);
+        assert_eq!(AttachMode::Ro.driver_connector(&ro).initiator, ro.typed.initiator);
     }
 
     #[test]
