@@ -149,6 +149,13 @@ impl Tx {
         Tx { inner: Inner::Postgres(Some(tx)) }
     }
 
+    pub fn kind(&self) -> super::DbKind {
+        match self.inner {
+            Inner::Sqlite { .. } => super::DbKind::Sqlite,
+            Inner::Postgres(_) => super::DbKind::Postgres,
+        }
+    }
+
     /// Runs a statement; returns the number of rows it changed.
     pub async fn execute(&mut self, sql: &str, params: &[Param]) -> Result<u64, StoreError> {
         match &mut self.inner {
