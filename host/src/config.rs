@@ -390,9 +390,9 @@ pub struct TgtConfig {
     /// `capabilities/iscsi/tgt/tgtd.rs`). 0: deleted at once.
     pub keep_exports_seconds: u64,
     /// How long a CHAP account no target uses any more stays in tgtd for reuse before the
-    /// reconciler's sweep deletes it (0: at the next sweep). The shipped driver gives every export
-    /// new credentials and never reuses an account; each account tgtd holds makes creating the
-    /// next one slower.
+    /// reconciler's sweep deletes it (0: deleted at once, when its target goes). The shipped
+    /// driver gives every export new credentials and never reuses an account; each account tgtd
+    /// holds makes creating the next one slower.
     pub keep_accounts_seconds: u64,
     /// Length of generated CHAP user names (8 to 255).
     pub chap_username_length: usize,

@@ -27,7 +27,7 @@ pub struct TgtdConfig {
     /// module notes.
     pub keep_exports: Duration,
     /// How long a CHAP account no target needs stays in tgtd for reuse before the sweep deletes
-    /// it (zero: at the next sweep; with `keep_exports` zero, deleted at once). Kept short: a
+    /// it (zero: it is deleted at once, when its target goes). Kept short: a
     /// driver that gives each export new credentials (the shipped `tgt-iscsi`) never reuses one,
     /// and every account tgtd holds makes the next account's creation slower.
     pub keep_accounts: Duration,

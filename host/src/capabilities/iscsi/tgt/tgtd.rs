@@ -31,9 +31,9 @@
 //! it exposes nothing and admits nobody, and drivers no longer see it (`show` and `list` leave it
 //! out, as if deleted). `create-target` of its name takes it back; `set-chap` with the volume's
 //! stored credentials binds its kept account again, if it is still there: accounts are kept
-//! only `keep_accounts` (default: until the next sweep), because a driver that gives each export
-//! new credentials never reuses one, and kept accounts would pile up with every detach and make
-//! every later account's creation slower. [`Tgtd::sweep`] (from the reconciler) really deletes
+//! only `keep_accounts` (default zero: deleted with the target's release), because a driver that
+//! gives each export new credentials never reuses one, and kept accounts would pile up with every
+//! detach and make every later account's creation slower. [`Tgtd::sweep`] (from the reconciler) really deletes
 //! what was kept longer than that, a little at a time, and unbound accounts this process does not
 //! know. The kept targets are written down in `state_file` (`kept.rs`), so that a restarted
 //! Berth still knows them.
@@ -527,7 +527,11 @@ impl Tgtd {
         if self.bound_elsewhere(user, &Iqn::parse(iqn).map_err(|e| Failure::Other(e.to_string()))?) {
             return Ok(());
         }
-        if self.cfg.keep_exports.is_zero() || !self.accounts.made(user) {
+        // Kept only when the operator asked for it (a driver that reuses its credentials): an
+        // account left for a sweep that runs every reconcile pass, within a budget, piles up under
+        // a steady attach cycle (thousands within minutes), and tgtd's account creation is
+        // quadratic in the accounts it holds.
+        if self.cfg.keep_exports.is_zero() || self.cfg.keep_accounts.is_zero() || !self.accounts.made(user) {
             return self.account_delete(user, iqn).await;
         }
         self.accounts.keep(user);
