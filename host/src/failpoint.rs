@@ -5,8 +5,8 @@
 //! Compiled in only with the `failpoints` feature, which the test package enables; in any other
 //! build [`hit`] is an empty inline function. Even when compiled in, nothing happens until a test
 //! arms a failpoint through the test-only route `/_failpoints` (see `api/mod.rs`), or, for what
-//! happens at start-up, through `BERTH_FAILPOINTS` (`name=kill`, `name=sleep:<ms>` or `name=fail`, optionally
-//! `@<nth>`, comma-separated).
+//! happens at start-up, through `BERTH_FAILPOINTS` (`name=kill`, `name=sleep:<ms>` or
+//! `name=fail`, optionally `@<nth>`, comma-separated).
 //!
 //! A few places where a disk can fail are points of another kind ([`fails`]): armed with `fail`,
 //! the operation there fails as a failing disk would (`store.wal.sync <path of the log>`: a

@@ -120,9 +120,9 @@ fn migrated(outcome: Result<(), sqlx::migrate::MigrateError>) -> Result<(), Stor
 /// after its commit has finished. One sync at a time runs, covering every commit made before it
 /// began, so commits that wait together share one, and no commit holds the writer's lock while
 /// the disk syncs. A write alone syncs on its own thread, as SQLite would; while others write,
-/// the sync runs on the blocking pool and the runtime thread serves them. What a writer is told it wrote is on disk, as with
-/// SQLite's own FULL; a reader may see a change a moment before it is, never after its writer
-/// was answered.
+/// the sync runs on the blocking pool and the runtime thread serves them. What a writer is told
+/// it wrote is on disk, as with SQLite's own FULL; a reader may see a change a moment before it
+/// is, never after its writer was answered.
 struct WalSync {
     /// `<database>-wal`, opened at the first sync (SQLite makes it with the first write).
     path: PathBuf,
@@ -215,20 +215,19 @@ impl WalSync {
                 self.file.get_or_init(|| opened).clone()
             }
         };
-        let synced_now = if self.writers.load(Ordering::Acquire) <= 1 {
+        let synced_now = match self.injected() {
+            Err(e) => Err(e),
             // No other write is under way: sync on the spot, as SQLite's own FULL does; a hand-off
             // to the blocking pool and back would only add to this write's latency.
-            self.on_the_spot.fetch_add(1, Ordering::Relaxed);
-            self.injected().and_then(|()| file.sync_data())
-        } else {
+            Ok(()) if self.writers.load(Ordering::Acquire) <= 1 => {
+                self.on_the_spot.fetch_add(1, Ordering::Relaxed);
+                file.sync_data()
+            }
             // Others are writing: the sync runs off this runtime thread, which serves them
             // meanwhile; their commits are covered by the next sync.
-            match self.injected() {
-                Err(e) => Err(e),
-                Ok(()) => tokio::task::spawn_blocking(move || file.sync_data())
-                    .await
-                    .unwrap_or_else(|e| Err(std::io::Error::other(e))),
-            }
+            Ok(()) => tokio::task::spawn_blocking(move || file.sync_data())
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e))),
         };
         if let Err(e) = synced_now {
             if self.failed.set(e.to_string()).is_ok() {

@@ -27,9 +27,9 @@ pub struct TgtdConfig {
     /// module notes.
     pub keep_exports: Duration,
     /// How long a CHAP account no target needs stays in tgtd for reuse before the sweep deletes
-    /// it (zero: it is deleted at once, when its target goes). Kept short: a
-    /// driver that gives each export new credentials (the shipped `tgt-iscsi`) never reuses one,
-    /// and every account tgtd holds makes the next account's creation slower.
+    /// it (zero: it is deleted at once, when its target goes). Kept short: a driver that gives each
+    /// export new credentials (the shipped `tgt-iscsi`) never reuses one, and every account tgtd
+    /// holds makes the next account's creation slower.
     pub keep_accounts: Duration,
     /// Where the kept targets are listed (none: nowhere; a restart forgets them).
     pub state_file: Option<PathBuf>,

@@ -33,9 +33,9 @@
 //! stored credentials binds its kept account again, if it is still there: accounts are kept
 //! only `keep_accounts` (default zero: deleted with the target's release), because a driver that
 //! gives each export new credentials never reuses one, and kept accounts would pile up with every
-//! detach and make every later account's creation slower. [`Tgtd::sweep`] (from the reconciler) really deletes
-//! what was kept longer than that, a little at a time, and unbound accounts this process does not
-//! know. The kept targets are written down in `state_file` (`kept.rs`), so that a restarted
+//! detach and make every later account's creation slower. [`Tgtd::sweep`] (from the reconciler)
+//! really deletes what was kept longer than that, a little at a time, and unbound accounts this
+//! process does not know. The kept targets are written down in `state_file` (`kept.rs`), so that a restarted
 //! Berth still knows them.
 
 // This room starts tgtd (host/clippy.toml).
