@@ -9,6 +9,10 @@ use crate::runtime::Driver;
 
 use crate::runtime::slot::DriverSlot;
 
+/// How a shared backend is named in `os-vol-host-attr:host` (Cinder names an active-active
+/// backend by its cluster): every node that serves it may run its volumes.
+pub const CLUSTER: &str = "berth";
+
 /// A namespace for Berth's name-based UUIDs (volume type ids, backend service ids).
 const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6f1c_58a2_9e0b_4d52_b1e4_2d8a_7c3b_9f10);
 
@@ -78,8 +82,7 @@ pub fn type_id(name: &str) -> String {
 /// The cluster (Cinder's `cluster_name`) of a volume's backend when it is shared between nodes:
 /// `berth@<backend>`; none for a node-local backend.
 pub fn cluster_of(backend: &str, service_uuid: Option<&str>) -> Option<String> {
-    (service_uuid == Some(shared_service_uuid(backend).as_str()))
-        .then(|| format!("{}@{backend}", super::nodes::CLUSTER))
+    (service_uuid == Some(shared_service_uuid(backend).as_str())).then(|| format!("{}@{backend}", CLUSTER))
 }
 
 /// Cinder's `service_uuid` of backend `backend` on node `node`: stable, and different for the same

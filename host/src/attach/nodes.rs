@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::catalog::{service_uuid, shared_service_uuid};
+use super::catalog::{CLUSTER, service_uuid, shared_service_uuid};
 use super::model::Volume;
 use super::{AttachError, Service};
 use crate::store::nodes::{self, BackendInfo, Node, Registration};
@@ -84,10 +84,6 @@ pub struct Peer {
     /// What it runs for the backend, as it registered it.
     pub runs: Option<BackendInfo>,
 }
-
-/// How a shared backend is named in `os-vol-host-attr:host` (Cinder names an active-active
-/// backend by its cluster): every node that serves it may run its volumes.
-pub const CLUSTER: &str = "berth";
 
 /// One line of the services listing.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,6 @@ use std::time::Duration;
 use super::contract::{
     Attachment, Connection, Connector, DriverInfo, Guarantee, ModelUpdate, Termination, Volume,
 };
-use super::error::CallError;
 
 /// The calls of the contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -189,13 +188,6 @@ pub struct CallStats {
     pub effects: Vec<Effect>,
     /// The guest's captured stdout/stderr.
     pub output: String,
-}
-
-/// The result of a call together with what it cost.
-#[derive(Debug)]
-pub struct Outcome<T> {
-    pub result: Result<T, CallError>,
-    pub stats: CallStats,
 }
 
 /// A lasting change a capability call made for a driver, reported whether or not the call

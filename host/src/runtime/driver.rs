@@ -15,19 +15,19 @@ use wasmtime::{Engine, Store};
 
 use super::bindings::{latest, v0_1, v0_2};
 use super::cache::Provenance;
-use super::call::{Call, CallOptions, CallStats, Outcome, Request, Response};
+use super::call::{Call, CallOptions, CallStats, Request, Response};
 use super::contract::{Capabilities, DriverError, DriverInfo, Guarantee, ModelUpdate};
 use super::error::{CallError, CallErrorKind};
 use super::limits::Limits;
-use super::loader::ContractVersion;
 use super::model::VolumeFields;
+use super::network::CallNetwork;
+use super::outcome::Outcome;
 use super::outcome::judge;
-use super::session::DriverCalls;
 use super::state::{CallScope, HostState};
 use super::store::{call_store, renew};
+use super::version::ContractVersion;
 use crate::capabilities::DriverCapabilities;
 use crate::capabilities::secret::Redactor;
-use crate::runtime::glue::network::CallNetwork;
 
 /// A loaded driver. Cheap to clone.
 #[derive(Clone)]
@@ -498,11 +498,6 @@ dispatcher!(
 );
 
 impl Driver {
-    /// A session of calls for one operation of the service (see [`DriverCalls`]).
-    pub fn calls(&self) -> DriverCalls<'_> {
-        DriverCalls::new(self)
-    }
-
     /// Applies a model update a call of this driver returned; a result that would overfill the
     /// volume's driver data is the driver's invalid output.
     pub fn apply(

@@ -10,7 +10,8 @@ use wasmtime::wasmparser::{Parser, Payload};
 
 use super::Footprint;
 use super::cache::digest;
-use super::loader::{CONTRACT, CONTRACTS, ContractVersion, ImportVerdict, judge_import};
+use super::loader::{ImportVerdict, judge_import};
+use super::version::{CONTRACT, CONTRACTS, ContractVersion};
 
 /// One import and what the host makes of it.
 #[derive(Debug, Clone, PartialEq, Eq)]

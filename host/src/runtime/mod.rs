@@ -15,6 +15,7 @@ pub mod json;
 mod limits;
 mod loader;
 pub mod model;
+mod network;
 mod outcome;
 mod session;
 mod since_v0_1;
@@ -23,6 +24,7 @@ mod size;
 pub mod slot;
 pub(crate) mod state;
 mod store;
+mod version;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,14 +34,16 @@ use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
 pub use cache::Provenance;
-pub use call::{Call, CallOptions, CallStats, CapabilityCall, Effect, Outcome, Request, Response};
+pub use call::{Call, CallOptions, CallStats, CapabilityCall, Effect, Request, Response};
 pub use driver::Driver;
 pub(crate) use driver::Kept;
 pub use error::{CallError, CallErrorKind, Failure, LoadError};
 pub use footprint::Footprint;
 pub use limits::Limits;
-pub use loader::{CONTRACT, DriverSpec, WasmSource};
+pub use loader::{DriverSpec, WasmSource};
+pub use outcome::Outcome;
 pub use session::{DriverCalls, KeptInstance};
+pub use version::CONTRACT;
 
 use cache::ArtifactCache;
 use state::HostState;
@@ -51,7 +55,7 @@ pub mod contract {
         InvalidConnector, ModelUpdate, Protocol, Termination, Value, Volume, VolumeField,
     };
     pub use super::bindings::latest::exports::berth::driver::driver::Guarantee;
-    pub use super::loader::ContractVersion;
+    pub use super::version::ContractVersion;
 
     impl Guarantee {
         /// The WIT name of the promise.

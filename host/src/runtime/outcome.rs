@@ -4,15 +4,22 @@
 
 use wasmtime::Trap;
 
-use super::call::Response;
+use super::call::{CallStats, Response};
 use super::contract::DriverError;
-use super::error::CallErrorKind;
+use super::error::{CallError, CallErrorKind};
 use super::limits::{CpuTimeExceeded, Limits};
 use super::model::validate;
 use super::size::WireSize;
 use super::state::{HostState, InjectedFault};
 use crate::capabilities::log::sanitize;
 use crate::capabilities::secret::Redactor;
+
+/// The result of a call together with what it cost.
+#[derive(Debug)]
+pub struct Outcome<T> {
+    pub result: Result<T, CallError>,
+    pub stats: CallStats,
+}
 
 /// What ran: `Err` when the deadline passed; `Ok(Err((instantiating, trap)))` when the guest
 /// trapped; otherwise the driver's own answer.

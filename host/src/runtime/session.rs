@@ -19,6 +19,13 @@ pub struct DriverCalls<'d> {
     kept: Option<Kept>,
 }
 
+impl Driver {
+    /// A session of calls for one operation of the service (see [`DriverCalls`]).
+    pub fn calls(&self) -> DriverCalls<'_> {
+        DriverCalls::new(self)
+    }
+}
+
 /// An instance one [`DriverCalls`] leaves for another of the same operation
 /// ([`DriverCalls::keep_instance`]): a flow that validates a connector before it holds the volume
 /// hands the instance to the calls of the operation it then begins.

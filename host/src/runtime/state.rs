@@ -15,9 +15,9 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::call::{Call, CallOptions, CapabilityCall, Effect};
 use super::limits::{GuestClock, MemoryLimiter};
+use super::network::CallNetwork;
 use crate::capabilities::DriverCapabilities;
 use crate::capabilities::secret::Redactor;
-use crate::runtime::glue::network::CallNetwork;
 
 /// How much of a guest's stdout/stderr is kept (the panic message of a crashed driver is there).
 const CAPTURE_BYTES: usize = 16 * 1024;

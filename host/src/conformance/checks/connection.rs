@@ -456,7 +456,7 @@ mod tests {
         let data = json!({"auth_username": "user", "auth_password": "s3cretvalue", "secret_uuid": "x"});
         let shown = super::redacted(data.as_object().unwrap());
         assert!(!shown.contains("s3cretvalue") && shown.contains("user"), "{shown}");
-        let mut v = crate::conformance::checks::repeatability::fixed_volume();
+        let mut v = super::fixed_volume();
         v.provider_auth = Some("CHAP user s3cretvalue".into());
         assert!(!super::redacted_volume(&v).contains("s3cretvalue"));
     }

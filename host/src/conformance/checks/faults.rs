@@ -2,7 +2,7 @@
 //! call stays within its CPU, memory and size budgets, and a call interrupted at any capability
 //! call converges when retried.
 
-use super::repeatability::fixed_volume;
+use super::fixed_volume;
 use super::*;
 use crate::capabilities::network::NetFault;
 

@@ -345,6 +345,21 @@ fn b() -> Connector {
 }
 
 /// Connection data for a message, with credentials masked: secrets never reach a report.
+/// A volume record whose host-generated parts (id, credentials) are fixed.
+fn fixed_volume() -> Volume {
+    Volume {
+        id: "00000000-0000-4000-8000-00000000c0fe".into(),
+        name: "volume-00000000-0000-4000-8000-00000000c0fe".into(),
+        size_gib: 1,
+        multiattach: false,
+        provider_location: None,
+        provider_auth: Some("CHAP conformanceuser01 conformancesecret01".into()),
+        provider_id: None,
+        driver_data: Vec::new(),
+        metadata: Vec::new(),
+    }
+}
+
 fn redacted(data: &serde_json::Map<String, Json>) -> String {
     let masked: serde_json::Map<String, Json> = data
         .iter()

@@ -44,21 +44,6 @@ pub(super) async fn shared_instance(env: &mut Env<'_>) -> Result<(), String> {
     Ok(())
 }
 
-/// A volume record whose host-generated parts (id, credentials) are fixed.
-pub(super) fn fixed_volume() -> Volume {
-    Volume {
-        id: "00000000-0000-4000-8000-00000000c0fe".into(),
-        name: "volume-00000000-0000-4000-8000-00000000c0fe".into(),
-        size_gib: 1,
-        multiattach: false,
-        provider_location: None,
-        provider_auth: Some("CHAP conformanceuser01 conformancesecret01".into()),
-        provider_id: None,
-        driver_data: Vec::new(),
-        metadata: Vec::new(),
-    }
-}
-
 /// A transcript of the reference calls on a fixed volume: each answer and its capability calls.
 pub(super) async fn transcript(env: &mut Env<'_>) -> Vec<String> {
     let mut v = fixed_volume();

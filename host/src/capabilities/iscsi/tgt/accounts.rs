@@ -25,40 +25,38 @@ fn digest(credentials: &ChapCredentials) -> [u8; 32] {
 impl Accounts {
     /// This process made the account with these credentials.
     pub(super) fn remember(&self, credentials: &ChapCredentials) {
-        super::tgtd::guard(&self.made).insert(credentials.user.as_str().to_string(), digest(credentials));
+        super::guard(&self.made).insert(credentials.user.as_str().to_string(), digest(credentials));
     }
 
     /// Whether this process made the account with exactly these credentials.
     pub(super) fn knows(&self, credentials: &ChapCredentials) -> bool {
-        super::tgtd::guard(&self.made)
-            .get(credentials.user.as_str())
-            .is_some_and(|d| *d == digest(credentials))
+        super::guard(&self.made).get(credentials.user.as_str()).is_some_and(|d| *d == digest(credentials))
     }
 
     /// Whether this process made an account of that name.
     pub(super) fn made(&self, user: &str) -> bool {
-        super::tgtd::guard(&self.made).contains_key(user)
+        super::guard(&self.made).contains_key(user)
     }
 
     /// The account is gone from tgtd (or never got there).
     pub(super) fn forget(&self, user: &str) {
-        super::tgtd::guard(&self.made).remove(user);
-        super::tgtd::guard(&self.kept).remove(user);
+        super::guard(&self.made).remove(user);
+        super::guard(&self.kept).remove(user);
     }
 
     /// The account stays in tgtd, unbound, for reuse.
     pub(super) fn keep(&self, user: &str) {
-        super::tgtd::guard(&self.kept).insert(user.to_string(), Instant::now());
+        super::guard(&self.kept).insert(user.to_string(), Instant::now());
     }
 
     /// The account is bound again: no longer kept.
     pub(super) fn unkeep(&self, user: &str) {
-        super::tgtd::guard(&self.kept).remove(user);
+        super::guard(&self.kept).remove(user);
     }
 
     /// The accounts kept unbound for `at_least`.
     pub(super) fn kept_for(&self, at_least: Duration) -> Vec<String> {
-        super::tgtd::guard(&self.kept)
+        super::guard(&self.kept)
             .iter()
             .filter(|(_, since)| since.elapsed() >= at_least)
             .map(|(u, _)| u.clone())
@@ -67,7 +65,7 @@ impl Accounts {
 
     /// A new daemon has none of them.
     pub(super) fn clear(&self) {
-        super::tgtd::guard(&self.made).clear();
-        super::tgtd::guard(&self.kept).clear();
+        super::guard(&self.made).clear();
+        super::guard(&self.kept).clear();
     }
 }

@@ -63,7 +63,7 @@ impl KeptJournal {
             Some(tid) => format!("+{tid} {iqn}\n"),
             None => format!("-{iqn}\n"),
         };
-        let mut file = super::tgtd::guard(&self.file);
+        let mut file = super::guard(&self.file);
         let (handle, lines) = &mut *file;
         let result = if handle.is_none() || *lines > kept * 2 + SLACK {
             rewrite(path, &all()).map(|f| {

@@ -27,6 +27,11 @@ macro_rules! retrying {
     }};
 }
 
+/// Locks a mutex, ignoring poisoning (every critical section leaves the data consistent).
+fn guard<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 mod accounts;
 mod ceiling;
 mod config;

@@ -8,9 +8,10 @@ use async_trait::async_trait;
 use super::super::{
     ChapCredentials, ChapUser, Iqn, Lun, LunCapacity, Session, TargetError, TargetService, TargetState,
 };
+use super::guard;
 use super::model::Known;
 use super::protocol::{Failure, Request, parse_connections};
-use super::tgtd::{Tgtd, guard};
+use super::tgtd::Tgtd;
 
 #[async_trait]
 impl TargetService for Tgtd {

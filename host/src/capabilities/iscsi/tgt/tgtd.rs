@@ -54,6 +54,7 @@ use super::super::{ChapCredentials, Iqn, Portal, TargetError, TargetState};
 use super::accounts::Accounts;
 use super::ceiling::Ceiling;
 use super::config::TgtdConfig;
+use super::guard;
 use super::kept::KeptJournal;
 use super::model::{Daemon, Known, Model, SocketId};
 use super::protocol::{Answer, Control, Failure, Request, parse_accounts, parse_connections, parse_show};
@@ -79,11 +80,6 @@ pub struct Tgtd {
     /// Changes sent to tgtd, and listings of all its targets (for tests and benchmarks).
     changes: AtomicU64,
     listings: AtomicU64,
-}
-
-/// Locks a mutex, ignoring poisoning (every critical section leaves the data consistent).
-pub(super) fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Tgtd {
