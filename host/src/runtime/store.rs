@@ -27,8 +27,10 @@ pub(crate) fn call_store(
         if clock.guest_time() > cpu {
             return Err(wasmtime::Error::new(CpuTimeExceeded));
         }
-        // Yield to the executor at every tick; the guest may resume on another thread.
+        // Yield to the executor at every tick; the guest may resume on another thread. From the
+        // first tick on, the guest's time is its thread's CPU time (`limits.rs`, `GuestClock`).
         clock.leave();
+        clock.measure_cpu();
         Ok(UpdateDeadline::YieldCustom(
             1,
             Box::pin(async move {
