@@ -141,7 +141,7 @@ enum Inner {
 
 impl Tx {
     pub(crate) fn sqlite(conn: OwnedMutexGuard<SqliteConn>, write: bool) -> Result<Tx, StoreError> {
-        conn.0.execute_batch(if write { "BEGIN IMMEDIATE" } else { "BEGIN" }).map_err(sqlite_error)?;
+        control(&conn.0, if write { "BEGIN IMMEDIATE" } else { "BEGIN" }).map_err(sqlite_error)?;
         Ok(Tx { inner: Inner::Sqlite { conn, open: true } })
     }
 
@@ -191,8 +191,8 @@ impl Tx {
         match &mut self.inner {
             Inner::Sqlite { conn, open } => {
                 *open = false;
-                if let Err(e) = conn.0.execute_batch("COMMIT") {
-                    let _ = conn.0.execute_batch("ROLLBACK");
+                if let Err(e) = control(&conn.0, "COMMIT") {
+                    let _ = control(&conn.0, "ROLLBACK");
                     return Err(sqlite_error(e));
                 }
                 Ok(())
@@ -207,9 +207,15 @@ impl Tx {
 impl Drop for Tx {
     fn drop(&mut self) {
         if let Inner::Sqlite { conn, open: true } = &mut self.inner {
-            let _ = conn.0.execute_batch("ROLLBACK");
+            let _ = control(&conn.0, "ROLLBACK");
         }
     }
+}
+
+/// Runs `BEGIN`, `COMMIT` or `ROLLBACK` through the connection's statement cache: parsed once per
+/// connection, not at every transaction (`execute_batch` parses its text each time).
+fn control(conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.raw_execute().map(drop)
 }
 
 fn sqlite_error(e: rusqlite::Error) -> StoreError {
