@@ -2,7 +2,8 @@
 //! the suite and the service share one runtime: what passes here runs the same way in
 //! `berth serve`.
 //!
-//! - `checks.rs`: the checks, named like the specification;
+//! - `checks/`: the checks, named like the specification, one file per topic and one table of
+//!   them (`checks/mod.rs`);
 //! - `env.rs`: each check's fresh environment (the driver, a target service, backing stores), and
 //!   metering (fuel, peak memory, capability calls);
 //! - `target.rs`: the target service: an in-memory model of tgtd, or a real tgtd on loopback;

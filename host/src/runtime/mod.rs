@@ -1,7 +1,9 @@
 //! The runtime: the only room that touches wasmtime. It loads drivers shipped as `.wasm`
-//! components, checks their imports against the operator's grants, caches their compiled form,
-//! and runs every call in a fresh, bounded instance (`driver.rs`). It knows nothing of HTTP or
-//! SQL.
+//! components (`loader.rs`, the contract versions it accepts in `version.rs`), checks their
+//! imports against the operator's grants, caches their compiled form (`cache.rs`), and runs the
+//! calls of each operation in a fresh, bounded instance (`driver.rs`, `session.rs`; the limits
+//! in `limits.rs`, a call's network in `network.rs`, the capabilities' host functions in
+//! `glue/`). It knows nothing of HTTP or SQL.
 
 pub(crate) mod bindings;
 mod cache;
