@@ -225,11 +225,15 @@ pub async fn lock(
 /// keys of every child row of a key it updates, even to the same value (`volume_attachment`'s,
 /// whose indexes on `volume_id` are partial and cannot serve the check: a scan of every attachment
 /// ever made, deleted ones included).
+///
+/// On PostgreSQL the lock is the one an `UPDATE` that changes no key takes (`FOR NO KEY UPDATE`:
+/// other writers of the row wait; a child row's foreign-key check does not), taken without
+/// writing a new version of the row.
 pub async fn hold_row(tx: &mut Tx, id: &str) -> Result<(), StoreError> {
     if tx.kind() == super::DbKind::Sqlite {
         return Ok(());
     }
-    tx.execute("UPDATE volumes SET id = id WHERE id = $1", &params![id]).await?;
+    tx.query("SELECT id FROM volumes WHERE id = $1 FOR NO KEY UPDATE", &params![id]).await?;
     Ok(())
 }
 
