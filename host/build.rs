@@ -14,13 +14,16 @@ use std::process::Command;
 
 /// (file name, package) of every driver crate that does not use the network.
 const DRIVERS: &[(&str, &str)] = &[
-    ("tgt-iscsi", "berth-driver-tgt-iscsi"),
     ("fake", "berth-driver-fake"),
     ("misbehaving", "berth-driver-misbehaving"),
     ("sneaky", "berth-driver-sneaky"),
-    ("flawed", "berth-driver-flawed"),
     ("hostile", "berth-driver-hostile"),
 ];
+
+/// The same for drivers built with the SDK's `iscsi-chap` feature (per-initiator CHAP accounts),
+/// by a cargo of their own for the same reason.
+const TGT_DRIVERS: &[(&str, &str)] =
+    &[("tgt-iscsi", "berth-driver-tgt-iscsi"), ("flawed", "berth-driver-flawed")];
 
 /// The same for drivers built with the SDK's `network` feature. They are built by a cargo of
 /// their own: features unify across the packages of one build, and the others must not import
@@ -45,12 +48,12 @@ fn main() {
     let wasm_target = target.join("wasm-drivers");
     let out = target.join("drivers");
 
-    for set in [DRIVERS, NETWORK_DRIVERS] {
+    for set in [DRIVERS, TGT_DRIVERS, NETWORK_DRIVERS] {
         build(&root, &wasm_target, set);
     }
 
     std::fs::create_dir_all(&out).expect("cannot create the drivers output directory");
-    for (name, package) in DRIVERS.iter().chain(NETWORK_DRIVERS) {
+    for (name, package) in DRIVERS.iter().chain(TGT_DRIVERS).chain(NETWORK_DRIVERS) {
         let built =
             wasm_target.join("wasm32-wasip2/driver").join(format!("{}.wasm", package.replace('-', "_")));
         copy_if_changed(&built, &out.join(format!("{name}.wasm")));

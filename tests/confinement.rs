@@ -51,6 +51,7 @@ impl Rig {
                 chap: Default::default(),
                 stores: stores.clone(),
                 namespace,
+                initiator_key: berth::capabilities::iscsi::initiators::InitiatorKey::random(),
             }),
             backing: Some(stores),
             network: None,

@@ -87,8 +87,8 @@ async fn a_real_initiator_reads_and_writes_an_attached_volume_and_nobody_else_ge
     assert!(exported.is_none_or(|t| t.initiators.is_empty()), "no initiator keeps access");
     let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
     let again = Target::from_connection_info(&info);
-    assert_ne!(again.chap, target.chap, "a new connection gets new credentials");
-    assert!(Session::login(&target, ALICE).is_err(), "the old credentials no longer open the target");
+    // Alice's own account (one per initiator and project) is bound again: the same credentials.
+    assert_eq!(again.chap, target.chap, "an initiator keeps its credentials for a project's volumes");
     assert_eq!(login(&again, ALICE).unwrap().read(0, written.len()).unwrap(), written);
     let listed = c.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
     let id = listed.body["attachments"][0]["id"].as_str().unwrap().to_string();
@@ -196,9 +196,21 @@ async fn an_export_beyond_the_ceiling_is_refused_before_tgtd_hears_of_it() {
     login(&Target::from_connection_info(&info), ALICE).expect("the third volume is reachable");
 }
 
+/// The driver's `chap_accounts = "per-export"`: one account per export, as Cinder's tgt helper
+/// makes them (the default gives each initiator its own).
+const PER_EXPORT: &str = "[[backends]]\nname = \"tgt\"\ndriver = \"tgt-iscsi\"\ngrants = [\"iscsi-target\", \"backing-store\"]\n\n[backends.settings]\nchap_accounts = \"per-export\"\n";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detaching_one_initiator_of_a_multiattach_volume_ends_its_sessions_and_keeps_the_other_working() {
-    let rig = Rig::start();
+    detaching_one_initiator_of_a_multiattach_volume(Rig::start(), false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_account_per_export_detaching_one_initiator_rotates_the_others_credentials() {
+    detaching_one_initiator_of_a_multiattach_volume(Rig::start_with(PER_EXPORT), true).await;
+}
+
+async fn detaching_one_initiator_of_a_multiattach_volume(rig: Rig, per_export: bool) {
     let c = rig.client();
     let volume = c.create_volume(json!({"size": 1, "volume_type": "multiattach"})).await;
     let (a, info_a) = attach(&c, &volume, ALICE, "alice-host").await;
@@ -225,12 +237,19 @@ async fn detaching_one_initiator_of_a_multiattach_volume_ends_its_sessions_and_k
     assert_eq!(bob.read(100, data.len()).unwrap(), data, "bob's open session keeps working");
     bob.write(200, &data).unwrap();
     drop(bob);
-    // Bob gets the target's new credentials at his next initialize-connection (an update).
+    // With an account per export, bob gets the target's new credentials at his next
+    // initialize-connection (an update); with his own account, nothing of his changed.
     let body = json!({"attachment": {"connector": connector(BOB, "bob-host")}});
     let updated = c.put(&format!("/attachments/{b}"), body).await.expect(200);
     let info = updated.body["attachment"]["connection_info"].clone();
     let tb2 = Target::from_connection_info(&info);
-    assert_ne!(tb2.chap, tb.chap, "the credentials changed");
+    if per_export {
+        assert_ne!(tb2.chap, tb.chap, "the credentials changed");
+    } else {
+        assert_ne!(ta.chap, tb.chap, "alice and bob have accounts of their own");
+        assert_eq!(tb2.chap, tb.chap, "bob's credentials stay");
+        login(&tb, BOB).expect("bob logs in with what he had");
+    }
     assert_eq!(login(&tb2, BOB).expect("bob logs in again").read(200, data.len()).unwrap(), data);
     let target = rig.tgtd.targets().into_iter().find(|t| t.iqn == tb.iqn).expect("the target stays");
     assert_eq!(target.initiators, vec![BOB.to_string()]);
@@ -241,7 +260,11 @@ async fn detaching_one_initiator_of_a_multiattach_volume_ends_its_sessions_and_k
 /// name. The credentials go with the export; the next host's connection gets new ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_detached_host_cannot_log_in_to_a_single_attach_volume_under_the_next_hosts_name() {
-    let rig = Rig::start();
+    a_detached_host_cannot_log_in_under_the_next_hosts_name(Rig::start()).await;
+    a_detached_host_cannot_log_in_under_the_next_hosts_name(Rig::start_with(PER_EXPORT)).await;
+}
+
+async fn a_detached_host_cannot_log_in_under_the_next_hosts_name(rig: Rig) {
     let c = rig.client();
     let volume = c.create_volume(json!({"size": 1})).await;
     let (a, info_a) = attach(&c, &volume, ALICE, "alice-host").await;
@@ -330,6 +353,19 @@ async fn restarts_of_tgtd_and_berth_lose_no_access() {
     rig.tgtd.restart();
     let session = login_once_restored(&target, ALICE).await.expect("access is restored after tgtd restarted");
     assert_eq!(session.read(5, data.len()).unwrap(), data);
+    drop(session);
+
+    // berth alone restarts: alice's account, still in tgtd and bound, serves her next volume as
+    // it is (made from the key berth keeps in its data directory, not made again).
+    rig.berth.kill9();
+    rig.berth.restart();
+    let c = rig.client();
+    let second = c.create_volume(json!({"size": 1})).await;
+    let (_, info) = attach(&c, &second, ALICE, "alice-host").await;
+    let next = Target::from_connection_info(&info);
+    assert_eq!(next.chap, target.chap, "the same account");
+    login(&next, ALICE).expect("alice reaches her second volume");
+    login(&target, ALICE).expect("and still her first");
 }
 
 /// Logs in once the export is back: berth restores exports in the background (the reconciler's
@@ -570,4 +606,105 @@ async fn a_relative_data_dir_serves_attachments() {
     assert!(target.iqn.ends_with(&volume));
     let file = dir.path().join(format!("perf/d2/volumes/tgt/volume-{volume}.img"));
     assert!(file.exists(), "the backing file is under the relative data directory: {}", file.display());
+}
+
+/// Three hosts on a multiattach volume, each logging in with the account of its own initiator.
+/// The first one detached: its sessions end, its credentials open the target under no name, and
+/// the other two log in with what they had (no new credentials, nothing to refresh); then the
+/// last one detached, and the middle one still logs in. tgtd answers throughout (it crashes on a
+/// careless unbinding of any but a target's last account).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_host_of_a_multiattach_volume_has_its_own_account_and_losing_one_leaves_the_others() {
+    const CAROL: &str = "iqn.1993-08.org.debian:01:carol";
+    let rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1, "volume_type": "multiattach"})).await;
+    let hosts = [(ALICE, "alice-host"), (BOB, "bob-host"), (CAROL, "carol-host")];
+    let mut attached = Vec::new();
+    for (initiator, host) in hosts {
+        let (id, info) = attach(&c, &volume, initiator, host).await;
+        attached.push((id, Target::from_connection_info(&info)));
+    }
+    let chaps: Vec<_> = attached.iter().map(|(_, t)| t.chap.clone()).collect();
+    assert!(chaps[0] != chaps[1] && chaps[1] != chaps[2] && chaps[0] != chaps[2], "one account per host");
+    let data = pattern(9, 2 * BLOCK);
+    login(&attached[0].1, ALICE).expect("alice logs in").write(10, &data).unwrap();
+    let alice = login(&attached[0].1, ALICE).expect("alice logs in");
+
+    c.delete(&format!("/attachments/{}", attached[0].0)).await.expect(200);
+    assert!(alice.read(10, data.len()).is_err(), "alice's open session ends with her attachment");
+    drop(alice);
+    for name in [ALICE, BOB, CAROL] {
+        assert!(Session::login(&attached[0].1, name).is_err(), "alice's credentials under {name}'s name");
+    }
+    for ((initiator, _), (_, target)) in hosts.iter().zip(&attached).skip(1) {
+        let s = login(target, initiator).expect("the other hosts log in with what they were given");
+        assert_eq!(s.read(10, data.len()).unwrap(), data);
+    }
+    let state =
+        rig.tgtd.targets().into_iter().find(|t| t.iqn == attached[1].1.iqn).expect("the target stays");
+    assert_eq!(state.initiators, vec![BOB.to_string(), CAROL.to_string()]);
+    assert_eq!(state.chap_users.len(), 2, "alice's account is no longer bound: {:?}", state.chap_users);
+
+    c.delete(&format!("/attachments/{}", attached[2].0)).await.expect(200);
+    assert!(Session::login(&attached[2].1, CAROL).is_err(), "carol's access is revoked");
+    login(&attached[1].1, BOB).expect("bob still logs in");
+    c.delete(&format!("/attachments/{}", attached[1].0)).await.expect(200);
+    assert!(Session::login(&attached[1].1, BOB).is_err(), "bob's access is revoked");
+}
+
+/// An initiator's account is per project: whoever attaches a volume of one project to an
+/// initiator learns the credentials that open that project's volumes on it, never those of
+/// another project's volume attached to the same initiator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_projects_volume_on_the_same_initiator_is_reached_with_other_credentials() {
+    let rig = Rig::start();
+    let ours = rig.client();
+    let theirs = Client::for_base(&rig.berth.base, "other-project").at("3.54");
+    let v1 = ours.create_volume(json!({"size": 1})).await;
+    let v2 = ours.create_volume(json!({"size": 1})).await;
+    let v3 = theirs.create_volume(json!({"size": 1})).await;
+    let (_, i1) = attach(&ours, &v1, ALICE, "alice-host").await;
+    let (_, i2) = attach(&ours, &v2, ALICE, "alice-host").await;
+    let (_, i3) = attach(&theirs, &v3, ALICE, "alice-host").await;
+    let (t1, t2, t3) = (
+        Target::from_connection_info(&i1),
+        Target::from_connection_info(&i2),
+        Target::from_connection_info(&i3),
+    );
+    assert_eq!(t1.chap, t2.chap, "one account for alice and this project's volumes");
+    assert_ne!(t1.chap, t3.chap, "another for the other project's");
+    login(&t1, ALICE).expect("alice reaches v1");
+    login(&t2, ALICE).expect("alice reaches v2");
+    login(&t3, ALICE).expect("alice reaches v3");
+    let ours_on_theirs = Target { chap: t1.chap.clone(), ..t3.clone() };
+    let e = Session::login(&ours_on_theirs, ALICE)
+        .err()
+        .expect("this project's credentials on the other's target");
+    assert!(e.contains("Authentication failure"), "{e}");
+    let theirs_on_ours = Target { chap: t3.chap.clone(), ..t1.clone() };
+    assert!(Session::login(&theirs_on_ours, ALICE).is_err(), "and the other way round");
+}
+
+/// Attach cycles of one host make no CHAP account after the first: tgtd holds one account for
+/// the initiator, not one per export (each account made and deleted costs tgtd walks of all its
+/// accounts and targets).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_cycles_of_one_host_make_one_account() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let volumes = [c.create_volume(json!({"size": 1})).await, c.create_volume(json!({"size": 1})).await];
+    let before = rig.tgtd.accounts().len();
+    let mut seen = std::collections::BTreeSet::new();
+    for round in 0..5 {
+        let volume = &volumes[round % 2];
+        let (id, info) = attach(&c, volume, ALICE, "alice-host").await;
+        let target = Target::from_connection_info(&info);
+        seen.insert(target.chap.clone());
+        login(&target, ALICE).expect("alice logs in");
+        c.delete(&format!("/attachments/{id}")).await.expect(200);
+        assert!(Session::login(&target, ALICE).is_err(), "access ends with the attachment");
+    }
+    assert_eq!(seen.len(), 1, "the same credentials every time");
+    assert_eq!(rig.tgtd.accounts().len(), before + 1, "one account in tgtd: {:?}", rig.tgtd.accounts());
 }

@@ -303,6 +303,7 @@ async fn a_driver_importing_an_ungranted_capability_is_refused_at_load_naming_th
         chap: Default::default(),
         stores,
         namespace,
+        initiator_key: berth::capabilities::iscsi::initiators::InitiatorKey::random(),
     });
     let driver = load(full).await.expect("granted driver loads");
     assert_eq!(driver.info().name, "tgt-iscsi");

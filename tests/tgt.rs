@@ -506,3 +506,69 @@ async fn a_lun_beyond_the_ceiling_is_refused_before_tgtd_hears_of_it() {
     t.add_lun(&second, Lun::new(1).unwrap(), &rig.image("c2.img")).await.unwrap();
     assert_eq!(t.lun_capacity().map(|c| c.held), Some(1));
 }
+
+/// Per-initiator accounts (`capabilities/iscsi/initiators.rs`) on one target, each bound beside
+/// the others. tgtd 1.0.85 mishandles unbinding any but a target's last account (a hole that hides
+/// the last one from logins and crashes `show target`): unbinding the first and the middle one
+/// must leave the others logging in, tgtd answering, and no moment in which the ACL admits a
+/// login without CHAP.
+#[tokio::test]
+async fn an_initiators_account_unbound_from_a_target_leaves_the_others_logging_in() {
+    use berth::capabilities::iscsi::initiators::InitiatorKey;
+    const CAROL: &str = "iqn.1993-08.org.debian:01:carol";
+    let rig = Rig::start();
+    let t = rig.service();
+    let target = iqn("iqn.2010-10.org.openstack:volume-m");
+    t.create_target(&target).await.unwrap();
+    t.add_lun(&target, Lun::new(1).unwrap(), &rig.image("m.img")).await.unwrap();
+    let key = InitiatorKey::random();
+    let policy = ChapPolicy::default();
+    let creds: Vec<ChapCredentials> =
+        [ALICE, BOB, CAROL].iter().map(|i| key.credentials("tgt", i, "p1", &policy)).collect();
+    for (initiator, c) in [ALICE, BOB, CAROL].iter().zip(&creds) {
+        t.bind_account(&target, c).await.unwrap();
+        t.bind_account(&target, c).await.unwrap();
+        t.allow_initiator(&target, &iqn(initiator)).await.unwrap();
+    }
+    let bound = |rig: &Rig| rig.tgtd.targets().into_iter().next().unwrap().chap_users;
+    let users: Vec<String> = creds.iter().map(|c| c.user.as_str().to_string()).collect();
+    assert_eq!(bound(&rig), users);
+    for (initiator, c) in [ALICE, BOB, CAROL].iter().zip(&creds) {
+        Session::login(&rig.target(&target, c), initiator)
+            .expect("each initiator logs in with its own account");
+    }
+
+    // Alice's, the first: the ACL closes while no account is bound, and opens again.
+    t.deny_initiator(&target, &iqn(ALICE)).await.unwrap();
+    t.unbind_account(&target, &creds[0].user).await.unwrap();
+    assert_eq!(bound(&rig), users[1..].to_vec(), "tgtd lists the others (and did not crash)");
+    let state = rig.tgtd.targets().into_iter().next().unwrap();
+    assert_eq!(state.initiators, vec![BOB.to_string(), CAROL.to_string()]);
+    let e = Session::login(&rig.target(&target, &creds[0]), BOB).err().expect("alice's account is unbound");
+    assert!(e.contains("Authentication failure"), "{e}");
+    for (initiator, c) in [BOB, CAROL].iter().zip(&creds[1..]) {
+        Session::login(&rig.target(&target, c), initiator).expect("the others still log in");
+    }
+    // Its account stays in tgtd for alice's other targets and her next attach.
+    assert!(rig.tgtd.accounts().contains(&users[0]));
+
+    // Bob's, now the first of two; then carol's, the last, with nobody left in the ACL.
+    t.deny_initiator(&target, &iqn(BOB)).await.unwrap();
+    t.unbind_account(&target, &creds[1].user).await.unwrap();
+    Session::login(&rig.target(&target, &creds[2]), CAROL).expect("carol still logs in");
+    let e = t.unbind_account(&target, &creds[2].user).await.unwrap_err();
+    assert!(
+        e.to_string().contains("deny the initiators first"),
+        "the target would admit carol without CHAP: {e}"
+    );
+    t.deny_initiator(&target, &iqn(CAROL)).await.unwrap();
+    t.unbind_account(&target, &creds[2].user).await.unwrap();
+    t.unbind_account(&target, &creds[2].user).await.unwrap();
+    assert!(bound(&rig).is_empty());
+
+    // Deleting the target keeps the per-initiator accounts (they are the hosts', not the export's).
+    t.bind_account(&target, &creds[0]).await.unwrap();
+    t.delete_target(&target).await.unwrap();
+    let accounts = rig.tgtd.accounts();
+    assert!(users.iter().all(|u| accounts.contains(u)), "{accounts:?}");
+}

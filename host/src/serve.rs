@@ -4,6 +4,7 @@
 //! start-up and then periodically, and operations left by a killed process are finished before
 //! anything else happens to their volumes.
 
+use crate::capabilities::iscsi::initiators::InitiatorKey;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -136,12 +137,13 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         let capabilities = DriverCapabilities {
             settings: Arc::new(namespace.settings(&b.settings)),
             iscsi: iscsi.clone().filter(|_| b.grants.contains(&Grant::IscsiTarget)).map(
-                |(service, portals, chap)| IscsiCapability {
+                |(service, portals, chap, initiator_key)| IscsiCapability {
                     service,
                     portals,
                     chap,
                     stores: stores.clone(),
                     namespace: namespace.clone(),
+                    initiator_key,
                 },
             ),
             backing: Some(stores.clone()).filter(|_| b.grants.contains(&Grant::BackingStore)),
@@ -192,7 +194,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     let catalog = Catalog::new(types, default_type, backends).map_err(anyhow::Error::msg)?;
     let owner = Owner::new(&node, Duration::from_secs(config.operations.lease_seconds.max(1)));
     let limits = Limits { max_attachments_per_volume: config.attachments.max_per_volume.max(1) };
-    let targets = iscsi.as_ref().map(|(service, _, _)| service.clone());
+    let targets = iscsi.as_ref().map(|(service, _, _, _)| service.clone());
     let service = Arc::new(Service::new(store, catalog, owner).with_limits(limits).with_targets(targets));
     let cache_dir = Some(config.runtime.cache_dir.clone().unwrap_or_else(|| data_dir.join("cache")));
     let upgrades = Arc::new(Upgrades::new(runtime, &data_dir, cache_dir, loadables, config.upgrades.watch()));
@@ -212,7 +214,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             Duration::from_secs_f64(config.http.forward_timeout_seconds.clamp(0.1, 86_400.0)),
         ),
     };
-    Ok(Assembled { state, targets: iscsi.map(|(service, _, _)| service), config, _lock: lock })
+    Ok(Assembled { state, targets: iscsi.map(|(service, _, _, _)| service), config, _lock: lock })
 }
 
 /// A backend's network capability: with the `network` grant, its `[backends.network]` table
@@ -257,8 +259,9 @@ pub fn cephx_of(
     }
 }
 
-/// The target service every iSCSI backend shares, with its portals and CHAP policy.
-type IscsiService = (Arc<dyn TargetService>, Vec<Portal>, ChapPolicy);
+/// The target service every iSCSI backend shares, with its portals, CHAP policy and the node's key
+/// for per-initiator credentials.
+type IscsiService = (Arc<dyn TargetService>, Vec<Portal>, ChapPolicy, InitiatorKey);
 
 async fn iscsi_service(config: &Config, volumes: &std::path::Path) -> anyhow::Result<IscsiService> {
     let chap = ChapPolicy {
@@ -295,7 +298,10 @@ async fn iscsi_service(config: &Config, volumes: &std::path::Path) -> anyhow::Re
             "tgtd does not answer; attaches will fail until it does"
         );
     }
-    Ok((Arc::new(tgtd), portals, chap))
+    let key_file = config.data_dir().join("tgt-chap.key");
+    let key = InitiatorKey::load_or_create(&key_file)
+        .with_context(|| format!("the key for per-initiator CHAP credentials, {}", key_file.display()))?;
+    Ok((Arc::new(tgtd), portals, chap, key))
 }
 
 fn set_private(dir: &std::path::Path) -> anyhow::Result<()> {

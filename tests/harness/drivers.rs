@@ -97,6 +97,7 @@ pub fn granted_spec(name: &str) -> DriverSpec {
         chap: Default::default(),
         stores,
         namespace,
+        initiator_key: berth::capabilities::iscsi::initiators::InitiatorKey::random(),
     });
     spec
 }

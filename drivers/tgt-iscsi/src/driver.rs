@@ -5,7 +5,7 @@ use berth_driver_sdk::backing_store::{self, StoreError};
 use berth_driver_sdk::iscsi::{self, ChapCredentials, TargetError};
 use berth_driver_sdk::names::check_iscsi_name;
 use berth_driver_sdk::prelude::*;
-use berth_driver_sdk::{config, log, same_initiator};
+use berth_driver_sdk::{config, iscsi_chap, log, same_initiator};
 
 pub struct TgtIscsi;
 
@@ -15,6 +15,27 @@ pub(crate) fn target_iqn(volume: &Volume) -> DriverResult<String> {
     let iqn = format!("{}{}", config::get_or("target_prefix", DEFAULT_PREFIX), volume.name);
     check_iscsi_name(&iqn).map_err(|e| DriverError::Backend(format!("target name: {e}")))?;
     Ok(iqn)
+}
+
+/// Who a CHAP account is for (the `chap_accounts` setting).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChapAccounts {
+    /// Each initiator its own account, made and kept by the host (`berth:iscsi-chap`), bound to
+    /// each target the initiator is connected to. The default.
+    PerInitiator,
+    /// One account per export, from fresh credentials, shared by the export's initiators (what
+    /// Cinder's tgt helper does).
+    PerExport,
+}
+
+pub(crate) fn chap_accounts() -> DriverResult<ChapAccounts> {
+    match config::get("chap_accounts").as_deref() {
+        None | Some("per-initiator") => Ok(ChapAccounts::PerInitiator),
+        Some("per-export") => Ok(ChapAccounts::PerExport),
+        Some(other) => Err(DriverError::Backend(format!(
+            "setting chap_accounts = {other:?}: use \"per-initiator\" or \"per-export\""
+        ))),
+    }
 }
 
 pub(crate) fn lun() -> u32 {
@@ -130,7 +151,15 @@ impl Driver for TgtIscsi {
     fn create_export(volume: &Volume, _connector: Option<&Connector>) -> DriverResult<ModelUpdate> {
         let iqn = target_iqn(volume)?;
         let lun = lun();
-        let credentials = stored_credentials(volume).unwrap_or_else(iscsi::generate_chap_credentials);
+        let accounts = chap_accounts()?;
+        let credentials = match accounts {
+            ChapAccounts::PerExport => {
+                Some(stored_credentials(volume).unwrap_or_else(iscsi::generate_chap_credentials))
+            }
+            // Each initiator's account is bound at its initialize-connection, before its ACL
+            // entry: until then the target admits nobody.
+            ChapAccounts::PerInitiator => None,
+        };
         let existing = iscsi::show_target(&iqn).map_err(|e| target_error("show target", e))?;
         let target = match existing {
             Some(t) => t,
@@ -139,17 +168,23 @@ impl Driver for TgtIscsi {
         if !target.luns.contains(&lun) {
             iscsi::add_lun(&iqn, lun, &volume.name).map_err(|e| target_error("add LUN", e))?;
         }
-        if !target.chap_users.contains(&credentials.username) {
-            iscsi::set_chap(&iqn, &credentials).map_err(|e| target_error("set CHAP", e))?;
+        if let Some(credentials) = &credentials
+            && !target.chap_users.contains(&credentials.username)
+        {
+            iscsi::set_chap(&iqn, credentials).map_err(|e| target_error("set CHAP", e))?;
         }
         let portals: Vec<String> = iscsi::portals().iter().map(portal_text).collect();
         if portals.is_empty() {
             return Err(DriverError::Backend("the host has no iSCSI portal configured".into()));
         }
         log::debug(&format!("exported {} as {iqn} (tid {})", volume.id, target.tid));
-        Ok(ModelUpdate::none()
-            .location(format!("{},{} {iqn} {lun}", portals.join(";"), target.tid))
-            .auth(format!("CHAP {} {}", credentials.username, credentials.secret)))
+        let update =
+            ModelUpdate::none().location(format!("{},{} {iqn} {lun}", portals.join(";"), target.tid));
+        Ok(match credentials {
+            Some(c) => update.auth(format!("CHAP {} {}", c.username, c.secret)),
+            None if volume.provider_auth.is_some() => update.clear(VolumeField::ProviderAuth),
+            None => update,
+        })
     }
 
     fn remove_export(volume: &Volume) -> DriverResult<ModelUpdate> {
@@ -168,8 +203,13 @@ impl Driver for TgtIscsi {
     fn initialize_connection(volume: &Volume, connector: &Connector) -> DriverResult<Connection> {
         let initiator = connector.iscsi_initiator()?;
         let loc = location(volume)?;
-        let credentials = stored_credentials(volume)
-            .ok_or_else(|| DriverError::NotFound(format!("volume {} has no CHAP credentials", volume.id)))?;
+        let accounts = chap_accounts()?;
+        let stored = match accounts {
+            ChapAccounts::PerExport => Some(stored_credentials(volume).ok_or_else(|| {
+                DriverError::NotFound(format!("volume {} has no CHAP credentials", volume.id))
+            })?),
+            ChapAccounts::PerInitiator => None,
+        };
         let mode = connector.mode.as_str();
         if let Some(previous) = volume.data(&mode_key(initiator))
             && previous != mode
@@ -178,6 +218,14 @@ impl Driver for TgtIscsi {
                 "initiator {initiator} is already connected {previous}; tgt cannot give it {mode} access as well"
             )));
         }
+        // The initiator's own account is bound before its ACL entry exists, so that the target
+        // never admits it without CHAP.
+        let credentials = match stored {
+            Some(c) => c,
+            None => {
+                iscsi_chap::grant(&loc.iqn, initiator).map_err(|e| target_error("grant CHAP account", e))?
+            }
+        };
         iscsi::allow_initiator(&loc.iqn, initiator).map_err(|e| target_error("allow initiator", e))?;
         let mut info = ConnectionInfoBuilder::new("iscsi")
             .boolean("target_discovered", false)
@@ -240,6 +288,7 @@ pub(crate) fn terminate(
     sessions: Sessions,
 ) -> DriverResult<Termination> {
     let iqn = target_iqn(volume)?;
+    let accounts = chap_accounts()?;
     let mut update = ModelUpdate::none();
     let revoke: Vec<String> = match connector {
         // Force detach: everyone goes, whether in the ACL or still logged in.
@@ -276,7 +325,14 @@ pub(crate) fn terminate(
         if sessions == Sessions::End {
             iscsi::close_sessions(&iqn, initiator).map_err(|e| target_error("close sessions", e))?;
         }
+        // Its own account goes last: the target keeps requiring CHAP of those still admitted.
+        if accounts == ChapAccounts::PerInitiator {
+            iscsi_chap::revoke(&iqn, initiator).map_err(|e| target_error("revoke CHAP account", e))?;
+        }
         update = update.remove(mode_key(initiator));
+    }
+    if connector.is_none() && accounts == ChapAccounts::PerInitiator {
+        iscsi_chap::revoke_all(&iqn).map_err(|e| target_error("revoke CHAP accounts", e))?;
     }
     if connector.is_none() {
         for (key, _) in volume.driver_data.iter().filter(|(k, _)| k.starts_with("mode.")) {
@@ -284,12 +340,13 @@ pub(crate) fn terminate(
         }
     }
     let export_in_use = connector.is_some() && others.iter().any(|a| a.connector.is_some());
-    // The target's CHAP credentials are shared by every initiator of a multiattach volume: a
-    // detached host that knew them could log in again under another attached host's initiator
-    // name. So they change
-    // (the remaining hosts' sessions go on; they get the new credentials at their next
-    // initialize-connection).
-    if volume.multiattach
+    // A per-export account is shared by every initiator of a multiattach volume: a detached host
+    // that knew it could log in again under another attached host's initiator name. So it
+    // changes (the remaining hosts' sessions go on; they get the new credentials at their next
+    // initialize-connection). Per-initiator accounts need none of it: the detached host's own
+    // account is no longer bound.
+    if accounts == ChapAccounts::PerExport
+        && volume.multiattach
         && export_in_use
         && revoked_access
         && config::get_or("rotate_chap_on_detach", "true") != "false"

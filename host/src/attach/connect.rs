@@ -51,7 +51,7 @@ impl Attachments<'_> {
     ) -> Result<Attachment, AttachError> {
         let volume = self.fresh_volume(&row.volume_id).await?;
         let backend = self.backend(&volume)?;
-        let mut calls = op.calls(&backend.driver);
+        let mut calls = op.calls(&backend.driver).for_owner(&volume.project_id);
         let conn = row.driver_connector(connector);
         let mut fields = volume.fields.clone();
         let connected = async {

@@ -170,7 +170,7 @@ impl Legacy<'_> {
         let backend = self.backend(&volume)?;
         let op = self.begin_operation(OpKind::Reconnect, &volume.id, Some(&row.id), Some(connector)).await?;
         failpoint::hit("legacy.reinitialize.intent");
-        let mut calls = op.calls(&backend.driver);
+        let mut calls = op.calls(&backend.driver).for_owner(&volume.project_id);
         let conn = row.driver_connector(connector);
         let mut fields = volume.fields.clone();
         let replayed = async {

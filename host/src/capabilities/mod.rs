@@ -82,7 +82,10 @@ pub const CAPABILITIES: &[CapabilitySpec] = &[
     CapabilitySpec {
         grant: Grant::IscsiTarget,
         name: "iscsi-target",
-        interfaces: &["berth:driver/iscsi-target"],
+        // `berth:iscsi-chap/initiator-accounts` (package `berth:iscsi-chap@0.1.0`, 0.3.0 drivers)
+        // acts on the same targets and gives less than `set-chap`: the host chooses the names
+        // and secrets.
+        interfaces: &["berth:driver/iscsi-target", "berth:iscsi-chap/initiator-accounts"],
         since: (0, 1),
         what: "the host's iSCSI target service (tgtd): targets, LUNs, ACLs, CHAP, sessions",
     },

@@ -3,6 +3,7 @@
 //! the driver returns, as the service would persist them). Every call is metered with fuel and
 //! recorded, and its cost is added to the check's [`Measure`].
 
+use crate::capabilities::iscsi::initiators::InitiatorKey;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -76,6 +77,8 @@ pub struct Shared {
     /// The volumes `create-volume` made on a real backend and no `delete-volume` removed yet,
     /// by any environment of the check under way: removed when the check ends.
     pub created: std::sync::Mutex<Vec<Volume>>,
+    /// The key of per-initiator CHAP credentials, one for the run (as a node has one).
+    pub initiator_key: InitiatorKey,
 }
 
 impl Shared {
@@ -125,6 +128,8 @@ pub struct Env<'s> {
 
 /// The backend name a driver under test runs as.
 const BACKEND: &str = "conformance";
+/// The owner (project) of every volume the suite makes (per-initiator CHAP accounts are per owner).
+const OWNER: &str = "conformance";
 
 impl<'s> Env<'s> {
     pub async fn new(shared: &'s Shared) -> Result<Env<'s>, String> {
@@ -162,6 +167,7 @@ impl<'s> Env<'s> {
                 chap: Default::default(),
                 stores: stores.clone(),
                 namespace,
+                initiator_key: shared.initiator_key.clone(),
             });
         }
         if shared.grants.contains(&Grant::Network) {
@@ -208,7 +214,11 @@ impl<'s> Env<'s> {
         let mut left = Vec::new();
         let created = std::mem::take(&mut *self.shared.created.lock().unwrap_or_else(|p| p.into_inner()));
         for v in created {
-            let options = CallOptions { fuel: Some(self.shared.fuel_per_call), ..Default::default() };
+            let options = CallOptions {
+                fuel: Some(self.shared.fuel_per_call),
+                owner: Some(OWNER.into()),
+                ..Default::default()
+            };
             for request in [
                 Request::TerminateConnection(v.clone(), None, Vec::new()),
                 Request::RemoveExport(v.clone()),
@@ -261,6 +271,7 @@ impl<'s> Env<'s> {
             trap_at_capability_call: trap_at,
             fuel: Some(self.shared.fuel_per_call),
             network_fault,
+            owner: Some(OWNER.into()),
         };
         let outcome = self.driver.run(&request, &options, self.sharing.as_mut()).await;
         let s = &outcome.stats;

@@ -154,6 +154,7 @@ pub async fn run(options: Options, mut on_check: impl FnMut(&CheckReport)) -> Re
         contract: None,
         imports: Vec::new(),
         created: Default::default(),
+        initiator_key: crate::capabilities::iscsi::initiators::InitiatorKey::random(),
     };
     let target_name = match options.target {
         TargetMode::Model => "model",

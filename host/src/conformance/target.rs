@@ -23,10 +23,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::capabilities::iscsi::initiators::is_initiator_account;
 use crate::capabilities::iscsi::model::{LoginRefusal, TargetModel};
 use crate::capabilities::iscsi::tgt::{Tgtd, TgtdConfig};
 use crate::capabilities::iscsi::{
-    ChapCredentials, Iqn, Lun, Portal, Session, TargetError, TargetService, TargetState,
+    ChapCredentials, ChapUser, Iqn, Lun, Portal, Session, TargetError, TargetService, TargetState,
 };
 
 /// Which target service to run the suite against.
@@ -258,6 +259,14 @@ impl TargetService for Faulty {
         self.check("set-chap")?;
         self.inner.set_chap(iqn, credentials).await
     }
+    async fn bind_account(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError> {
+        self.check("bind-account")?;
+        self.inner.bind_account(iqn, credentials).await
+    }
+    async fn unbind_account(&self, iqn: &Iqn, user: &ChapUser) -> Result<(), TargetError> {
+        self.check("unbind-account")?;
+        self.inner.unbind_account(iqn, user).await
+    }
     async fn list(&self) -> Result<Vec<TargetState>, TargetError> {
         self.inner.list().await
     }
@@ -337,7 +346,8 @@ impl Target {
                             (t.iqn, objects)
                         })
                         .collect(),
-                    accounts: accounts.into_iter().collect(),
+                    // Per-initiator accounts are the host's, kept for reuse when unbound.
+                    accounts: accounts.into_iter().filter(|a| !is_initiator_account(a)).collect(),
                 })
             }
         }

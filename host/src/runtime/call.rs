@@ -158,6 +158,9 @@ pub struct CallOptions {
     /// Inject a network fault at the n-th request of the call (1-based), in front of the real
     /// endpoint.
     pub network_fault: Option<(u32, crate::capabilities::network::NetFault)>,
+    /// The owner (project) of the volume the call is about: per-initiator CHAP accounts are made
+    /// per owner (`capabilities/iscsi/initiators.rs`), and refused without one.
+    pub owner: Option<std::sync::Arc<str>>,
 }
 
 /// One capability call made by a driver.

@@ -102,14 +102,16 @@ pub(crate) fn judge_import(name: &str) -> ImportVerdict {
         };
     }
     // Capabilities in packages of their own beside the contract, each at its version.
-    if interface.starts_with("berth:cephx/") {
-        return match Grant::admitting(interface) {
-            Some(grant) if version.starts_with("0.1.") => ImportVerdict::NeedsGrant(grant),
-            Some(_) => {
-                ImportVerdict::Forbidden(format!("this host implements berth:cephx@0.1, not {version}"))
-            }
-            None => ImportVerdict::Forbidden(format!("{interface} is not part of berth:cephx@0.1.0")),
-        };
+    for package in ["berth:cephx", "berth:iscsi-chap"] {
+        if interface.starts_with(&format!("{package}/")) {
+            return match Grant::admitting(interface) {
+                Some(grant) if version.starts_with("0.1.") => ImportVerdict::NeedsGrant(grant),
+                Some(_) => {
+                    ImportVerdict::Forbidden(format!("this host implements {package}@0.1, not {version}"))
+                }
+                None => ImportVerdict::Forbidden(format!("{interface} is not part of {package}@0.1.0")),
+            };
+        }
     }
     if let Some(grant) = Grant::admitting(interface) {
         return if version.starts_with("0.2.") {

@@ -229,6 +229,13 @@ impl Runtime {
             |s| s,
         )
         .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        // `berth:iscsi-chap/initiator-accounts`, per-initiator CHAP accounts (admitted with the
+        // `iscsi-target` grant).
+        glue::iscsi_chap::bindings::berth::iscsi_chap::initiator_accounts::add_to_linker::<
+            HostState,
+            HasSelf<HostState>,
+        >(&mut linker, |s| s)
+        .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         // `wasi:http` for the network capability (the loader admits it only with the grant, for
         // 0.3.0 drivers; the host sends every request itself: `network.rs`).
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)

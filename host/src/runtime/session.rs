@@ -17,6 +17,8 @@ pub struct DriverCalls<'d> {
     guard: Option<Guard>,
     /// The instance the last call left, for the next.
     kept: Option<Kept>,
+    /// The owner of the volume the calls are about (`CallOptions::owner`).
+    owner: Option<std::sync::Arc<str>>,
 }
 
 impl Driver {
@@ -43,7 +45,14 @@ pub(super) type Guard = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>
 
 impl<'d> DriverCalls<'d> {
     pub(super) fn new(driver: &'d Driver) -> Self {
-        DriverCalls { driver, effects: Vec::new(), guard: None, kept: None }
+        DriverCalls { driver, effects: Vec::new(), guard: None, kept: None, owner: None }
+    }
+
+    /// The same calls, about a volume of `owner` (its project): per-initiator CHAP accounts are
+    /// made per owner (`capabilities/iscsi/initiators.rs`).
+    pub fn for_owner(mut self, owner: &str) -> Self {
+        self.owner = Some(owner.into());
+        self
     }
 
     /// The instance the last call left, taken out for a later [`DriverCalls`] of the same
@@ -83,7 +92,8 @@ impl<'d> DriverCalls<'d> {
                 kind: CallErrorKind::NotMade(reason),
             });
         }
-        let outcome = self.driver.run(&request, &CallOptions::default(), Some(&mut self.kept)).await;
+        let options = CallOptions { owner: self.owner.clone(), ..CallOptions::default() };
+        let outcome = self.driver.run(&request, &options, Some(&mut self.kept)).await;
         self.effects.extend(outcome.stats.effects);
         let response = outcome.result?;
         pick(response).ok_or_else(|| self.driver.invalid(call, "unexpected response type".into()))

@@ -158,7 +158,7 @@ pub(super) async fn live(driver: &Driver) -> Result<Json, UpgradeError> {
     let started = std::time::Instant::now();
     let mut steps: Vec<&str> = Vec::new();
     let outcome: Result<String, String> = async {
-        let mut calls = driver.calls();
+        let mut calls = driver.calls().for_owner("berth-upgrade-check");
         match calls.create_volume(&volume).await {
             Ok(u) => apply(&mut volume, &u)?,
             Err(e) if e.is_unsupported() => {}

@@ -11,7 +11,7 @@ pub mod http;
 /// Without the `network` feature a driver imports nothing of `wasi:http`; with it, it is built
 /// for the world `network-storage-driver` and needs the operator's `network` grant.
 #[doc(hidden)]
-#[cfg(not(feature = "network"))]
+#[cfg(not(any(feature = "network", feature = "iscsi-chap")))]
 pub mod __bindings {
     wit_bindgen::generate!({
         world: "storage-driver",
@@ -25,7 +25,7 @@ pub mod __bindings {
 }
 
 #[doc(hidden)]
-#[cfg(all(feature = "network", not(feature = "cephx")))]
+#[cfg(all(feature = "network", not(feature = "cephx"), not(feature = "iscsi-chap")))]
 pub mod __bindings {
     wit_bindgen::generate!({
         world: "network-storage-driver",
@@ -43,11 +43,48 @@ pub mod __bindings {
 /// With the `cephx` feature, the driver is built for `berth:cephx/rbd-storage-driver`: the
 /// network, and cephx identities the host makes (the operator's `cephx` grant).
 #[doc(hidden)]
-#[cfg(feature = "cephx")]
+#[cfg(all(feature = "cephx", not(feature = "iscsi-chap")))]
 pub mod __bindings {
     wit_bindgen::generate!({
         world: "rbd-storage-driver",
         path: "../wit/cephx@0.1.0",
+        pub_export_macro: true,
+        export_macro_name: "__export_storage_driver",
+        default_bindings_module: "berth_driver_sdk::__bindings",
+        runtime_path: "berth_driver_sdk::__wit_bindgen::rt",
+        additional_derives: [Clone, PartialEq],
+        additional_derives_ignore: ["stream-error", "error-code", "dns-error-payload", "field-size-payload", "tls-alert-received-payload", "header-error", "request-options-error", "method", "scheme"],
+        generate_all,
+    });
+}
+
+/// With the `iscsi-chap` feature, the driver is built for `berth:iscsi-chap/tgt-storage-driver`:
+/// the contract's `storage-driver` and per-initiator CHAP accounts the host makes (admitted with
+/// the `iscsi-target` grant).
+#[doc(hidden)]
+#[cfg(all(feature = "iscsi-chap", not(feature = "network")))]
+pub mod __bindings {
+    wit_bindgen::generate!({
+        world: "tgt-storage-driver",
+        path: "../wit/iscsi-chap@0.1.0",
+        pub_export_macro: true,
+        export_macro_name: "__export_storage_driver",
+        default_bindings_module: "berth_driver_sdk::__bindings",
+        runtime_path: "berth_driver_sdk::__wit_bindgen::rt",
+        additional_derives: [Clone, PartialEq],
+        generate_all,
+    });
+}
+
+/// Both: every capability package's world, for builds that unify features across the workspace
+/// (clippy and the tests build every driver natively at once; each driver's component is built
+/// with its own features, `host/build.rs`).
+#[doc(hidden)]
+#[cfg(all(feature = "iscsi-chap", feature = "network"))]
+pub mod __bindings {
+    wit_bindgen::generate!({
+        world: "every-capability",
+        path: "../wit/iscsi-chap@0.1.0",
         pub_export_macro: true,
         export_macro_name: "__export_storage_driver",
         default_bindings_module: "berth_driver_sdk::__bindings",
@@ -132,6 +169,13 @@ pub mod iscsi {
 #[cfg(feature = "cephx")]
 pub mod cephx {
     pub use crate::__bindings::berth::cephx::identities::*;
+}
+
+/// Per-initiator CHAP accounts, made and kept by the host (feature `iscsi-chap`; admitted with
+/// the `iscsi-target` grant).
+#[cfg(feature = "iscsi-chap")]
+pub mod iscsi_chap {
+    pub use crate::__bindings::berth::iscsi_chap::initiator_accounts::*;
 }
 
 /// Everything a driver module usually needs.

@@ -248,7 +248,7 @@ impl Reconcile<'_> {
         let backend = self.backend(&volume)?;
         let op = self.begin_operation(OpKind::Repair, volume_id, None, None).await?;
         failpoint::hit("reconcile.repair.intent");
-        let mut calls = op.calls(&backend.driver);
+        let mut calls = op.calls(&backend.driver).for_owner(&volume.project_id);
         let mut fields = volume.fields.clone();
         let replayed: Result<(), AttachError> = async {
             match calls.create_export(&volume.contract(), None).await {

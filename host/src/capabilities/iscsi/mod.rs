@@ -6,6 +6,7 @@
 //! [`model::TargetModel`] is an in-memory model that records every call (for the conformance
 //! suite and tests).
 
+pub mod initiators;
 pub mod model;
 pub mod tgt;
 
@@ -157,6 +158,12 @@ pub trait TargetService: Send + Sync {
     /// secret replaced) and bound; other accounts bound to the target are unbound, and deleted
     /// when no other target uses them.
     async fn set_chap(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError>;
+    /// Binds a per-initiator account (`initiators.rs`) to the target beside the accounts bound
+    /// already, making it first if the service does not have it. Idempotent.
+    async fn bind_account(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError>;
+    /// Unbinds an account from the target, leaving the others bound and the account in the
+    /// service (a per-initiator account is kept for reuse). Idempotent.
+    async fn unbind_account(&self, iqn: &Iqn, user: &ChapUser) -> Result<(), TargetError>;
     /// Every target, for the host's own drift report.
     async fn list(&self) -> Result<Vec<TargetState>, TargetError>;
     /// The LUNs the service holds and how many it may hold (none: it has no ceiling).
@@ -266,6 +273,8 @@ pub struct IscsiCapability {
     pub chap: ChapPolicy,
     pub stores: Arc<BackingStores>,
     pub namespace: Namespace,
+    /// The node's key for per-initiator credentials (`initiators.rs`).
+    pub initiator_key: initiators::InitiatorKey,
 }
 
 impl IscsiCapability {

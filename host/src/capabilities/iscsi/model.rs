@@ -8,7 +8,8 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{ChapCredentials, Iqn, Lun, Session, TargetError, TargetService, TargetState};
+use super::initiators::is_initiator_account;
+use super::{ChapCredentials, ChapUser, Iqn, Lun, Session, TargetError, TargetService, TargetState};
 use crate::capabilities::secret::Secret;
 
 /// One recorded call. Arguments never include secrets.
@@ -63,6 +64,9 @@ pub enum LoginRefusal {
 struct State {
     snapshot: ModelSnapshot,
     secrets: BTreeMap<String, Secret>,
+    /// Per-initiator accounts (`initiators.rs`): the host's, kept when no target binds them, and
+    /// so not part of the snapshot a driver's calls are judged by.
+    initiator_accounts: BTreeSet<String>,
     next_tid: u32,
     calls: Vec<ModelCall>,
     /// Sessions logged in through [`TargetModel::hold_session`]: target to initiators, one entry
@@ -95,6 +99,7 @@ impl TargetModel {
         let mut s = self.lock();
         s.snapshot = ModelSnapshot::default();
         s.secrets.clear();
+        s.initiator_accounts.clear();
         s.sessions.clear();
     }
 
@@ -200,7 +205,7 @@ impl TargetService for TargetModel {
             if let Some(t) = s.snapshot.targets.remove(iqn.as_str()) {
                 for user in t.chap_users {
                     let bound_elsewhere = s.snapshot.targets.values().any(|o| o.chap_users.contains(&user));
-                    if !bound_elsewhere {
+                    if !bound_elsewhere && !s.initiator_accounts.contains(&user) {
                         s.snapshot.accounts.remove(&user);
                         s.secrets.remove(&user);
                     }
@@ -290,10 +295,39 @@ impl TargetService for TargetModel {
             t.chap_users = BTreeSet::from([user.clone()]);
             // These become the target's only credentials.
             for other in others {
-                if !s.snapshot.targets.values().any(|t| t.chap_users.contains(&other)) {
+                if !s.snapshot.targets.values().any(|t| t.chap_users.contains(&other))
+                    && !s.initiator_accounts.contains(&other)
+                {
                     s.snapshot.accounts.remove(&other);
                     s.secrets.remove(&other);
                 }
+            }
+            Ok(())
+        })
+    }
+
+    async fn bind_account(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError> {
+        let user = credentials.user.as_str().to_string();
+        self.op("bind-account", vec![iqn.to_string(), user.clone()], |s| {
+            if !s.snapshot.targets.contains_key(iqn.as_str()) {
+                return Err(missing(iqn));
+            }
+            if is_initiator_account(&user) {
+                s.initiator_accounts.insert(user.clone());
+            } else {
+                s.snapshot.accounts.insert(user.clone());
+            }
+            s.secrets.insert(user.clone(), credentials.secret.clone());
+            let t = s.snapshot.targets.get_mut(iqn.as_str()).expect("checked above");
+            t.chap_users.insert(user.clone());
+            Ok(())
+        })
+    }
+
+    async fn unbind_account(&self, iqn: &Iqn, user: &ChapUser) -> Result<(), TargetError> {
+        self.op("unbind-account", vec![iqn.to_string(), user.as_str().to_string()], |s| {
+            if let Some(t) = s.snapshot.targets.get_mut(iqn.as_str()) {
+                t.chap_users.remove(user.as_str());
             }
             Ok(())
         })

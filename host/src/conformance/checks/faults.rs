@@ -68,7 +68,11 @@ pub(super) enum Injection {
     Failure,
 }
 
-/// The target-service operations the model can fail.
+/// The target-service operations the model can fail, as the capability calls that reach them are
+/// recorded (interface, operation) and as the service names them.
+const PER_INITIATOR_OPS: [(&str, &str); 3] =
+    [("grant", "bind-account"), ("revoke", "unbind-account"), ("revoke-all", "unbind-account")];
+
 const TARGET_OPS: [&str; 8] = [
     "show-target",
     "create-target",
@@ -105,8 +109,11 @@ pub(super) async fn injected_errors(env: &mut Env<'_>, kind: Injection) -> Resul
         let ops: BTreeSet<&'static str> = clean
             .last_calls
             .iter()
-            .filter(|c| c.interface == "iscsi-target")
-            .filter_map(|c| TARGET_OPS.iter().copied().find(|op| *op == c.op))
+            .filter_map(|c| match c.interface {
+                "iscsi-target" => TARGET_OPS.iter().copied().find(|op| *op == c.op),
+                "initiator-accounts" => PER_INITIATOR_OPS.iter().find(|(op, _)| *op == c.op).map(|(_, o)| *o),
+                _ => None,
+            })
             .collect();
         env.measure.merge(&clean.measure);
         for op in ops {

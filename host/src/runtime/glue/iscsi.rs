@@ -12,7 +12,7 @@ use crate::runtime::glue::backing::not_granted;
 use crate::runtime::state::HostState;
 
 impl HostState {
-    fn iscsi(&self) -> wasmtime::Result<IscsiCapability> {
+    pub(super) fn iscsi(&self) -> wasmtime::Result<IscsiCapability> {
         self.scope.caps.iscsi.clone().ok_or_else(|| not_granted("iscsi-target"))
     }
 

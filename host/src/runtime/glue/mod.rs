@@ -6,6 +6,7 @@
 pub(crate) mod backing;
 pub(crate) mod cephx;
 pub(crate) mod iscsi;
+pub(crate) mod iscsi_chap;
 mod log;
 pub(crate) mod network;
 mod settings;

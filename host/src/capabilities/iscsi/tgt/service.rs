@@ -262,6 +262,101 @@ impl TargetService for Tgtd {
         })
     }
 
+    /// A per-initiator account (`initiators.rs`) is bound beside the others: binding appends to
+    /// tgtd's list of a target's accounts, which is safe (see `unbind_account` for what is not).
+    async fn bind_account(&self, iqn: &Iqn, credentials: &ChapCredentials) -> Result<(), TargetError> {
+        let _one = self.lock(iqn).await;
+        retrying!("bind account", async {
+            self.fresh().await?;
+            let target = self.require(iqn)?;
+            let user = credentials.user.as_str();
+            // A bound per-initiator account has the secret its name was derived with.
+            if target.chap_users.iter().any(|u| u == user) {
+                return Ok(());
+            }
+            let (tid, name) = (target.tid, iqn.as_str());
+            if !self.accounts.knows(credentials) {
+                self.ensure_account(credentials, name).await?;
+            }
+            self.accounts.unkeep(user);
+            match self.change(Request::bind_account(tid, user), name).await {
+                Ok(_) | Err(Failure::AlreadyExists(_)) => {}
+                // Deleted by someone else since this process made it: made again.
+                Err(Failure::NotFound(_)) => {
+                    self.accounts.forget(user);
+                    self.ensure_account(credentials, name).await?;
+                    self.change(Request::bind_account(tid, user), name).await?;
+                }
+                Err(f) => return Err(f),
+            }
+            self.update(iqn, |t| {
+                if !t.chap_users.iter().any(|u| u == user) {
+                    t.chap_users.push(user.to_string());
+                }
+            });
+            Ok(())
+        })
+    }
+
+    /// tgtd 1.0.85 keeps a target's accounts in an array and, when one that is not the last is
+    /// unbound, leaves a hole below its count: the last account is then hidden from logins and
+    /// `show target` dereferences the hole (tgtd crashes). Unbinding the last is safe. So the
+    /// accounts after this one are unbound (last first), this one, and the others bound again in
+    /// their order; their initiators' new logins fail for those milliseconds, open sessions go on.
+    /// A target never has no account while its ACL admits someone (that would admit logins
+    /// without CHAP): if the dance passes through none, the ACL is emptied for its duration, and
+    /// unbinding a target's last account while its ACL admits someone is refused.
+    async fn unbind_account(&self, iqn: &Iqn, user: &ChapUser) -> Result<(), TargetError> {
+        let _one = self.lock(iqn).await;
+        retrying!("unbind account", async {
+            self.fresh().await?;
+            let Some(target) = self.known(iqn) else { return Ok(()) };
+            let Some(at) = target.chap_users.iter().position(|u| u == user.as_str()) else { return Ok(()) };
+            let (tid, name) = (target.tid, iqn.as_str());
+            let after = target.chap_users[at + 1..].to_vec();
+            if target.chap_users.len() == 1 && !target.initiators.is_empty() {
+                return Err(Failure::Other(format!(
+                    "{iqn}: its ACL admits {} and this is its only CHAP account: deny the initiators first",
+                    target.initiators.join(", ")
+                )));
+            }
+            let closes = at == 0 && !target.initiators.is_empty();
+            if closes {
+                for initiator in &target.initiators {
+                    match self.change(Request::unbind_initiator(tid, initiator), name).await {
+                        Ok(_) | Err(Failure::NotFound(_)) => {}
+                        Err(f) => return Err(f),
+                    }
+                    self.update(iqn, |t| t.initiators.retain(|i| i != initiator));
+                }
+            }
+            for other in after.iter().rev().map(String::as_str).chain([user.as_str()]) {
+                match self.change(Request::unbind_account(tid, other), name).await {
+                    Ok(_) | Err(Failure::NotFound(_)) => {}
+                    Err(f) => return Err(f),
+                }
+                self.update(iqn, |t| t.chap_users.retain(|u| u != other));
+            }
+            for other in &after {
+                match self.change(Request::bind_account(tid, other), name).await {
+                    Ok(_) | Err(Failure::AlreadyExists(_)) => {}
+                    Err(f) => return Err(f),
+                }
+                self.update(iqn, |t| t.chap_users.push(other.clone()));
+            }
+            if closes {
+                for initiator in &target.initiators {
+                    match self.change(Request::bind_initiator(tid, initiator), name).await {
+                        Ok(_) | Err(Failure::AlreadyExists(_)) => {}
+                        Err(f) => return Err(f),
+                    }
+                    self.update(iqn, |t| t.initiators.push(initiator.clone()));
+                }
+            }
+            self.release_account(user.as_str(), name).await
+        })
+    }
+
     async fn sweep(&self) -> Result<usize, TargetError> {
         Tgtd::sweep(self).await
     }

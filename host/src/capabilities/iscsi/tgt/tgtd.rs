@@ -50,6 +50,7 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
+use super::super::initiators::is_initiator_account;
 use super::super::{ChapCredentials, Iqn, Portal, TargetError, TargetState};
 use super::accounts::Accounts;
 use super::ceiling::Ceiling;
@@ -61,6 +62,9 @@ use super::protocol::{Answer, Control, Failure, Request, parse_accounts, parse_c
 
 /// The most of tgtd's time one sweep spends deleting accounts (see [`Tgtd::sweep`]).
 pub(crate) const SWEEP_BUDGET: Duration = Duration::from_millis(100);
+
+/// How long a per-initiator account no target binds stays in tgtd before the sweep deletes it.
+pub(crate) const INITIATOR_ACCOUNTS_KEPT: Duration = Duration::from_secs(3600);
 
 /// tgtd, reached over its control socket.
 pub struct Tgtd {
@@ -465,7 +469,8 @@ impl Tgtd {
             }
             self.update(iqn, |t| t.luns.retain(|(l, _)| l != lun));
         }
-        for user in &target.chap_users {
+        // Last first: tgtd mishandles unbinding any other (`unbind_account` in service.rs).
+        for user in target.chap_users.iter().rev() {
             match self.change(Request::unbind_account(tid, user), name).await {
                 Ok(_) | Err(Failure::NotFound(_)) => {}
                 Err(f) => return Err(f),
@@ -518,9 +523,34 @@ impl Tgtd {
         result
     }
 
+    /// Makes a per-initiator account (`initiators.rs`), or finds it made: its name is derived with
+    /// the key its secret is derived with, so an account of that name has that secret (and one
+    /// bound to other targets must not be deleted to make it again, as `create_account` would).
+    pub(super) async fn ensure_account(
+        &self,
+        credentials: &ChapCredentials,
+        iqn: &str,
+    ) -> Result<(), Failure> {
+        let (user, secret) = (credentials.user.as_str(), credentials.secret.expose());
+        self.accounts.remember(credentials);
+        match self.change(Request::new_account(user, secret), iqn).await {
+            Ok(_) | Err(Failure::AlreadyExists(_)) => Ok(()),
+            Err(f) => {
+                self.accounts.forget(user);
+                Err(f)
+            }
+        }
+    }
+
     /// An account no target of this service needs any more: kept unbound for reuse, or deleted.
+    /// A per-initiator account is kept (for [`INITIATOR_ACCOUNTS_KEPT`]): its initiator will
+    /// likely attach again, and each deletion costs tgtd a walk of every target.
     pub(super) async fn release_account(&self, user: &str, iqn: &str) -> Result<(), Failure> {
         if self.bound_elsewhere(user, &Iqn::parse(iqn).map_err(|e| Failure::Other(e.to_string()))?) {
+            return Ok(());
+        }
+        if is_initiator_account(user) {
+            self.accounts.keep(user);
             return Ok(());
         }
         // Kept only when the operator asked for it (a driver that reuses its credentials): an
@@ -543,7 +573,18 @@ impl Tgtd {
     pub async fn sweep(&self) -> Result<usize, TargetError> {
         self.fresh().await.map_err(|f| f.into_error("sweep accounts"))?;
         let started = std::time::Instant::now();
-        let expired = self.accounts.kept_for(self.cfg.keep_accounts);
+        let expired: Vec<String> = self
+            .accounts
+            .kept_for(self.cfg.keep_accounts)
+            .into_iter()
+            .filter(|u| !is_initiator_account(u))
+            .chain(
+                self.accounts
+                    .kept_for(INITIATOR_ACCOUNTS_KEPT)
+                    .into_iter()
+                    .filter(|u| is_initiator_account(u)),
+            )
+            .collect();
         let bound: BTreeSet<String> =
             guard(&self.model).targets.values().flat_map(|k| k.state.chap_users.clone()).collect();
         let unknown: Vec<String> = self
