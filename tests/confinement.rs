@@ -77,7 +77,7 @@ async fn a_hostile_driver_cannot_reach_another_backends_stores_or_targets() {
     // The victim backend exports a volume to alice, with CHAP.
     let mut v = volume("aaaaaaaa-0000-4000-8000-000000000001", &[]);
     let mut fields = VolumeFields::of(&v);
-    let mut calls = victim.calls();
+    let mut calls = victim.calls().for_owner("victims-project");
     fields.apply(&calls.create_volume(&v).await.unwrap()).unwrap();
     fields.write_to(&mut v);
     fields.apply(&calls.create_export(&v, Some(&connector(ALICE))).await.unwrap()).unwrap();

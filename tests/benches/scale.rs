@@ -9,6 +9,10 @@
 //!    takes and what it changes (nothing, for healthy attachments);
 //! 5. a restart of tgtd, which loses every target: how long until every export is back.
 //!
+//! The fill's attachments are spread over `BERTH_SCALE_HOSTS` hosts (default 100; 0: a host of its
+//! own for each), each with its own initiator, as a node serves compute hosts. tgtd runs with
+//! Berth's default of 2 I/O threads per LUN.
+//!
 //! Run: `cargo bench -p berth-tests --bench scale` (`BERTH_SCALE_ATTACHMENTS`, default 10000;
 //! `BERTH_BENCH_SECONDS` per cycle run, default 5; `BERTH_SCALE_RESTORE_SECONDS`, default
 //! 1800, how long to wait for the exports after the tgtd restart). Figures go to BENCHMARKS.md.
@@ -38,6 +42,7 @@ fn args(clients: usize, fill: usize) -> AttachBench {
         service_token: false,
         fill,
         fill_clients: 8,
+        fill_hosts: env("BERTH_SCALE_HOSTS", 100) as usize,
         volume_type: None,
         keep: fill > 0,
         json: false,
@@ -70,12 +75,14 @@ fn wait_log(berth: &BerthProcess, from: usize, needle: &str, timeout: Duration) 
 
 async fn run() {
     let n = env("BERTH_SCALE_ATTACHMENTS", 10_000) as usize;
+    let hosts = env("BERTH_SCALE_HOSTS", 100);
     println!(
-        "berth scale benchmark: tgt-iscsi on a real tgtd (1 I/O thread per LUN), SQLite synchronous=FULL, {n} live attachments"
+        "berth scale benchmark: tgt-iscsi on a real tgtd (2 I/O threads per LUN), SQLite synchronous=FULL, {n} live attachments over {} hosts",
+        if hosts == 0 { n as u64 } else { hosts }
     );
     // SAFETY: set before this benchmark starts any thread that reads the environment.
     unsafe { std::env::set_var("BERTH_TEST_SERVER_LOG", "info") };
-    let mut tgtd = TgtdProcess::start_with_threads(1);
+    let mut tgtd = TgtdProcess::start_with_threads(2);
     let config = format!(
         "[tgt]\nportal = \"127.0.0.1:{}\"\ncontrol_port = {}\nstart = false\n",
         tgtd.portal_port, tgtd.control_port

@@ -15,6 +15,7 @@
 //!   and an unbound CHAP account; bare, they expose nothing and admit nobody. See
 //!   `[tgt] keep_exports_seconds`.)
 
+use berth::capabilities::iscsi::initiators::{initiator_prefix, is_initiator_account};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -253,11 +254,16 @@ pub fn violations_with(w: &World, exported: impl Fn(&StoredVolume) -> bool) -> V
                 if t.luns.is_empty() {
                     out.push(format!("target {} of connected attachment {} has no LUN", t.iqn, a.id));
                 }
-                if t.chap_users.len() != 1 {
+                // CHAP for everyone admitted: the initiator's own account (per-initiator
+                // accounts), or the export's one account (per-export).
+                let own = |u: &String| {
+                    backend_of(&t.iqn).is_some_and(|b| u.starts_with(&initiator_prefix(b, initiator)))
+                };
+                let per_export = t.chap_users.iter().filter(|u| !is_initiator_account(u)).count();
+                if per_export > 1 || (per_export == 0 && !t.chap_users.iter().any(own)) {
                     out.push(format!(
-                        "target {} has {} CHAP accounts bound, not 1",
-                        t.iqn,
-                        t.chap_users.len()
+                        "target {} has CHAP accounts {:?} bound: neither one export's account nor {initiator}'s own",
+                        t.iqn, t.chap_users
                     ));
                 }
                 if !t.initiators.contains(initiator) {
@@ -301,6 +307,14 @@ pub fn violations_with(w: &World, exported: impl Fn(&StoredVolume) -> bool) -> V
                 out.push(format!("ACL entry {i} on {} belongs to no connected attachment", t.iqn));
             }
         }
+        // A per-initiator account stays bound only while its initiator is connected.
+        for u in t.chap_users.iter().filter(|u| is_initiator_account(u)) {
+            let whose = backend_of(&t.iqn)
+                .is_some_and(|b| wanted.iter().any(|i| u.starts_with(&initiator_prefix(b, i))));
+            if !whose {
+                out.push(format!("CHAP account {u} on {} belongs to no connected initiator", t.iqn));
+            }
+        }
     }
     for account in w.targets.iter().flat_map(|t| &t.chap_users) {
         if !w.accounts.contains(account) {
@@ -308,6 +322,11 @@ pub fn violations_with(w: &World, exported: impl Fn(&StoredVolume) -> bool) -> V
         }
     }
     out
+}
+
+/// The backend of a target named with the default prefix, `iqn.2010-10.org.openstack:<backend>:`.
+fn backend_of(iqn: &str) -> Option<&str> {
+    iqn.strip_prefix("iqn.2010-10.org.openstack:")?.split_once(':').map(|(b, _)| b)
 }
 
 /// Waits until every invariant holds (the reconciler may still be at work), up to `timeout`;

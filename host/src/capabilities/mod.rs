@@ -9,6 +9,7 @@
 //! | room | glue | grant | imports |
 //! |---|---|---|---|
 //! | `iscsi/` (`tgt/` for tgtd, `model.rs` for tests) | `iscsi.rs` | `iscsi-target` | `berth:driver/iscsi-target` |
+//! | `iscsi/initiators.rs` | `iscsi_chap.rs` | `iscsi-target` | `berth:iscsi-chap/initiator-accounts` (its own package, `wit/iscsi-chap@0.1.0`) |
 //! | `backing/` | `backing.rs` | `backing-store` | `berth:driver/backing-store` |
 //! | `network/` | `network.rs` | `network` | `wasi:http/outgoing-handler`, `wasi:http/types` |
 //! | `cephx/` | `cephx.rs` | `cephx` | `berth:cephx/identities` (its own package, `wit/cephx@0.1.0`) |

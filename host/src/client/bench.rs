@@ -53,6 +53,10 @@ pub struct AttachBench {
     /// How many of those to make at a time.
     #[arg(long, default_value_t = 8)]
     pub fill_clients: usize,
+    /// The hosts (initiators) the fill's attachments are spread over, in turn (0: a host of its
+    /// own for each attachment).
+    #[arg(long, default_value_t = 0)]
+    pub fill_hosts: usize,
     /// The volume type of the volumes made (default: the endpoint's default type).
     #[arg(long)]
     pub volume_type: Option<String>,
@@ -257,11 +261,13 @@ where
     futures_util::stream::iter(0..count).map(job).buffer_unordered(width.max(1)).try_collect().await
 }
 
-/// The fill: `n` volumes, each attached and completed for an initiator of its own.
+/// The fill: `n` volumes, each attached and completed for an initiator of its own, or for one
+/// of `--fill-hosts` in turn.
 async fn fill(api: &Endpoint, args: &AttachBench) -> Result<Vec<(String, String)>, ClientError> {
     in_parallel(args.fill, args.fill_clients, |i| async move {
         let v = volume(api, args.volume_type.as_deref()).await?;
-        let c = connector(&format!("fill-{i}"));
+        let host = if args.fill_hosts > 0 { i % args.fill_hosts } else { i };
+        let c = connector(&format!("fill-{host}"));
         // A retryable refusal (503: the backend was slow; the reservation was rolled back) is
         // retried, as a real client would, a few times.
         let mut attempt = 0;

@@ -224,6 +224,64 @@ mod tests {
         assert!(!is_initiator_account(ChapPolicy::default().generate().user.as_str()), "a set-chap name");
     }
 
+    /// A capability of backend `a` on a model shared with backend `b`'s target.
+    fn capability_of_a(dir: &Path) -> (IscsiCapability, Arc<super::super::model::TargetModel>) {
+        use super::super::model::TargetModel;
+        use crate::capabilities::backing::BackingStores;
+        use crate::capabilities::namespace::Namespace;
+        let model = Arc::new(TargetModel::new());
+        let namespace = Namespace::new("a", &Default::default()).unwrap();
+        let stores = BackingStores::new(dir, &namespace, std::time::Duration::from_secs(5)).unwrap();
+        let cap = IscsiCapability {
+            service: model.clone(),
+            portals: Vec::new(),
+            chap: ChapPolicy::default(),
+            stores: Arc::new(stores),
+            namespace,
+            initiator_key: InitiatorKey::random(),
+        };
+        (cap, model)
+    }
+
+    #[tokio::test]
+    async fn grants_and_revocations_reach_only_the_backends_own_targets_and_need_an_owner() {
+        use super::super::TargetService;
+        let dir = tempfile::tempdir().unwrap();
+        let (cap, model) = capability_of_a(dir.path());
+        let alice = "iqn.1993-08.org.debian:01:alice";
+        let ours = Iqn::parse("iqn.2010-10.org.openstack:a:volume-1").unwrap();
+        let theirs = Iqn::parse("iqn.2010-10.org.openstack:b:volume-2").unwrap();
+        model.create_target(&ours).await.unwrap();
+        model.create_target(&theirs).await.unwrap();
+
+        let e = cap.grant_initiator(theirs.as_str(), alice, Some("p")).await.unwrap_err();
+        assert!(matches!(e, TargetError::NotPermitted(_)), "{e}");
+        let e = cap.revoke_initiator(theirs.as_str(), alice).await.unwrap_err();
+        assert!(matches!(e, TargetError::NotPermitted(_)), "{e}");
+        let e = cap.revoke_every_initiator(theirs.as_str()).await.unwrap_err();
+        assert!(matches!(e, TargetError::NotPermitted(_)), "{e}");
+        let e = cap.grant_initiator(ours.as_str(), alice, None).await.unwrap_err();
+        assert!(matches!(e, TargetError::Failed(_)), "no owner, no account: {e}");
+        let e = cap.grant_initiator(ours.as_str(), "alice; rm -rf /", Some("p")).await.unwrap_err();
+        assert!(matches!(e, TargetError::InvalidArgument(_)), "{e}");
+        assert!(model.show(&theirs).await.unwrap().unwrap().chap_users.is_empty());
+
+        let granted = cap.grant_initiator(ours.as_str(), alice, Some("p")).await.unwrap();
+        assert_eq!(
+            cap.grant_initiator(ours.as_str(), alice, Some("p")).await.unwrap(),
+            granted,
+            "idempotent"
+        );
+        let bob =
+            cap.grant_initiator(ours.as_str(), "iqn.1993-08.org.debian:01:bob", Some("p")).await.unwrap();
+        assert_eq!(model.show(&ours).await.unwrap().unwrap().chap_users.len(), 2);
+        cap.revoke_initiator(ours.as_str(), alice).await.unwrap();
+        let bound = model.show(&ours).await.unwrap().unwrap().chap_users;
+        assert_eq!(bound, vec![bob.user.as_str().to_string()], "only alice's account went");
+        cap.revoke_every_initiator(ours.as_str()).await.unwrap();
+        assert!(model.show(&ours).await.unwrap().unwrap().chap_users.is_empty());
+    }
+
     #[test]
     fn the_key_file_is_made_once_private_and_read_back() {
         use std::os::unix::fs::PermissionsExt;
