@@ -708,3 +708,27 @@ async fn attach_cycles_of_one_host_make_one_account() {
     assert_eq!(seen.len(), 1, "the same credentials every time");
     assert_eq!(rig.tgtd.accounts().len(), before + 1, "one account in tgtd: {:?}", rig.tgtd.accounts());
 }
+
+/// A restarted tgtd has lost every export; the reconciler notices the restart between its passes
+/// (tgtd's control socket is another) and restores them within seconds, not at the end of its
+/// interval (here an hour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_tgtd_is_restored_without_waiting_for_the_next_reconcile_interval() {
+    let mut tgtd = TgtdProcess::start();
+    let config = tgtd.config().replace("interval_seconds = 0.25", "interval_seconds = 3600");
+    assert!(config.contains("interval_seconds = 3600"), "{config}");
+    let berth = BerthProcess::start(&config);
+    let c = Client::for_base(&berth.base, "e2e").at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let target = Target::from_connection_info(&info);
+    login(&target, ALICE).expect("alice logs in");
+
+    let restarted = Instant::now();
+    tgtd.restart();
+    let session =
+        login_once_restored(&target, ALICE).await.expect("the export is back without a pass being due");
+    drop(session);
+    assert!(restarted.elapsed() < Duration::from_secs(15), "{:?}", restarted.elapsed());
+    assert!(berth.log_text().contains("the target service was restarted"), "the restart was noticed");
+}

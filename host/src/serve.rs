@@ -437,7 +437,28 @@ async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
             }
             Err(e) => tracing::warn!(pass, "reconcile pass failed: {e:#}"),
         }
-        tokio::time::sleep(interval).await;
+        wait_for_next_pass(&assembled, interval).await;
+    }
+}
+
+/// How often the reconciler looks whether tgtd was restarted between its passes.
+const RESTART_WATCH: Duration = Duration::from_secs(1);
+
+/// Waits `interval`, or less when the target service was restarted meanwhile: a restarted tgtd
+/// has lost every export, and the next pass puts them back, so it starts within a second rather
+/// than at the end of the interval.
+async fn wait_for_next_pass(assembled: &Assembled, interval: Duration) {
+    let deadline = tokio::time::Instant::now() + interval;
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return;
+        }
+        tokio::time::sleep(RESTART_WATCH.min(deadline - now)).await;
+        if assembled.targets.as_ref().is_some_and(|t| t.restarted()) {
+            tracing::warn!("the target service was restarted: reconciling now to restore its exports");
+            return;
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! process, with SQLite `synchronous=FULL`, as a user would run it.
 //!
 //! Run: `cargo bench -p berth-tests --bench tgt` (BERTH_BENCH_SECONDS sets the measured time per
-//! run, default 5). Figures go to BENCHMARKS.md.
+//! run, default 5; `BERTH_BENCH_CHAP_ACCOUNTS=per-export` runs the driver with an account per
+//! export instead of its default per-initiator accounts). Figures go to BENCHMARKS.md.
 
 use std::time::{Duration, Instant};
 
@@ -40,10 +41,17 @@ async fn run() {
     );
     let tgtd = TgtdProcess::start();
     println!("one tgtadm command (spawn + control socket): {}", tgtadm_latency(&tgtd));
+    let accounts = std::env::var("BERTH_BENCH_CHAP_ACCOUNTS").unwrap_or_else(|_| "per-initiator".into());
+    println!("CHAP accounts: {accounts}");
+    let config = format!(
+        "{}[[backends]]\nname = \"tgt\"\ndriver = \"tgt-iscsi\"\ngrants = [\"iscsi-target\", \"backing-store\"]\n\n\
+         [backends.settings]\nchap_accounts = \"{accounts}\"\n",
+        tgtd.config()
+    );
 
     // How many changes a cycle sends to tgtd, counted in berth's log in a short pass.
     {
-        let berth = BerthProcess::start(&tgtd.config());
+        let berth = BerthProcess::start(&config);
         let c = Client::for_base(&berth.base, "bench").at("3.54");
         let volume = c.create_volume(json!({"size": 1})).await;
         attach_cycle(&c, &volume, "iqn.1993-08.org.debian:01:warmup").await;
@@ -63,7 +71,7 @@ async fn run() {
     let top = std::env::var("BERTH_BENCH_SQLITE_SYNCHRONOUS")
         .map(|s| format!("sqlite_synchronous = \"{s}\""))
         .unwrap_or_default();
-    let berth = BerthProcess::start_full(&top, &tgtd.config());
+    let berth = BerthProcess::start_full(&top, &config);
     let counts: Vec<usize> = std::env::var("BERTH_BENCH_CLIENTS")
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|_| vec![1, 4]);

@@ -188,6 +188,11 @@ pub trait TargetService: Send + Sync {
             .map(|t| t.iqn)
             .collect())
     }
+    /// Whether the service's daemon is no longer the one it last answered from (a restarted tgtd,
+    /// which lost every target), as far as can be seen without asking it.
+    fn restarted(&self) -> bool {
+        false
+    }
     /// Housekeeping the host runs now and then (tgtd: deleting CHAP accounts kept unused);
     /// returns how many objects it removed.
     async fn sweep(&self) -> Result<usize, TargetError> {

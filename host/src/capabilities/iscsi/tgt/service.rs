@@ -373,6 +373,12 @@ impl TargetService for Tgtd {
         })
     }
 
+    /// Another control socket than the model's (a stat, no request): tgtd was restarted.
+    fn restarted(&self) -> bool {
+        let known = guard(&self.model).daemon.map(|d| d.socket);
+        matches!((known, self.socket_id()), (Some(known), Some(now)) if known != now)
+    }
+
     fn holds_luns(&self, iqn: &str) -> bool {
         guard(&self.model).targets.get(iqn).is_some_and(|k| !k.state.luns.is_empty())
     }
