@@ -437,8 +437,19 @@ async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
             }
             Err(e) => tracing::warn!(pass, "reconcile pass failed: {e:#}"),
         }
-        wait_for_next_pass(&assembled, interval).await;
+        wait_for_next_pass(&assembled, spacing(interval, started.elapsed())).await;
     }
+}
+
+/// A pass may take at most this share of the time (one in ten): its listing of tgtd costs tgtd
+/// time quadratic in its targets (about 8 s at 10,000), during which tgtd serves no attach.
+const PASS_SHARE: u32 = 10;
+
+/// The wait after a pass that took `took`: the interval, or longer when passes are long, so that
+/// reconciling takes at most [`PASS_SHARE`] of the time. A restarted tgtd is still reconciled at
+/// once (`wait_for_next_pass`).
+fn spacing(interval: Duration, took: Duration) -> Duration {
+    interval.max(took * (PASS_SHARE - 1))
 }
 
 /// How often the reconciler looks whether tgtd was restarted between its passes.
@@ -576,5 +587,17 @@ async fn shutdown() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_passes_are_spaced_so_that_they_take_a_tenth_of_the_time() {
+        let interval = Duration::from_secs(15);
+        assert_eq!(spacing(interval, Duration::from_millis(2)), interval);
+        assert_eq!(spacing(interval, Duration::from_secs(8)), Duration::from_secs(72));
     }
 }
