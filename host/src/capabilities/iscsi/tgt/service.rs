@@ -215,13 +215,7 @@ impl TargetService for Tgtd {
                 return Ok(());
             }
             let (tid, name) = (target.tid, iqn.as_str());
-            for initiator in &target.initiators {
-                match self.change(Request::unbind_initiator(tid, initiator), name).await {
-                    Ok(_) | Err(Failure::NotFound(_)) => {}
-                    Err(f) => return Err(f),
-                }
-                self.update(iqn, |t| t.initiators.retain(|i| i != initiator));
-            }
+            self.close_acl(tid, iqn, &target.initiators).await?;
             for old in target.chap_users.iter().rev() {
                 match self.change(Request::unbind_account(tid, old), name).await {
                     Ok(_) | Err(Failure::NotFound(_)) => {}
@@ -247,18 +241,7 @@ impl TargetService for Tgtd {
                 Err(f) => return Err(f),
             }
             self.update(iqn, |t| t.chap_users = vec![user.to_string()]);
-            for initiator in &target.initiators {
-                match self.change(Request::bind_initiator(tid, initiator), name).await {
-                    Ok(_) | Err(Failure::AlreadyExists(_)) => {}
-                    Err(f) => return Err(f),
-                }
-                self.update(iqn, |t| {
-                    if !t.initiators.contains(initiator) {
-                        t.initiators.push(initiator.clone());
-                    }
-                });
-            }
-            Ok(())
+            self.open_acl(tid, iqn, &target.initiators).await
         })
     }
 
@@ -322,13 +305,7 @@ impl TargetService for Tgtd {
             }
             let closes = at == 0 && !target.initiators.is_empty();
             if closes {
-                for initiator in &target.initiators {
-                    match self.change(Request::unbind_initiator(tid, initiator), name).await {
-                        Ok(_) | Err(Failure::NotFound(_)) => {}
-                        Err(f) => return Err(f),
-                    }
-                    self.update(iqn, |t| t.initiators.retain(|i| i != initiator));
-                }
+                self.close_acl(tid, iqn, &target.initiators).await?;
             }
             for other in after.iter().rev().map(String::as_str).chain([user.as_str()]) {
                 match self.change(Request::unbind_account(tid, other), name).await {
@@ -345,13 +322,7 @@ impl TargetService for Tgtd {
                 self.update(iqn, |t| t.chap_users.push(other.clone()));
             }
             if closes {
-                for initiator in &target.initiators {
-                    match self.change(Request::bind_initiator(tid, initiator), name).await {
-                        Ok(_) | Err(Failure::AlreadyExists(_)) => {}
-                        Err(f) => return Err(f),
-                    }
-                    self.update(iqn, |t| t.initiators.push(initiator.clone()));
-                }
+                self.open_acl(tid, iqn, &target.initiators).await?;
             }
             self.release_account(user.as_str(), name).await
         })

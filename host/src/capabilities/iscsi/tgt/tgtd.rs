@@ -445,19 +445,41 @@ impl Tgtd {
         Ok(())
     }
 
+    /// Empties the target's ACL (`initiators`, as the model had them): nobody logs in any more.
+    pub(super) async fn close_acl(&self, tid: u32, iqn: &Iqn, initiators: &[String]) -> Result<(), Failure> {
+        for initiator in initiators {
+            match self.change(Request::unbind_initiator(tid, initiator), iqn.as_str()).await {
+                Ok(_) | Err(Failure::NotFound(_)) => {}
+                Err(f) => return Err(f),
+            }
+            self.update(iqn, |t| t.initiators.retain(|i| i != initiator));
+        }
+        Ok(())
+    }
+
+    /// Puts `initiators` back in the target's ACL (after [`Tgtd::close_acl`]).
+    pub(super) async fn open_acl(&self, tid: u32, iqn: &Iqn, initiators: &[String]) -> Result<(), Failure> {
+        for initiator in initiators {
+            match self.change(Request::bind_initiator(tid, initiator), iqn.as_str()).await {
+                Ok(_) | Err(Failure::AlreadyExists(_)) => {}
+                Err(f) => return Err(f),
+            }
+            self.update(iqn, |t| {
+                if !t.initiators.contains(initiator) {
+                    t.initiators.push(initiator.clone());
+                }
+            });
+        }
+        Ok(())
+    }
+
     /// Keeps a target for reuse when it has no session: its ACL entries go first (so that nobody
     /// logs in any more), then, if no session is left, its LUNs and account bindings (each cheap
     /// for tgtd), and the bare target stays, hidden from drivers. A target with sessions is
     /// destroyed, which closes them: a session must never outlive its target's export.
     pub(super) async fn strip(&self, target: &TargetState, iqn: &Iqn) -> Result<(), Failure> {
         let (tid, name) = (target.tid, iqn.as_str());
-        for initiator in &target.initiators {
-            match self.change(Request::unbind_initiator(tid, initiator), name).await {
-                Ok(_) | Err(Failure::NotFound(_)) => {}
-                Err(f) => return Err(f),
-            }
-            self.update(iqn, |t| t.initiators.retain(|i| i != initiator));
-        }
+        self.close_acl(tid, iqn, &target.initiators).await?;
         if self.has_sessions(tid, iqn).await? {
             let now = self.known(iqn).unwrap_or_else(|| target.clone());
             return self.destroy(&now, iqn).await;
