@@ -140,7 +140,8 @@ pub struct LunCapacity {
 pub trait TargetService: Send + Sync {
     async fn show(&self, iqn: &Iqn) -> Result<Option<TargetState>, TargetError>;
     async fn create_target(&self, iqn: &Iqn) -> Result<TargetState, TargetError>;
-    /// Deletes the target, closing its sessions, and the CHAP accounts bound to it.
+    /// Deletes the target, closing its sessions, and the export's CHAP accounts bound to it
+    /// (per-initiator accounts, `initiators.rs`, stay for their initiators' other targets).
     async fn delete_target(&self, iqn: &Iqn) -> Result<(), TargetError>;
     /// Exposes the file at `path` (a host path the capability resolved) as `lun`.
     async fn add_lun(&self, iqn: &Iqn, lun: Lun, path: &str) -> Result<(), TargetError>;
