@@ -315,6 +315,10 @@ impl UpgradesConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ReconcileConfig {
     /// Seconds between passes (the first runs at start-up, in the background); fractions allowed.
+    /// A pass whose listing of tgtd's targets took long is followed by a longer wait, so that
+    /// listings take at most a tenth of tgtd's time (the listing costs tgtd time quadratic in its
+    /// targets: about 8 s at 10,000, during which it serves no attach); a restarted tgtd is
+    /// reconciled within a second whatever the wait.
     pub interval_seconds: f64,
     /// How long a target or ACL entry that no connected attachment needs must have been seen
     /// before it is removed.
@@ -389,10 +393,12 @@ pub struct TgtConfig {
     /// volume again reuses it: tgtd deletes targets in time quadratic in their number (see
     /// `capabilities/iscsi/tgt/tgtd.rs`). 0: deleted at once.
     pub keep_exports_seconds: u64,
-    /// How long a CHAP account no target uses any more stays in tgtd for reuse before the
-    /// reconciler's sweep deletes it (0: deleted at once, when its target goes). The shipped
-    /// driver gives every export new credentials and never reuses an account; each account tgtd
-    /// holds makes creating the next one slower.
+    /// How long an export's CHAP account (a driver's `set-chap`; `tgt-iscsi` with
+    /// `chap_accounts = "per-export"`) no target uses any more stays in tgtd for reuse before the
+    /// reconciler's sweep deletes it (0: deleted at once, when its target goes). Such a driver
+    /// gives every export new credentials and never reuses an account; each account tgtd holds
+    /// makes creating the next one slower. Per-initiator accounts (the default) are kept an hour
+    /// after their last target lets them go.
     pub keep_accounts_seconds: u64,
     /// Length of generated CHAP user names (8 to 255).
     pub chap_username_length: usize,

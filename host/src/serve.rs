@@ -386,6 +386,7 @@ async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
         crate::failpoint::hit("reconcile.pass");
         let started = std::time::Instant::now();
         let outcome = assembled.reconcile().await;
+        let outcome_listing = outcome.as_ref().ok().map(|r| r.listing);
         if pass == 1 {
             assembled.state.service.reconcile().first_pass_finished();
         }
@@ -437,19 +438,20 @@ async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
             }
             Err(e) => tracing::warn!(pass, "reconcile pass failed: {e:#}"),
         }
-        wait_for_next_pass(&assembled, spacing(interval, started.elapsed())).await;
+        let listing = outcome_listing.unwrap_or_default();
+        wait_for_next_pass(&assembled, spacing(interval, listing)).await;
     }
 }
 
-/// A pass may take at most this share of the time (one in ten): its listing of tgtd costs tgtd
-/// time quadratic in its targets (about 8 s at 10,000), during which tgtd serves no attach.
-const PASS_SHARE: u32 = 10;
+/// A pass's listing of tgtd may take at most this share of tgtd's time (one in ten): it costs
+/// tgtd time quadratic in its targets (about 8 s at 10,000), during which tgtd serves no attach.
+const LISTING_SHARE: u32 = 10;
 
-/// The wait after a pass that took `took`: the interval, or longer when passes are long, so that
-/// reconciling takes at most [`PASS_SHARE`] of the time. A restarted tgtd is still reconciled at
-/// once (`wait_for_next_pass`).
-fn spacing(interval: Duration, took: Duration) -> Duration {
-    interval.max(took * (PASS_SHARE - 1))
+/// The wait after a pass whose listing of the target service took `listing`: the interval, or
+/// longer when listings are long, so that they take at most [`LISTING_SHARE`] of tgtd's time. A
+/// restarted tgtd is still reconciled at once (`wait_for_next_pass`).
+fn spacing(interval: Duration, listing: Duration) -> Duration {
+    interval.max(listing * (LISTING_SHARE - 1))
 }
 
 /// How often the reconciler looks whether tgtd was restarted between its passes.
@@ -595,7 +597,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn long_passes_are_spaced_so_that_they_take_a_tenth_of_the_time() {
+    fn long_listings_are_spaced_so_that_they_take_a_tenth_of_tgtds_time() {
         let interval = Duration::from_secs(15);
         assert_eq!(spacing(interval, Duration::from_millis(2)), interval);
         assert_eq!(spacing(interval, Duration::from_secs(8)), Duration::from_secs(72));

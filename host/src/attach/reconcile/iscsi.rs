@@ -52,6 +52,7 @@ impl Reconcile<'_> {
         options: &Options,
         report: &mut Reconciled,
     ) -> Result<(), AttachError> {
+        let listing = std::time::Instant::now();
         let actual: BTreeMap<String, TargetState> = service
             .list()
             .await
@@ -59,6 +60,7 @@ impl Reconcile<'_> {
             .into_iter()
             .map(|t| (t.iqn.clone(), t))
             .collect();
+        report.listing += listing.elapsed();
         // Where a long listing (thousands of targets) leaves time for flows to change things.
         failpoint::hit("reconcile.listed");
         let (connected, recorded, busy) = self

@@ -104,6 +104,8 @@ pub struct Reconciled {
     pub swept: usize,
     /// What could not be done, with the reason.
     pub failed: Vec<(String, String)>,
+    /// How long the target service took to list its targets (tgtd serves nobody meanwhile).
+    pub listing: std::time::Duration,
 }
 
 impl Reconciled {
