@@ -17,13 +17,15 @@ const DRIVERS: &[(&str, &str)] = &[
     ("fake", "berth-driver-fake"),
     ("misbehaving", "berth-driver-misbehaving"),
     ("sneaky", "berth-driver-sneaky"),
-    ("hostile", "berth-driver-hostile"),
 ];
 
 /// The same for drivers built with the SDK's `iscsi-chap` feature (per-initiator CHAP accounts),
 /// by a cargo of their own for the same reason.
-const TGT_DRIVERS: &[(&str, &str)] =
-    &[("tgt-iscsi", "berth-driver-tgt-iscsi"), ("flawed", "berth-driver-flawed")];
+const TGT_DRIVERS: &[(&str, &str)] = &[
+    ("tgt-iscsi", "berth-driver-tgt-iscsi"),
+    ("flawed", "berth-driver-flawed"),
+    ("hostile", "berth-driver-hostile"),
+];
 
 /// The same for drivers built with the SDK's `network` feature. They are built by a cargo of
 /// their own: features unify across the packages of one build, and the others must not import

@@ -1,13 +1,16 @@
 //! Drivers are confined to their backend: a hostile driver granted `iscsi-target` and
 //! `backing-store` attempts every cross-backend action against another backend's exported volume
-//! on a real tgtd, and each is refused while nothing of the victim's changes (tgtd's target, its
-//! ACL and CHAP account, the backing file).
+//! on a real tgtd (the per-initiator accounts of `berth:iscsi-chap` included), and each is refused
+//! while nothing of the victim's changes (tgtd's target, its ACL and CHAP account, the backing
+//! file). The two backends share one node key, as under `berth serve`, and the hostile calls are
+//! made for the victim's own project: the backend alone keeps their accounts apart.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use berth::capabilities::backing::BackingStores;
+use berth::capabilities::iscsi::initiators::{InitiatorKey, initiator_prefix};
 use berth::capabilities::iscsi::tgt::{Tgtd, TgtdConfig};
 use berth::capabilities::iscsi::{IscsiCapability, Portal, TargetService};
 use berth::capabilities::namespace::Namespace;
@@ -23,6 +26,7 @@ struct Rig {
     tgtd: TgtdProcess,
     dir: tempfile::TempDir,
     service: Arc<dyn TargetService>,
+    key: InitiatorKey,
 }
 
 impl Rig {
@@ -34,7 +38,7 @@ impl Rig {
             ..TgtdConfig::new(tgtd.control_port, dir.path().join("volumes"))
         };
         let service: Arc<dyn TargetService> = Arc::new(Tgtd::new(config));
-        Rig { tgtd, dir, service }
+        Rig { tgtd, dir, service, key: InitiatorKey::random() }
     }
 
     /// Loads `component` as backend `backend`, confined as `berth serve` confines it.
@@ -51,7 +55,7 @@ impl Rig {
                 chap: Default::default(),
                 stores: stores.clone(),
                 namespace,
-                initiator_key: berth::capabilities::iscsi::initiators::InitiatorKey::random(),
+                initiator_key: self.key.clone(),
             }),
             backing: Some(stores),
             network: None,
@@ -98,9 +102,19 @@ async fn a_hostile_driver_cannot_reach_another_backends_stores_or_targets() {
     // The hostile backend attacks.
     let attack = volume(
         "bbbbbbbb-0000-4000-8000-000000000002",
-        &[("victim.target", &target.iqn), ("victim.store", &store), ("victim.chap-user", &chap_user)],
+        &[
+            ("victim.target", &target.iqn),
+            ("victim.store", &store),
+            ("victim.chap-user", &chap_user),
+            ("victim.initiator", ALICE),
+        ],
     );
-    let update = hostile.calls().create_volume(&attack).await.expect("the hostile call returns its report");
+    let update = hostile
+        .calls()
+        .for_owner("victims-project")
+        .create_volume(&attack)
+        .await
+        .expect("the hostile call returns its report");
     let report: BTreeMap<String, String> = update.set_data.into_iter().collect();
     let expected = [
         "show-target",
@@ -112,6 +126,9 @@ async fn a_hostile_driver_cannot_reach_another_backends_stores_or_targets() {
         "set-chap",
         "list-sessions",
         "close-sessions",
+        "grant-account",
+        "revoke-account",
+        "revoke-every-account",
         "delete-target",
         "store-info",
         "store-resize",
@@ -131,12 +148,29 @@ async fn a_hostile_driver_cannot_reach_another_backends_stores_or_targets() {
             "{name}: a typed refusal: {outcome}"
         );
     }
-    assert_eq!(report["attack.own-target"], "ALLOWED", "its own namespace is its own");
+    for own in ["own-target", "own-grant", "own-revoke", "own-revoke-every"] {
+        assert_eq!(report[&format!("attack.{own}")], "ALLOWED", "{own}: its own namespace is its own");
+    }
+    // Alice's account on its own target is another than the victim's, for the same project and
+    // node key: the name is in the hostile backend's namespace.
+    let grant_user = &report["own.grant-user"];
+    assert!(
+        chap_user.starts_with(&initiator_prefix("victim", ALICE)),
+        "the victim's account is alice's: {chap_user}"
+    );
+    assert!(grant_user.starts_with(&initiator_prefix("hostile", ALICE)), "{grant_user}");
+    assert_ne!(grant_user, &chap_user);
 
-    // Nothing of the victim's changed.
+    // Nothing of the victim's changed: its target still binds alice's account, which still exists;
+    // the only account added is the hostile backend's own (kept unbound for reuse).
     let after = rig.tgtd.targets();
     assert_eq!(after, before, "tgtd's targets changed");
-    assert_eq!(rig.tgtd.accounts(), accounts_before, "tgtd's CHAP accounts changed");
+    let mut accounts_expected = accounts_before.clone();
+    accounts_expected.push(grant_user.clone());
+    accounts_expected.sort();
+    let mut accounts_after = rig.tgtd.accounts();
+    accounts_after.sort();
+    assert_eq!(accounts_after, accounts_expected, "tgtd's CHAP accounts changed");
     assert_eq!(std::fs::metadata(&image).unwrap().len(), image_before, "the victim's store changed");
     assert!(!rig.dir.path().join(format!("volumes/hostile/{store}.img")).exists(), "no copy was made");
 }
