@@ -8,92 +8,66 @@ mod model;
 #[cfg(feature = "network")]
 pub mod http;
 
-/// Without the `network` feature a driver imports nothing of `wasi:http`; with it, it is built
-/// for the world `network-storage-driver` and needs the operator's `network` grant.
-#[doc(hidden)]
+/// The bindings of one world, with the options every world shares; `http`: a world that imports
+/// `wasi:http` (whose types do not take the derives), `every_interface`: bindings for interfaces
+/// the driver may not use as well.
+macro_rules! bindings {
+    ($world:literal in $path:literal) => {
+        bindings!(@ $world in $path;);
+    };
+    ($world:literal in $path:literal, every_interface) => {
+        bindings!(@ $world in $path; generate_all,);
+    };
+    ($world:literal in $path:literal, http) => {
+        bindings!(@ $world in $path;
+            additional_derives_ignore: ["stream-error", "error-code", "dns-error-payload", "field-size-payload",
+                "tls-alert-received-payload", "header-error", "request-options-error", "method", "scheme"],
+            generate_all,
+        );
+    };
+    (@ $world:literal in $path:literal; $($extra:tt)*) => {
+        #[doc(hidden)]
+        pub mod __bindings {
+            wit_bindgen::generate!({
+                world: $world,
+                path: $path,
+                pub_export_macro: true,
+                export_macro_name: "__export_storage_driver",
+                default_bindings_module: "berth_driver_sdk::__bindings",
+                runtime_path: "berth_driver_sdk::__wit_bindgen::rt",
+                additional_derives: [Clone, PartialEq],
+                $($extra)*
+            });
+        }
+    };
+}
+
+// Which world a driver is built for follows the SDK's features; one set of bindings at a time.
+//
+// Without the `network` feature a driver imports nothing of `wasi:http`; with it, it is built
+// for the world `network-storage-driver` and needs the operator's `network` grant.
 #[cfg(not(any(feature = "network", feature = "iscsi-chap")))]
-pub mod __bindings {
-    wit_bindgen::generate!({
-        world: "storage-driver",
-        path: "../wit/driver@0.3.0",
-        pub_export_macro: true,
-        export_macro_name: "__export_storage_driver",
-        default_bindings_module: "berth_driver_sdk::__bindings",
-        runtime_path: "berth_driver_sdk::__wit_bindgen::rt",
-        additional_derives: [Clone, PartialEq],
-    });
-}
+bindings!("storage-driver" in "../wit/driver@0.3.0");
 
-#[doc(hidden)]
 #[cfg(all(feature = "network", not(feature = "cephx"), not(feature = "iscsi-chap")))]
-pub mod __bindings {
-    wit_bindgen::generate!({
-        world: "network-storage-driver",
-        path: "../wit/driver@0.3.0",
-        pub_export_macro: true,
-        export_macro_name: "__export_storage_driver",
-        default_bindings_module: "berth_driver_sdk::__bindings",
-        runtime_path: "berth_driver_sdk::__wit_bindgen::rt",
-        additional_derives: [Clone, PartialEq],
-        additional_derives_ignore: ["stream-error", "error-code", "dns-error-payload", "field-size-payload", "tls-alert-received-payload", "header-error", "request-options-error", "method", "scheme"],
-        generate_all,
-    });
-}
+bindings!("network-storage-driver" in "../wit/driver@0.3.0", http);
 
-/// With the `cephx` feature, the driver is built for `berth:cephx/rbd-storage-driver`: the
-/// network, and cephx identities the host makes (the operator's `cephx` grant).
-#[doc(hidden)]
+// With the `cephx` feature, the driver is built for `berth:cephx/rbd-storage-driver`: the
+// network, and cephx identities the host makes (the operator's `cephx` grant).
 #[cfg(all(feature = "cephx", not(feature = "iscsi-chap")))]
-pub mod __bindings {
-    wit_bindgen::generate!({
-        world: "rbd-storage-driver",
-        path: "../wit/cephx@0.1.0",
-        pub_export_macro: true,
-        export_macro_name: "__export_storage_driver",
-        default_bindings_module: "berth_driver_sdk::__bindings",
-        runtime_path: "berth_driver_sdk::__wit_bindgen::rt",
-        additional_derives: [Clone, PartialEq],
-        additional_derives_ignore: ["stream-error", "error-code", "dns-error-payload", "field-size-payload", "tls-alert-received-payload", "header-error", "request-options-error", "method", "scheme"],
-        generate_all,
-    });
-}
+bindings!("rbd-storage-driver" in "../wit/cephx@0.1.0", http);
 
-/// With the `iscsi-chap` feature, the driver is built for `berth:iscsi-chap/tgt-storage-driver`:
-/// the contract's `storage-driver` and per-initiator CHAP accounts the host makes (admitted with
-/// the `iscsi-target` grant).
-#[doc(hidden)]
+// With the `iscsi-chap` feature, the driver is built for `berth:iscsi-chap/tgt-storage-driver`:
+// the contract's `storage-driver` and per-initiator CHAP accounts the host makes (admitted with
+// the `iscsi-target` grant).
 #[cfg(all(feature = "iscsi-chap", not(feature = "network")))]
-pub mod __bindings {
-    wit_bindgen::generate!({
-        world: "tgt-storage-driver",
-        path: "../wit/iscsi-chap@0.1.0",
-        pub_export_macro: true,
-        export_macro_name: "__export_storage_driver",
-        default_bindings_module: "berth_driver_sdk::__bindings",
-        runtime_path: "berth_driver_sdk::__wit_bindgen::rt",
-        additional_derives: [Clone, PartialEq],
-        generate_all,
-    });
-}
+bindings!("tgt-storage-driver" in "../wit/iscsi-chap@0.1.0", every_interface);
 
-/// Both: every capability package's world, for builds that unify features across the workspace
-/// (clippy and the tests build every driver natively at once; each driver's component is built
-/// with its own features, `host/build.rs`).
-#[doc(hidden)]
+// Both: every capability package's world, for builds that unify features across the workspace
+// (clippy and the tests build every driver natively at once; each driver's component is built
+// with its own features, `host/build.rs`).
 #[cfg(all(feature = "iscsi-chap", feature = "network"))]
-pub mod __bindings {
-    wit_bindgen::generate!({
-        world: "every-capability",
-        path: "../wit/iscsi-chap@0.1.0",
-        pub_export_macro: true,
-        export_macro_name: "__export_storage_driver",
-        default_bindings_module: "berth_driver_sdk::__bindings",
-        runtime_path: "berth_driver_sdk::__wit_bindgen::rt",
-        additional_derives: [Clone, PartialEq],
-        additional_derives_ignore: ["stream-error", "error-code", "dns-error-payload", "field-size-payload", "tls-alert-received-payload", "header-error", "request-options-error", "method", "scheme"],
-        generate_all,
-    });
-}
+bindings!("every-capability" in "../wit/iscsi-chap@0.1.0", http);
 
 #[doc(hidden)]
 pub use wit_bindgen as __wit_bindgen;
