@@ -8,6 +8,7 @@
 //! it is meant for; when another daemon answers (tgtd was restarted, and its target ids may now
 //! name other targets), the request is not sent ([`Failure::Restarted`]).
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -33,6 +34,7 @@ pub enum Op {
     Show = 2,
     Bind = 3,
     Unbind = 4,
+    Stats = 6,
 }
 
 /// One request.
@@ -119,6 +121,13 @@ impl Request {
         Request::of(Mode::Connection, Op::Show, tid as i32, String::new())
     }
 
+    /// `tgtadm --op stat --mode target --tid T`: a line per LUN and IT nexus (iSCSI session). tgtd
+    /// finds the target in its list sorted by id, where the connections' listing walks its iSCSI
+    /// targets in the order they were made: for a new target among 10,000, 1 ms less.
+    pub fn target_stats(tid: u32) -> Request {
+        Request::of(Mode::Target, Op::Stats, tid as i32, String::new())
+    }
+
     /// `tgtadm --op delete --mode conn --tid T --sid S --cid C`: closes one connection.
     pub fn delete_connection(tid: u32, sid: u64, cid: u32) -> Request {
         Request { sid, cid, ..Request::of(Mode::Connection, Op::Delete, tid as i32, String::new()) }
@@ -180,6 +189,16 @@ pub fn parse_connections(text: &str) -> Vec<Connection> {
         }
     }
     out
+}
+
+/// The sessions (IT nexus ids) a target's statistics list ([`Request::target_stats`]): tgtd makes
+/// an IT nexus with each iSCSI session and removes it with the session, and lists it under every
+/// LUN, LUN 0 (the controller, never removed) included.
+pub(super) fn parse_nexuses(text: &str) -> BTreeSet<u64> {
+    text.lines()
+        .filter(|l| !l.starts_with("tgt "))
+        .filter_map(|l| l.split_whitespace().nth(2)?.parse().ok())
+        .collect()
 }
 
 /// `sizeof(struct tgtadm_req)`.
@@ -434,6 +453,18 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_targets_sessions_are_read_from_its_statistics() {
+        // tgtadm --op stat --mode target, a session of sid 3 on a target with LUNs 0 and 1.
+        let text = "tgt lun sid rd_subm(bytes,cmds) rd_done(bytes,cmds) wr_subm(bytes,cmds) wr_done(bytes,cmds) errs\n\
+                      7   0   3            0      0            0      0            0      0            0      0    0\n\
+                      7   1   3        36864      9        36864      9         4096      1         4096      1    0\n";
+        assert_eq!(parse_nexuses(text), BTreeSet::from([3]));
+        let none = "tgt lun sid rd_subm(bytes,cmds) rd_done(bytes,cmds) wr_subm(bytes,cmds) wr_done(bytes,cmds) errs\n";
+        assert!(parse_nexuses(none).is_empty());
+        assert_eq!(Request::target_stats(7).encode()[4..8], 6u32.to_ne_bytes(), "OP_STATS");
+    }
 
     const SHOW: &str = "Target 1: iqn.2010-10.org.openstack:volume-abc
     System information:

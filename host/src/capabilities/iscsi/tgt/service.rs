@@ -31,8 +31,8 @@ impl TargetService for Tgtd {
                 if let Some(taken) = self.take_back(iqn) {
                     return Ok(taken);
                 }
-                // The next id after the highest in use: a target deleted and created again gets
-                // its id back, and targets created at the same time get different ones.
+                // The id below the lowest in use (`Model::next_tid`): a target deleted and created
+                // again gets its id back, and targets created at the same time get different ones.
                 let tid = {
                     let mut model = guard(&self.model);
                     let tid = model.next_tid();
