@@ -78,12 +78,20 @@ impl LogTail {
     fn wait_for(&mut self, needle: &str, deadline: Instant) -> Option<String> {
         use std::io::Read;
         loop {
-            while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.pending.drain(..=end).collect();
-                let line = String::from_utf8_lossy(&line);
+            // The complete lines read so far, each looked at once; a partial last line waits.
+            let mut start = 0;
+            let mut found = None;
+            while let Some(len) = self.pending[start..].iter().position(|b| *b == b'\n') {
+                let line = String::from_utf8_lossy(&self.pending[start..start + len]).into_owned();
+                start += len + 1;
                 if line.contains(needle) {
-                    return Some(line.trim_end().to_string());
+                    found = Some(line.trim_end().to_string());
+                    break;
                 }
+            }
+            self.pending.drain(..start);
+            if found.is_some() {
+                return found;
             }
             let mut chunk = Vec::new();
             self.file.read_to_end(&mut chunk).expect("read the log");
