@@ -2,7 +2,8 @@
 //! that the `berth` binary embeds the shipped drivers and tests find the fixtures.
 //!
 //! The components land in `<target>/drivers/<name>.wasm`; `BERTH_DRIVER_DIR` points there at
-//! compile time. The nested cargo uses its own target directory, so it never waits on the outer
+//! compile time. It also builds `tgtd-preload` for this machine (the library Berth loads into the
+//! tgtd it starts, `capabilities/iscsi/tgt/preload.rs`); `BERTH_TGTD_PRELOAD` names it. The nested cargo uses its own target directory, so it never waits on the outer
 //! build's lock.
 
 // The build script builds the shipped drivers with cargo (host/clippy.toml).
@@ -40,7 +41,7 @@ const NETWORK_DRIVERS: &[(&str, &str)] = &[
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let root = manifest.parent().expect("host/ is inside the workspace").to_path_buf();
-    for watched in ["sdk", "wit", "drivers", "Cargo.lock", "Cargo.toml"] {
+    for watched in ["sdk", "wit", "drivers", "tgtd-preload", "Cargo.lock", "Cargo.toml"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
@@ -61,19 +62,22 @@ fn main() {
         copy_if_changed(&built, &out.join(format!("{name}.wasm")));
     }
     println!("cargo:rustc-env=BERTH_DRIVER_DIR={}", out.display());
+
+    let native_target = target.join("tgtd-preload");
+    let mut cmd = cargo(&root, &native_target);
+    cmd.args(["-p", "berth-tgtd-preload"]);
+    let status = cmd.status().expect("cannot run cargo to build tgtd-preload");
+    assert!(status.success(), "building tgtd-preload failed ({status})");
+    let preload = out.join("libberth_tgtd_preload.so");
+    copy_if_changed(&native_target.join("driver/libberth_tgtd_preload.so"), &preload);
+    println!("cargo:rustc-env=BERTH_TGTD_PRELOAD={}", preload.display());
 }
 
-/// One cargo build of a set of driver crates.
-fn build(root: &Path, wasm_target: &Path, set: &[(&str, &str)]) {
+/// A cargo build with the `driver` profile into `target_dir`, without the outer build's flags and
+/// wrappers (clippy's, a host target-cpu).
+fn cargo(root: &Path, target_dir: &Path) -> Command {
     let mut cmd = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.current_dir(root)
-        .args(["build", "--profile", "driver", "--target", "wasm32-wasip2", "--target-dir"])
-        .arg(wasm_target);
-    for (_, package) in set {
-        cmd.args(["-p", package]);
-    }
-    // The outer build's flags and wrappers (clippy's, a host target-cpu) must not reach the
-    // wasm build.
+    cmd.current_dir(root).args(["build", "--profile", "driver", "--target-dir"]).arg(target_dir);
     for var in [
         "RUSTFLAGS",
         "CARGO_ENCODED_RUSTFLAGS",
@@ -84,6 +88,16 @@ fn build(root: &Path, wasm_target: &Path, set: &[(&str, &str)]) {
         "CARGO_BUILD_RUSTFLAGS",
     ] {
         cmd.env_remove(var);
+    }
+    cmd
+}
+
+/// One cargo build of a set of driver crates.
+fn build(root: &Path, wasm_target: &Path, set: &[(&str, &str)]) {
+    let mut cmd = cargo(root, wasm_target);
+    cmd.args(["--target", "wasm32-wasip2"]);
+    for (_, package) in set {
+        cmd.args(["-p", package]);
     }
     let status = cmd.status().expect("cannot run cargo to build the drivers");
     if !status.success() {

@@ -461,10 +461,61 @@ async fn berth_starts_tgtd_when_none_answers() {
     let config = format!("[tgt]\nportal = \"127.0.0.1:{portal}\"\ncontrol_port = {control}\nstart = true\n");
     let berth = BerthProcess::start(&config);
     assert!(berth.log_text().contains("started tgtd"));
+    // Started with its futex hash sized for its threads (`capabilities/iscsi/tgt/preload.rs`).
+    let pid = berth_tests::tgt::tgtd_pid(control).expect("berth's tgtd is running");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(maps.contains("berth-tgtd-preload-"), "tgtd has the preload library loaded:\n{maps}");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let slots = format!("BERTH_TGTD_FUTEX_SLOTS={}", berth::capabilities::iscsi::tgt::preload::FUTEX_SLOTS);
+    assert!(environ.split(|b| *b == 0).any(|v| v == slots.as_bytes()), "tgtd's environment names {slots}");
     let c = Client::for_base(&berth.base, "e2e").at("3.54");
     let volume = c.create_volume(json!({"size": 1})).await;
     let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
     login(&Target::from_connection_info(&info), ALICE).expect("berth's own tgtd serves the volume");
+}
+
+/// The system's tgtd, started as `packaging/tgt.service.d/berth.conf` starts it: with the
+/// environment `berth tgtd-preload` prints (an `EnvironmentFile`), it has the library loaded.
+#[test]
+fn the_environment_berth_tgtd_preload_prints_loads_the_library_into_tgtd() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(berth_tests::process::berth_binary())
+        .arg("tgtd-preload")
+        .arg(dir.path().join("tgtd"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let environment: Vec<(&str, &str)> = printed.lines().map(|l| l.split_once('=').unwrap()).collect();
+    assert_eq!(
+        environment.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+        ["LD_PRELOAD", "BERTH_TGTD_FUTEX_SLOTS"]
+    );
+
+    let probe = TgtdProcess::start();
+    let (control, portal) = (probe.control_port, probe.portal_port);
+    drop(probe);
+    let mut tgtd = std::process::Command::new("/usr/sbin/tgtd")
+        .args(["-f", "-C", &control.to_string(), "--iscsi", &format!("portal=127.0.0.1:{portal}")])
+        .env_clear()
+        .envs(environment.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let maps = loop {
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", tgtd.id())).unwrap_or_default();
+        if maps.contains("berth-tgtd-preload-") || Instant::now() > deadline {
+            break maps;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = tgtd.kill();
+    let _ = tgtd.wait();
+    let _ = std::fs::remove_file(format!("/var/run/tgtd/socket.{control}"));
+    let _ = std::fs::remove_file(format!("/var/run/tgtd/socket.{control}.lock"));
+    assert!(maps.contains("berth-tgtd-preload-"), "tgtd has the library loaded:\n{maps}");
 }
 
 async fn act(c: &Client, volume: &str, action: &str, arg: Value) -> berth_tests::server::Resp {

@@ -119,6 +119,13 @@ enum Command {
         #[command(subcommand)]
         command: HistoryCommand,
     },
+    /// Write the library a tgtd should be started with (its futex hash sized for thousands of
+    /// LUNs; see README, "iSCSI with tgt") into DIR, and print the environment that loads it, one
+    /// `NAME=value` per line (a systemd `EnvironmentFile`). For a tgtd Berth does not start.
+    TgtdPreload {
+        /// A directory only root can write (the library is loaded into tgtd, which runs as root).
+        dir: PathBuf,
+    },
     /// Measure a Cinder-compatible endpoint (Berth or Cinder) with the same client.
     Bench {
         #[command(subcommand)]
@@ -439,6 +446,15 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::History { command } => history(command),
+        Command::TgtdPreload { dir } => match berth::capabilities::iscsi::tgt::preload::environment(&dir) {
+            Ok(environment) => {
+                for (name, value) in environment {
+                    println!("{name}={}", value.to_string_lossy());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&format!("cannot write tgtd's preload library into {}: {e}", dir.display())),
+        },
         Command::Token { command: TokenCommand::New { user, project, roles } } => {
             match berth::api::auth::new_token(&user, &project, &roles) {
                 Ok((token, entry)) => {

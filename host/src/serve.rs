@@ -287,6 +287,7 @@ async fn iscsi_service(config: &Config, volumes: &std::path::Path) -> anyhow::Re
         keep_exports: Duration::from_secs(config.tgt.keep_exports_seconds),
         keep_accounts: Duration::from_secs(config.tgt.keep_accounts_seconds),
         state_file: Some(config.data_dir().join(format!("tgt-kept-{}.json", config.tgt.control_port))),
+        preload_dir: Some(config.data_dir()),
     });
     if config.tgt.start {
         if tgtd.ensure_running(&portals[0]).await.map_err(|e| anyhow::anyhow!("tgtd: {e}"))? {

@@ -14,6 +14,28 @@ use crate::pg::free_port;
 use crate::process::BerthProcess;
 use crate::server::Client;
 
+/// What tgtd is started with, as `berth serve` starts it (`[tgt] start = true`): its futex hash
+/// sized by the preloaded library (`capabilities/iscsi/tgt/preload.rs`).
+/// `BERTH_BENCH_TGTD_PRELOAD=0` starts it without, to measure what the library changes.
+fn preload() -> Vec<(&'static str, std::ffi::OsString)> {
+    if std::env::var("BERTH_BENCH_TGTD_PRELOAD").as_deref() == Ok("0") {
+        return Vec::new();
+    }
+    let dir = std::env::temp_dir().join("berth-tests-tgtd-preload");
+    berth::capabilities::iscsi::tgt::preload::environment(&dir).expect("write tgtd's preload library")
+}
+
+/// The id of the tgtd process on `control_port`, whoever started it.
+pub fn tgtd_pid(control_port: u16) -> Option<u32> {
+    let wanted = format!("-C\0{control_port}\0");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        (cmdline.starts_with("/usr/sbin/tgtd\0") && cmdline.contains(&wanted)).then_some(pid)
+    })
+}
+
 pub struct TgtdProcess {
     child: Option<Child>,
     pub control_port: u16,
@@ -53,6 +75,7 @@ impl TgtdProcess {
         );
         let child = Command::new("sh")
             .args(["-c", &script])
+            .envs(preload())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -68,13 +91,7 @@ impl TgtdProcess {
 
     /// The tgtd process's id (it runs under a shell that stops it with the test).
     pub fn pid(&self) -> Option<u32> {
-        let wanted = format!("-C\0{}\0", self.control_port);
-        std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            let cmdline = String::from_utf8_lossy(&cmdline);
-            (cmdline.starts_with("/usr/sbin/tgtd\0") && cmdline.contains(&wanted)).then_some(pid)
-        })
+        tgtd_pid(self.control_port)
     }
 
     /// Kills tgtd at once: its targets, LUNs, ACLs and accounts are gone, as after a crash.

@@ -33,6 +33,9 @@ pub struct TgtdConfig {
     pub keep_accounts: Duration,
     /// Where the kept targets are listed (none: nowhere; a restart forgets them).
     pub state_file: Option<PathBuf>,
+    /// Where the library a tgtd this service starts is loaded with is written (`preload.rs`;
+    /// none: tgtd is started without it).
+    pub preload_dir: Option<PathBuf>,
 }
 
 impl TgtdConfig {
@@ -49,6 +52,7 @@ impl TgtdConfig {
             keep_exports: Duration::from_secs(3600),
             keep_accounts: Duration::ZERO,
             state_file: None,
+            preload_dir: None,
         }
     }
 

@@ -8,6 +8,7 @@
 //! - `kept.rs`: the kept targets, written down for a restarted Berth;
 //! - `tgtd.rs`: [`Tgtd`], the daemon behind its control socket: the model kept fresh, changes
 //!   sent, exports kept for reuse and swept;
+//! - `preload.rs`: what a tgtd this service starts is started with (its futex hash sized);
 //! - `service.rs`: the iSCSI target service (`TargetService`) on it.
 
 /// Runs an operation (an `async` block, evaluated again for each attempt), starting it again at
@@ -37,6 +38,7 @@ mod ceiling;
 mod config;
 mod kept;
 mod model;
+pub mod preload;
 mod protocol;
 mod service;
 mod tgtd;

@@ -141,10 +141,20 @@ impl Tgtd {
         let _ = std::fs::remove_file(self.cfg.socket_path());
         let _ =
             std::fs::remove_file(self.cfg.socket_dir.join(format!("socket.{}.lock", self.cfg.control_port)));
+        let preload = match &self.cfg.preload_dir {
+            Some(dir) => super::preload::environment(dir).map_err(|e| {
+                TargetError::Failed(format!(
+                    "cannot write tgtd's preload library into {}: {e}",
+                    dir.display()
+                ))
+            })?,
+            None => Vec::new(),
+        };
         let status = tokio::process::Command::new(&self.cfg.tgtd)
             .args(["-C", &self.cfg.control_port.to_string(), "-t", &self.cfg.io_threads.max(1).to_string()])
             .args(["--iscsi", &portal_arg])
             .env_clear()
+            .envs(preload)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
