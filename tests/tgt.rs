@@ -67,6 +67,20 @@ async fn export(rig: &Rig, t: &dyn TargetService, name: &str, initiator: &str) -
     (target, chap)
 }
 
+/// The tests' tgtd is started as Berth starts its own: with the preload library loaded into tgtd
+/// (and only into tgtd: the shell that starts it does not load it).
+#[test]
+fn the_tests_tgtd_has_the_preload_library_and_its_shell_has_not() {
+    let tgtd = TgtdProcess::start();
+    let pid = tgtd.pid().expect("tgtd is running");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(maps.contains("berth-tgtd-preload-"), "tgtd has the library loaded");
+    let parent = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let ppid = parent.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap();
+    let shell = std::fs::read_to_string(format!("/proc/{ppid}/maps")).unwrap();
+    assert!(!shell.contains("berth-tgtd-preload-"), "the shell that started tgtd has not");
+}
+
 #[tokio::test]
 async fn every_operation_repeated_changes_nothing() {
     let rig = Rig::start();

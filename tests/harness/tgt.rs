@@ -15,14 +15,20 @@ use crate::process::BerthProcess;
 use crate::server::Client;
 
 /// What tgtd is started with, as `berth serve` starts it (`[tgt] start = true`): its futex hash
-/// sized by the preloaded library (`capabilities/iscsi/tgt/preload.rs`).
-/// `BERTH_BENCH_TGTD_PRELOAD=0` starts it without, to measure what the library changes.
+/// sized by the preloaded library (`capabilities/iscsi/tgt/preload.rs`). The shell that starts
+/// tgtd gets the library's path as `TGTD_PRELOAD` and hands it to tgtd alone as `LD_PRELOAD`.
+/// `BERTH_BENCH_TGTD_PRELOAD=0` starts tgtd without it, to measure what the library changes.
 fn preload() -> Vec<(&'static str, std::ffi::OsString)> {
     if std::env::var("BERTH_BENCH_TGTD_PRELOAD").as_deref() == Ok("0") {
         return Vec::new();
     }
     let dir = std::env::temp_dir().join("berth-tests-tgtd-preload");
-    berth::capabilities::iscsi::tgt::preload::environment(&dir).expect("write tgtd's preload library")
+    let environment =
+        berth::capabilities::iscsi::tgt::preload::environment(&dir).expect("write tgtd's preload library");
+    environment
+        .into_iter()
+        .map(|(name, value)| (if name == "LD_PRELOAD" { "TGTD_PRELOAD" } else { name }, value))
+        .collect()
 }
 
 /// The id of the tgtd process on `control_port`, whoever started it.
@@ -70,7 +76,7 @@ impl TgtdProcess {
         let (c, p, t) = (self.control_port, self.portal_port, self.io_threads);
         let script = format!(
             "rm -f /var/run/tgtd/socket.{c} /var/run/tgtd/socket.{c}.lock; \
-             setpriv --pdeathsig KILL /usr/sbin/tgtd -f -C {c} -t {t} --iscsi portal=127.0.0.1:{p} >/dev/null 2>&1 & pid=$!; \
+             LD_PRELOAD=\"$TGTD_PRELOAD\" setpriv --pdeathsig KILL /usr/sbin/tgtd -f -C {c} -t {t} --iscsi portal=127.0.0.1:{p} >/dev/null 2>&1 & pid=$!; \
              cat >/dev/null; kill -KILL $pid; wait $pid; rm -f /var/run/tgtd/socket.{c} /var/run/tgtd/socket.{c}.lock"
         );
         let child = Command::new("sh")
