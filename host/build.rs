@@ -3,8 +3,8 @@
 //!
 //! The components land in `<target>/drivers/<name>.wasm`; `BERTH_DRIVER_DIR` points there at
 //! compile time. It also builds `tgtd-preload` for this machine (the library Berth loads into the
-//! tgtd it starts, `capabilities/iscsi/tgt/preload.rs`); `BERTH_TGTD_PRELOAD` names it. The nested cargo uses its own target directory, so it never waits on the outer
-//! build's lock.
+//! tgtd it starts, `capabilities/iscsi/tgt/preload.rs`); `BERTH_TGTD_PRELOAD` names it. Each
+//! nested cargo uses its own target directory, so it never waits on the outer build's lock.
 
 // The build script builds the shipped drivers with cargo (host/clippy.toml).
 #![allow(clippy::disallowed_methods)]
