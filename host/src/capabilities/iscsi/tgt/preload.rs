@@ -44,8 +44,7 @@ pub fn environment(dir: &Path) -> std::io::Result<Vec<(&'static str, OsString)>>
 fn install(dir: &Path) -> std::io::Result<PathBuf> {
     use sha2::Digest;
     use std::os::unix::fs::MetadataExt;
-    let digest = sha2::Sha256::digest(LIBRARY);
-    let name: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let name = hex::encode(&sha2::Sha256::digest(LIBRARY)[..8]);
     let path = dir.join(format!("berth-tgtd-preload-{name}.so"));
     // SAFETY: `geteuid` has no preconditions.
     let me = unsafe { libc::geteuid() };
