@@ -265,8 +265,9 @@ pub enum ReconcileMode {
 #[serde(deny_unknown_fields, default)]
 pub struct HistoryConfig {
     /// Days an event is kept; older ones are pruned every hour (each volume's chain then starts
-    /// at its first event left, and still verifies). Export and archive them first (`berth history
-    /// export --until`). Default: kept for ever.
+    /// at its first event left, and still verifies), and so are the rows of attachments deleted
+    /// before then (a deleted attachment's row is kept only for its history). Export and archive
+    /// them first (`berth history export --until`). Default: kept for ever.
     pub keep_days: Option<u32>,
 }
 

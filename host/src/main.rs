@@ -208,7 +208,8 @@ enum HistoryCommand {
         #[arg(long)]
         until: Option<String>,
     },
-    /// Delete the events recorded before a time (export and archive them first).
+    /// Delete the events recorded before a time (export and archive them first), and the rows of
+    /// attachments deleted before then.
     Prune {
         #[command(flatten)]
         db: DatabaseArgs,
@@ -578,7 +579,8 @@ fn history(command: HistoryCommand) -> ExitCode {
                 let before = history_time("before", &before)?;
                 let store = db.open().await?;
                 let n = history::prune(&store, before).await.map_err(|e| e.to_string())?;
-                println!("pruned {n} events");
+                let rows = history::purge_attachments(&store, before).await.map_err(|e| e.to_string())?;
+                println!("pruned {n} events and the rows of {rows} attachments deleted before then");
                 Ok(ExitCode::SUCCESS)
             }
         }

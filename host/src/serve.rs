@@ -362,18 +362,29 @@ impl Assembled {
 }
 
 /// Reconciles at start-up and then every `interval`, in the background.
-/// Deletes the attach history's events older than `days`, at start and every hour
-/// (`[history] keep_days`).
+/// Deletes the attach history's events older than `days`, and the rows of attachments deleted
+/// before then, at start and every hour (`[history] keep_days`).
 pub async fn prune_history(service: Arc<crate::attach::Service>, days: u32) {
+    use crate::attach::history;
     loop {
         let before = crate::store::now_micros() - i64::from(days) * 86_400_000_000;
         let pruned = match service.owner().schema_refusal() {
             Some(refused) => Err(refused),
-            None => crate::attach::history::prune(service.store(), before).await,
+            None => match history::prune(service.store(), before).await {
+                Ok(events) => {
+                    history::purge_attachments(service.store(), before).await.map(|rows| (events, rows))
+                }
+                Err(e) => Err(e),
+            },
         };
         match pruned {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(events = n, keep_days = days, "pruned the attach history"),
+            Ok((0, 0)) => {}
+            Ok((events, attachments)) => tracing::info!(
+                events,
+                deleted_attachments = attachments,
+                keep_days = days,
+                "pruned the attach history"
+            ),
             Err(e) => tracing::warn!("could not prune the attach history: {e}"),
         }
         tokio::time::sleep(Duration::from_secs(3600)).await;

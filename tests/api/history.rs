@@ -320,6 +320,61 @@ both_databases! {
         let after = berth::attach::history::verify(store).await.unwrap();
         assert!(after.breaks.iter().all(|b| b.volume_id != volumes[3]), "{:?}", after.breaks);
     }
+
+    /// `[history] keep_days` also bounds the attachments' rows: an attachment deleted before then,
+    /// of which no event is left, loses its row for good; one with an event left, one deleted since
+    /// and a live one keep theirs, and the API still answers for them.
+    async fn attachments_deleted_before_keep_days_lose_their_rows_once_no_event_names_them(s) {
+        let c = s.client("p1").at("3.54");
+        let three_days = "259200000000";
+        let mut made = Vec::new();
+        for host in ["gone-host", "kept-host", "recent-host", "live-host"] {
+            let volume = c.create_volume(json!({"size": 1})).await;
+            let (id, _) = attach(&c, &volume, INSTANCE_1, host).await;
+            if host != "live-host" {
+                c.delete(&format!("/attachments/{id}")).await.expect(200);
+            }
+            made.push((volume, id));
+        }
+        let [(gone_volume, gone), (kept_volume, kept), (_, recent), (_, live)] = &made[..] else { unreachable!() };
+        // Three days ago: every event of the first attachment and its deletion; the second's
+        // deletion and its first two events only; the live one's creation.
+        for e in events(&c, &format!("volume_id={gone_volume}")).await {
+            sql(s, &format!("UPDATE attach_events SET at = at - {three_days} WHERE id = $1"), e["id"].as_str().unwrap())
+                .await;
+        }
+        for e in &events(&c, &format!("volume_id={kept_volume}")).await[..2] {
+            sql(s, &format!("UPDATE attach_events SET at = at - {three_days} WHERE id = $1"), e["id"].as_str().unwrap())
+                .await;
+        }
+        for id in [gone, kept] {
+            sql(s, &format!("UPDATE volume_attachment SET deleted_at = deleted_at - {three_days} WHERE id = $1"), id)
+                .await;
+        }
+        sql(s, &format!("UPDATE volume_attachment SET created_at = created_at - {three_days} WHERE id = $1"), live).await;
+        let rows = async || -> Vec<String> {
+            let ids = s
+                .service
+                .store()
+                .read(async |tx| tx.query("SELECT id FROM volume_attachment ORDER BY id", &[]).await)
+                .await
+                .unwrap();
+            ids.iter().map(|r| r.text(0).unwrap()).collect()
+        };
+        assert_eq!(rows().await.len(), 4);
+
+        let pruner = berth::serve::prune_history(s.service.clone(), 1);
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), pruner).await;
+        let mut left = vec![kept.clone(), recent.clone(), live.clone()];
+        left.sort();
+        assert_eq!(rows().await, left, "only the attachment deleted three days ago with no event left is gone");
+        assert!(events(&c, &format!("attachment_id={gone}")).await.is_empty());
+        assert_eq!(events(&c, &format!("attachment_id={kept}")).await.len(), 2, "its events still list");
+        c.get(&format!("/attachments/{gone}")).await.expect(404);
+        c.get(&format!("/attachments/{live}")).await.expect(200);
+        let verified = berth::attach::history::verify(s.service.store()).await.unwrap();
+        assert_eq!(verified.breaks.len(), 0, "{:?}", verified.breaks);
+    }
 }
 
 /// `berth history` on the service's SQLite file: `list` prints the events as a table, `verify`

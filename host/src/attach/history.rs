@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::domain::history::{Access, AttachEvent, Break, ChainCheck, EventFilter, Head, NewEvent};
 use crate::store::sql::Tx;
-use crate::store::{Store, events, now_micros};
+use crate::store::{Store, attachments, events, now_micros};
 
 tokio::task_local! {
     /// The caller of the operation this task runs.
@@ -263,6 +263,23 @@ pub async fn export(store: &Store, until: Option<i64>) -> Result<Vec<AttachEvent
 /// Deletes the events recorded before `before`; the rest of each chain still verifies.
 pub async fn prune(store: &Store, before: i64) -> Result<u64, AttachError> {
     Ok(store.write(async |tx| events::prune(tx, before).await).await?)
+}
+
+/// Deletes for good the rows of attachments deleted before `before` of which no event is left
+/// (after [`prune`]): without it, every attachment ever made would keep its row. In batches: each
+/// found by a read (the last one reads the whole table, about 0.15 s for 1,000,000 deleted rows on
+/// SQLite here) and deleted by a short write. Returns how many went.
+pub async fn purge_attachments(store: &Store, before: i64) -> Result<u64, AttachError> {
+    const BATCH: i64 = 1000;
+    let mut purged = 0;
+    loop {
+        let ids = store.read(async |tx| attachments::purgeable(tx, before, BATCH).await).await?;
+        let n = store.write(async |tx| attachments::purge(tx, &ids, before).await).await?;
+        purged += n;
+        if (ids.len() as i64) < BATCH || n == 0 {
+            return Ok(purged);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -285,6 +285,34 @@ pub async fn remove(tx: &mut Tx, id: &str, t: &Transition) -> Result<bool, Store
     Ok(changed == 1)
 }
 
+/// What makes a deleted attachment's row purgeable (`a`: the row; `$1`: the time before which it
+/// was deleted): no operation and no event of the history names it (the history's list by
+/// attachment finds its volume through this row).
+const PURGEABLE: &str = "a.deleted = 1 AND a.deleted_at < $1 \
+     AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.attachment_id = a.id) \
+     AND NOT EXISTS (SELECT 1 FROM attach_events e WHERE e.volume_id = a.volume_id AND e.attachment_id = a.id)";
+
+/// Up to `limit` attachments deleted before `before` (microseconds) whose rows may go for good
+/// ([`purge`]). A read: the table is scanned without holding the writer.
+pub async fn purgeable(tx: &mut Tx, before: i64, limit: i64) -> Result<Vec<String>, StoreError> {
+    let q = format!("SELECT a.id FROM volume_attachment a WHERE {PURGEABLE} LIMIT $2");
+    tx.query(&q, &params![before, limit]).await?.iter().map(|r| r.text(0)).collect()
+}
+
+/// Deletes for good the rows of these attachments that are still [`purgeable`] before `before`,
+/// with whatever connector rows they kept. Returns how many went.
+pub async fn purge(tx: &mut Tx, ids: &[String], before: i64) -> Result<u64, StoreError> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let list = placeholders(2, ids.len());
+    let mut params: Vec<Param> = vec![Param::from(before)];
+    params.extend(ids.iter().map(Param::from));
+    let still = format!("SELECT a.id FROM volume_attachment a WHERE a.id IN ({list}) AND {PURGEABLE}");
+    tx.execute(&format!("DELETE FROM attachment_specs WHERE attachment_id IN ({still})"), &params).await?;
+    tx.execute(&format!("DELETE FROM volume_attachment WHERE id IN ({still})"), &params).await
+}
+
 /// Forgets an attachment's connection info (its access was revoked; it held credentials).
 pub async fn clear_connection_info(tx: &mut Tx, id: &str) -> Result<(), StoreError> {
     tx.execute(
