@@ -578,8 +578,7 @@ fn history(command: HistoryCommand) -> ExitCode {
             HistoryCommand::Prune { db, before } => {
                 let before = history_time("before", &before)?;
                 let store = db.open().await?;
-                let n = history::prune(&store, before).await.map_err(|e| e.to_string())?;
-                let rows = history::purge_attachments(&store, before).await.map_err(|e| e.to_string())?;
+                let (n, rows) = history::retain_since(&store, before).await.map_err(|e| e.to_string())?;
                 println!("pruned {n} events and the rows of {rows} attachments deleted before then");
                 Ok(ExitCode::SUCCESS)
             }

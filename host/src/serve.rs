@@ -365,17 +365,11 @@ impl Assembled {
 /// Deletes the attach history's events older than `days`, and the rows of attachments deleted
 /// before then, at start and every hour (`[history] keep_days`).
 pub async fn prune_history(service: Arc<crate::attach::Service>, days: u32) {
-    use crate::attach::history;
     loop {
         let before = crate::store::now_micros() - i64::from(days) * 86_400_000_000;
         let pruned = match service.owner().schema_refusal() {
             Some(refused) => Err(refused),
-            None => match history::prune(service.store(), before).await {
-                Ok(events) => {
-                    history::purge_attachments(service.store(), before).await.map(|rows| (events, rows))
-                }
-                Err(e) => Err(e),
-            },
+            None => crate::attach::history::retain_since(service.store(), before).await,
         };
         match pruned {
             Ok((0, 0)) => {}

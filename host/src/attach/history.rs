@@ -265,12 +265,20 @@ pub async fn prune(store: &Store, before: i64) -> Result<u64, AttachError> {
     Ok(store.write(async |tx| events::prune(tx, before).await).await?)
 }
 
+/// The history's retention (`[history] keep_days`, `berth history prune`): the events recorded
+/// before `before` ([`prune`]), then the rows of attachments deleted before then of which no event
+/// is left. Returns how many of each went.
+pub async fn retain_since(store: &Store, before: i64) -> Result<(u64, u64), AttachError> {
+    let events = prune(store, before).await?;
+    Ok((events, purge_attachments(store, before).await?))
+}
+
 /// Deletes for good the rows of attachments deleted before `before` of which no event is left
 /// (after [`prune`]): without it, every attachment ever made would keep its row. In batches: each
 /// found by a read, which does not hold the writer (the last one reads the whole table: 0.13 to
 /// 0.15 s for 1,000,000 deleted rows kept, in a table of this shape on this machine), and deleted
 /// by a short write. Returns how many went.
-pub async fn purge_attachments(store: &Store, before: i64) -> Result<u64, AttachError> {
+async fn purge_attachments(store: &Store, before: i64) -> Result<u64, AttachError> {
     const BATCH: i64 = 1000;
     let mut purged = 0;
     loop {
