@@ -212,12 +212,13 @@ class Driver(exports.Driver):
 
     def create_export(self, volume: Volume, connector: Optional[Connector]) -> ModelUpdate:
         iqn = target_iqn(volume)
+        unit = lun()
         credentials = stored_credentials(volume) or iscsi.generate_chap_credentials()
         target = attempt("show target", target_error, iscsi.show_target, iqn)
         if target is None:
             target = attempt("create target", target_error, iscsi.create_target, iqn)
-        if lun() not in target.luns:
-            attempt("add LUN", target_error, iscsi.add_lun, iqn, lun(), volume.name)
+        if unit not in target.luns:
+            attempt("add LUN", target_error, iscsi.add_lun, iqn, unit, volume.name)
         if credentials.username not in target.chap_users:
             attempt("set CHAP", target_error, iscsi.set_chap, iqn, credentials)
         portals = [portal_text(p) for p in iscsi.portals()]
@@ -225,7 +226,7 @@ class Driver(exports.Driver):
             raise Err(DriverError_Backend("the host has no iSCSI portal configured"))
         log(Level.DEBUG, f"exported {volume.id} as {iqn} (tid {target.tid})")
         return update(
-            location=f"{';'.join(portals)},{target.tid} {iqn} {lun()}",
+            location=f"{';'.join(portals)},{target.tid} {iqn} {unit}",
             auth=f"CHAP {credentials.username} {credentials.secret}",
         )
 
