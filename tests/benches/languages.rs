@@ -7,7 +7,8 @@
 //!
 //! Run after `bash .ci/test` (or the two driver builds it runs):
 //! `cargo bench -p berth-tests --bench languages` (`BERTH_BENCH_KEEP_RESIDENT_MIB` sets
-//! `[runtime] keep_resident_mib`). Figures go to BENCHMARKS.md.
+//! `[runtime] keep_resident_mib`; `BERTH_BENCH_ONLY=py-iscsi`, say, measures the drivers it names
+//! on the in-memory model only, without the server). Figures go to BENCHMARKS.md.
 
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,9 @@ async fn run() {
         if cfg!(debug_assertions) { "debug" } else { "release" }
     );
     for (language, name, _) in DRIVERS {
+        if std::env::var("BERTH_BENCH_ONLY").is_ok_and(|o| !o.contains(name)) {
+            continue;
+        }
         let wasm =
             std::fs::read(component(name)).unwrap_or_else(|e| panic!("{name}.wasm: {e} (build it first)"));
         let footprint = Footprint::of(&wasm).unwrap();
@@ -170,6 +174,9 @@ async fn run() {
         println!("{language:<10} {name:<9} an attach's and a detach's calls (p50): {}", breakdown.join(", "));
     }
 
+    if std::env::var("BERTH_BENCH_ONLY").is_ok() {
+        return; // the drivers it names, on the in-memory model only
+    }
     // The three in one server: an attachment create with a connector (validate-connector,
     // create-export, initialize-connection) and its delete (terminate-connection, remove-export).
     // SAFETY: set before any thread that reads the environment is started by this benchmark.
