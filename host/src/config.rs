@@ -347,8 +347,9 @@ pub struct RuntimeConfig {
     /// the pages the instance wrote are put back as the driver's image has them (found with
     /// Linux's `PAGEMAP_SCAN`, 6.7 and later; elsewhere this setting does nothing) instead of
     /// being returned to the kernel, so the next instance of the driver in that slot starts
-    /// without page faults. Costs memory: what drivers wrote, up to this much per slot used.
-    /// 0: every page is returned.
+    /// without page faults on them. wasmtime keeps at most 32 runs of written pages this way and
+    /// returns the pages past the last (a Python driver writes more runs than that). Costs
+    /// memory: what drivers wrote, up to this much per slot used. 0: every page is returned.
     pub keep_resident_mib: u32,
 }
 
