@@ -2,7 +2,9 @@
 //! `js-iscsi` (ComponentizeJS) and the Python `py-iscsi` (componentize-py), which do the same work.
 //! For each: the component's size and footprint, the first compile, a load from the artifact
 //! cache, one call in a fresh instance (instantiation, memory initialisation and the call) with
-//! its fuel, the next call of an operation in the instance the first left, and an attachment create over HTTP with all three served by one `berth serve`
+//! its fuel, the next call of an operation in the instance the first left, each call of an attach
+//! and a detach on the in-memory target model (time, and fuel: instructions, which do not move
+//! from run to run), and an attachment create over HTTP with all three served by one `berth serve`
 //! (release build) on a real tgtd.
 //!
 //! Run after `bash .ci/test` (or the two driver builds it runs):
@@ -113,6 +115,10 @@ async fn run() {
             "remove-export",
         ];
         let mut steps: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
+        // Each call's fuel (its WebAssembly instructions), which unlike its time does not move
+        // from run to run: the last round's.
+        let mut call_fuel = vec![0u64; names.len()];
+        let metered = u64::MAX / 4;
         // A volume of each driver's own (the stores' directory is shared, each store its backend's).
         let mut volume =
             berth_tests::drivers::volume(&format!("11111111-2222-4333-8444-{:012}", wasm.len()), &[]);
@@ -121,29 +127,38 @@ async fn run() {
             tokio::time::sleep(Duration::from_millis(2)).await;
             let initiator = connector(&format!("iqn.1993-08.org.debian:01:step{i}"));
             let mut timed = Vec::new();
-            let mut attach = driver.calls().for_owner("bench");
+            let mut used = Vec::new();
+            let mut attach = driver.calls().for_owner("bench").metered(metered);
             let t = Instant::now();
             attach.validate_connector(&initiator).await.unwrap();
             timed.push(t.elapsed());
+            used.push(attach.last_fuel());
             let t = Instant::now();
             let update = attach.create_export(&volume, Some(&initiator)).await.unwrap();
             timed.push(t.elapsed());
+            used.push(attach.last_fuel());
             apply(&mut volume, &update);
             let t = Instant::now();
             let connection = attach.initialize_connection(&volume, &initiator).await.unwrap();
             timed.push(t.elapsed());
+            used.push(attach.last_fuel());
             apply(&mut volume, &connection.update);
             drop(attach);
             tokio::time::sleep(Duration::from_millis(2)).await;
-            let mut detach = driver.calls().for_owner("bench");
+            let mut detach = driver.calls().for_owner("bench").metered(metered);
             let t = Instant::now();
             let ended = detach.terminate_connection(&volume, Some(&initiator), &[]).await.unwrap();
             timed.push(t.elapsed());
+            used.push(detach.last_fuel());
             apply(&mut volume, &ended.update);
             let t = Instant::now();
             let update = detach.remove_export(&volume).await.unwrap();
             timed.push(t.elapsed());
+            used.push(detach.last_fuel());
             apply(&mut volume, &update);
+            for (slot, used) in call_fuel.iter_mut().zip(used) {
+                *slot = used.expect("the runtime meters fuel");
+            }
             if i >= 10 {
                 for (step, took) in steps.iter_mut().zip(timed) {
                     step.push(took);
@@ -172,6 +187,12 @@ async fn run() {
             human(Summary::of(&mut again).p50),
         );
         println!("{language:<10} {name:<9} an attach's and a detach's calls (p50): {}", breakdown.join(", "));
+        let call_fuel: Vec<String> = names
+            .iter()
+            .zip(&call_fuel)
+            .map(|(name, used)| format!("{name} {:.3}M", *used as f64 / 1e6))
+            .collect();
+        println!("{language:<10} {name:<9} the same calls' fuel (instructions): {}", call_fuel.join(", "));
     }
 
     if std::env::var("BERTH_BENCH_ONLY").is_ok() {

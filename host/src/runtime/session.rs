@@ -19,6 +19,9 @@ pub struct DriverCalls<'d> {
     kept: Option<Kept>,
     /// The owner of the volume the calls are about (`CallOptions::owner`).
     owner: Option<std::sync::Arc<str>>,
+    /// Fuel each call is metered with (`CallOptions::fuel`), and what the last call used.
+    budget: Option<u64>,
+    last_fuel: Option<u64>,
 }
 
 impl Driver {
@@ -45,7 +48,15 @@ pub(super) type Guard = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>
 
 impl<'d> DriverCalls<'d> {
     pub(super) fn new(driver: &'d Driver) -> Self {
-        DriverCalls { driver, effects: Vec::new(), guard: None, kept: None, owner: None }
+        DriverCalls {
+            driver,
+            effects: Vec::new(),
+            guard: None,
+            kept: None,
+            owner: None,
+            budget: None,
+            last_fuel: None,
+        }
     }
 
     /// The same calls, about a volume of `owner` (its project): per-initiator CHAP accounts are
@@ -66,6 +77,19 @@ impl<'d> DriverCalls<'d> {
     pub fn with_instance(mut self, instance: Option<KeptInstance>) -> Self {
         self.kept = instance.map(|k| k.0);
         self
+    }
+
+    /// The same calls, each metered with `budget` units of fuel when the runtime meters fuel
+    /// (`RuntimeOptions::fuel`, benchmarks and the conformance suite; `berth serve` does not):
+    /// what the last call used is [`DriverCalls::last_fuel`].
+    pub fn metered(mut self, budget: u64) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// The fuel the last call used (WebAssembly instructions, roughly), if it was metered.
+    pub fn last_fuel(&self) -> Option<u64> {
+        self.last_fuel
     }
 
     pub fn driver(&self) -> &'d Driver {
@@ -92,8 +116,9 @@ impl<'d> DriverCalls<'d> {
                 kind: CallErrorKind::NotMade(reason),
             });
         }
-        let options = CallOptions { owner: self.owner.clone(), ..CallOptions::default() };
+        let options = CallOptions { owner: self.owner.clone(), fuel: self.budget, ..CallOptions::default() };
         let outcome = self.driver.run(&request, &options, Some(&mut self.kept)).await;
+        self.last_fuel = outcome.stats.fuel;
         self.effects.extend(outcome.stats.effects);
         let response = outcome.result?;
         pick(response).ok_or_else(|| self.driver.invalid(call, "unexpected response type".into()))
