@@ -204,6 +204,27 @@ async fn the_calls_of_one_operation_share_an_instance_and_the_next_operation_get
 }
 
 #[tokio::test]
+async fn a_metered_operation_tells_what_each_call_used_and_stops_a_call_past_its_budget() {
+    // Fuel is metered only by a runtime built for it (benchmarks, the conformance suite).
+    let runtime = Runtime::new(RuntimeOptions { fuel: true, ..Default::default() }).unwrap();
+    let driver = runtime.load(spec("misbehaving")).await.unwrap();
+    let mut plain = driver.calls();
+    count_in(&mut plain).await;
+    assert_eq!(plain.last_fuel(), None, "a call not metered reports no fuel");
+
+    let mut operation = driver.calls().metered(100_000_000);
+    assert_eq!(count_in(&mut operation).await, "1");
+    let first = operation.last_fuel().expect("a metered call reports its fuel");
+    assert_eq!(count_in(&mut operation).await, "2", "metering keeps the operation's instance");
+    let second = operation.last_fuel().expect("and so does the next call");
+    assert!(first > 0 && second > 0, "{first} {second}");
+
+    let v = volume("11111111-2222-3333-4444-555555555555", &[("behave", "count")]);
+    let error = driver.calls().metered(first / 10).create_volume(&v).await.unwrap_err();
+    assert!(matches!(error.kind, CallErrorKind::Fuel(_)), "a tenth of the call's fuel: {error}");
+}
+
+#[tokio::test]
 async fn an_instance_whose_call_trapped_or_ran_out_of_time_is_never_called_again() {
     let mut s = spec("misbehaving");
     s.limits = limits(|l| l.cpu_ms = 200);
