@@ -283,6 +283,9 @@ async fn purge_attachments(store: &Store, before: i64) -> Result<u64, AttachErro
     let mut purged = 0;
     loop {
         let ids = store.read(async |tx| attachments::purgeable(tx, before, BATCH).await).await?;
+        if ids.is_empty() {
+            return Ok(purged);
+        }
         let n = store.write(async |tx| attachments::purge(tx, &ids, before).await).await?;
         purged += n;
         if (ids.len() as i64) < BATCH || n == 0 {
