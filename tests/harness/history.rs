@@ -334,12 +334,14 @@ fn check_snapshot(s: &Snapshot) -> Vec<String> {
 /// time.
 fn check_exclusivity(calls: &[Call], volumes: &[(String, bool)]) -> Vec<String> {
     let mut out = Vec::new();
-    for (volume, multi) in volumes.iter().filter(|(_, m)| !m) {
-        let _ = multi;
+    let Some(start) = calls.iter().map(|c| c.invoked).min() else { return out };
+    for (volume, _) in volumes.iter().filter(|(_, multi)| !multi) {
         let mine: Vec<&Call> = calls.iter().filter(|c| &c.volume == volume).collect();
         // For sure live from the acknowledgement until a call that may remove it may take effect:
-        // one invoked later, or one still pending at the acknowledgement (it may wait for the
-        // volume's lock and act just after), or one never answered (it may still be going on).
+        // one that ended after the reservation was asked for (its effect may come after the
+        // reservation's commit, even when its answer arrives before the reservation's: it may
+        // have listed the new row and removed it while that answer was on its way), or one never
+        // answered (it may still be going on).
         // An initialize for a host that some attachment of the volume may be connected for
         // (created, updated or initialized for it before) replays that connection.
         let may_replay = |i: &Call| {
@@ -357,7 +359,7 @@ fn check_exclusivity(calls: &[Call], volumes: &[(String, bool)]) -> Vec<String> 
             .map(|r| {
                 let end = mine
                     .iter()
-                    .filter(|x| x.may_remove() && (x.status.is_none() || x.completed > r.completed))
+                    .filter(|x| x.may_remove() && (x.status.is_none() || x.completed > r.invoked))
                     .map(|x| x.invoked.max(r.completed))
                     .min()
                     .unwrap_or_else(Instant::now);
@@ -375,14 +377,29 @@ fn check_exclusivity(calls: &[Call], volumes: &[(String, bool)]) -> Vec<String> 
                     matches!((a.2.op, b.2.op), ("reserve", "initialize") | ("initialize", "reserve"));
                 if overlap && !same && !legacy_pair {
                     out.push(format!(
-                        "volume {volume}: {} by client {} and {} by client {} were both acknowledged and live",
-                        a.2.op, a.2.client, b.2.op, b.2.client
+                        "volume {volume}: {} and {} were both acknowledged and live",
+                        described(a.2, start),
+                        described(b.2, start)
                     ));
                 }
             }
         }
     }
     out
+}
+
+/// A call as an anomaly names it: what, by whom, on which attachment, and when (ms from the
+/// first call).
+fn described(c: &Call, start: Instant) -> String {
+    let ms = |t: Instant| t.duration_since(start).as_secs_f64() * 1e3;
+    format!(
+        "{} by client {} (attachment {}, {:.1} to {:.1} ms)",
+        c.op,
+        c.client,
+        c.attachment.as_deref().unwrap_or("-"),
+        ms(c.invoked),
+        ms(c.completed)
+    )
 }
 
 /// What the end state must show of the acknowledged calls: created attachments that nothing could
@@ -412,4 +429,58 @@ pub fn check_acknowledged(calls: &[Call], live: &BTreeSet<String>) -> Vec<String
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(
+        client: usize,
+        op: &'static str,
+        attachment: &str,
+        from_ms: u64,
+        to_ms: u64,
+        at: Instant,
+    ) -> Call {
+        Call {
+            client,
+            op,
+            volume: "v".into(),
+            attachment: Some(attachment.into()),
+            host: None,
+            invoked: at + Duration::from_millis(from_ms),
+            completed: at + Duration::from_millis(to_ms),
+            status: Some(200),
+        }
+    }
+
+    #[test]
+    fn two_reservations_live_together_are_an_anomaly() {
+        let at = Instant::now() - Duration::from_secs(1);
+        let calls = [call(1, "create", "a", 0, 10, at), call(2, "create", "b", 20, 30, at)];
+        let found = check_exclusivity(&calls, &[("v".into(), false)]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("attachment a") && found[0].contains("attachment b"), "{found:?}");
+        assert!(check_exclusivity(&calls, &[("v".into(), true)]).is_empty(), "multiattach allows both");
+    }
+
+    #[test]
+    fn a_removal_answered_before_the_reservation_may_still_have_removed_it() {
+        // The delete listed `a` once committed and removed it while `a`'s answer was on its way.
+        let at = Instant::now() - Duration::from_secs(1);
+        let calls = [
+            call(1, "create", "a", 0, 10, at),
+            call(3, "delete", "a", 4, 8, at),
+            call(2, "create", "b", 20, 30, at),
+        ];
+        assert!(check_exclusivity(&calls, &[("v".into(), false)]).is_empty());
+        // One that ended before the reservation was asked for removed something else.
+        let calls = [
+            call(3, "delete", "z", 0, 2, at),
+            call(1, "create", "a", 4, 10, at),
+            call(2, "create", "b", 20, 30, at),
+        ];
+        assert_eq!(check_exclusivity(&calls, &[("v".into(), false)]).len(), 1);
+    }
 }
