@@ -12,7 +12,9 @@
 //! never stale. SQLite has one writer connection, so writers queue instead of failing with
 //! `SQLITE_BUSY`, and runs in WAL mode with `synchronous=FULL` by default: a write returns once
 //! its commit is on disk, by a sync of the write-ahead log that the commits waiting at the same
-//! time share and that runs outside the writer's lock (group commit, [`WalSync`]).
+//! time share and that runs outside the writer's lock (group commit, [`WalSync`]). A write may
+//! ask for less ([`Durability::Written`]: an operation's intent, made durable only before an
+//! effect that would outlive a power failure, [`Store::sync`]).
 
 // This room owns the SQL (host/clippy.toml).
 #![allow(clippy::disallowed_methods)]
@@ -52,6 +54,20 @@ pub enum DbKind {
 pub enum Synchronous {
     Full,
     Normal,
+}
+
+/// How durable a write is once [`Store::write_with`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// On disk: the write survives a power failure (SQLite with `synchronous=FULL`: a sync of the
+    /// log; PostgreSQL: its commit).
+    Disk,
+    /// In the operating system's hands: it survives this process's end (a kill, a crash), not
+    /// the machine's; it is on disk once the next [`Durability::Disk`] write or [`Store::sync`]
+    /// returns. For a record whose loss in a power failure loses nothing: an operation's intent
+    /// before the operation has made any change that outlives the power (the local tgtd's
+    /// targets do not). PostgreSQL, which may run on another machine, commits it as `Disk`.
+    Written,
 }
 
 #[derive(Debug, Clone)]
@@ -377,6 +393,18 @@ impl Store {
     where
         E: From<StoreError>,
     {
+        self.write_with(Durability::Disk, f).await
+    }
+
+    /// [`Store::write`], as durable as `durability` says once it returns.
+    pub async fn write_with<T, E>(
+        &self,
+        durability: Durability,
+        f: impl AsyncFnOnce(&mut Tx) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
         let started = std::time::Instant::now();
         let _writing = match &*self.db {
             Db::Sqlite { durable: Some(wal), .. } => {
@@ -388,12 +416,31 @@ impl Store {
         let mut tx = self.begin(true).await.map_err(E::from)?;
         let value = f(&mut tx).await?;
         tx.commit().await.map_err(E::from)?;
-        if let Db::Sqlite { durable: Some(wal), .. } = &*self.db {
-            wal.covered().await.map_err(E::from)?;
+        match &*self.db {
+            Db::Sqlite { .. } if durability == Durability::Written => {}
+            Db::Sqlite { durable: Some(wal), .. } => {
+                wal.covered().await.map_err(E::from)?;
+                self.commits.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                self.commits.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        self.commits.fetch_add(1, Ordering::Relaxed);
         crate::metrics::transaction("write", started.elapsed());
         Ok(value)
+    }
+
+    /// Returns once every write that returned before this call is on disk (the
+    /// [`Durability::Written`] ones: the others are already).
+    pub async fn sync(&self) -> Result<(), StoreError> {
+        match &*self.db {
+            Db::Sqlite { durable: Some(wal), .. } => {
+                wal.refusal()?;
+                let _writing = wal.writing();
+                wal.covered().await
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Runs `f` as one read-only transaction: every statement sees the same snapshot (on
@@ -450,7 +497,7 @@ impl Store {
         }
     }
 
-    /// Write transactions committed since the store was opened (each is one durable commit).
+    /// Durable write transactions ([`Durability::Disk`]) committed since the store was opened.
     pub fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
     }
@@ -555,6 +602,31 @@ mod tests {
             assert_eq!(wal.on_the_spot.load(Ordering::Relaxed), n, "made on the spot, no hand-off");
             assert_eq!(*wal.synced.lock().await, wal.tickets.load(Ordering::Relaxed), "every commit covered");
         }
+    }
+
+    #[tokio::test]
+    async fn a_write_asked_only_to_be_written_returns_unsynced_and_the_next_sync_covers_it() {
+        let (_dir, store) = full_store().await;
+        let wal = wal_sync(&store);
+        store
+            .write_with(Durability::Written, async |tx| {
+                tx.execute("INSERT INTO nodes (name, backends, version, started_at, heartbeat_at) VALUES ('w', '', '0', 0, 0)", &[])
+                    .await
+            })
+            .await
+            .unwrap();
+        assert_eq!(wal.syncs.load(Ordering::Relaxed), 0, "no sync for a written write");
+        assert_eq!(store.commits(), 0, "not a durable commit");
+        let seen = store
+            .read(async |tx| tx.query("SELECT name FROM nodes WHERE name = 'w'", &[]).await)
+            .await
+            .unwrap();
+        assert_eq!(seen.len(), 1, "readers see it at once");
+        store.sync().await.unwrap();
+        assert_eq!(wal.syncs.load(Ordering::Relaxed), 1, "Store::sync syncs the log");
+        assert_eq!(*wal.synced.lock().await, wal.tickets.load(Ordering::Relaxed), "and covers it");
+        write_one(&store).await;
+        assert_eq!((wal.syncs.load(Ordering::Relaxed), store.commits()), (2, 1), "a disk write syncs");
     }
 
     #[tokio::test]
