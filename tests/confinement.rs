@@ -3,10 +3,13 @@
 //! on a real tgtd (the per-initiator accounts of `berth:iscsi-chap` included), and each is refused
 //! while nothing of the victim's changes (tgtd's target, its ACL and CHAP account, the backing
 //! file). The two backends share one node key, as under `berth serve`, and the hostile calls are
-//! made for the victim's own project: the backend alone keeps their accounts apart.
+//! made for the victim's own project: the backend alone keeps their accounts apart. And what a
+//! driver changes that outlives the machine's power waits for its operation's intent to be on
+//! disk, where tgtd's targets, lost with the power, do not.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use berth::capabilities::backing::BackingStores;
@@ -16,7 +19,7 @@ use berth::capabilities::iscsi::{IscsiCapability, Portal, TargetService};
 use berth::capabilities::namespace::Namespace;
 use berth::capabilities::{DriverCapabilities, Grant};
 use berth::runtime::model::VolumeFields;
-use berth::runtime::{Driver, DriverSpec, Limits, WasmSource};
+use berth::runtime::{BeforeLasting, Driver, DriverSpec, Limits, WasmSource};
 use berth_tests::drivers::{component, connector, runtime, volume};
 use berth_tests::tgt::TgtdProcess;
 
@@ -173,4 +176,43 @@ async fn a_hostile_driver_cannot_reach_another_backends_stores_or_targets() {
     assert_eq!(accounts_after, accounts_expected, "tgtd's CHAP accounts changed");
     assert_eq!(std::fs::metadata(&image).unwrap().len(), image_before, "the victim's store changed");
     assert!(!rig.dir.path().join(format!("volumes/hostile/{store}.img")).exists(), "no copy was made");
+}
+
+/// Before a capability call whose change outlives the machine's power (here a backing store), a
+/// driver call awaits what its operation must make durable first (`DriverCalls::before_lasting`:
+/// the operation's intent, written but not yet synced); refused there, the change is not made.
+/// The target service's changes, which tgtd loses with the power, await nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_outlives_the_power_waits_for_the_operations_intent_and_tgtds_do_not() {
+    let rig = Rig::start();
+    let driver = rig.load("lasting", "tgt-iscsi").await;
+    let mut v = volume("cccccccc-0000-4000-8000-000000000003", &[]);
+    let image = rig.dir.path().join(format!("volumes/lasting/{}.img", v.name));
+
+    let refusing = BeforeLasting::new(|| Box::pin(async { Err("the log could not be synced".to_string()) }));
+    let error = driver.calls().before_lasting(refusing).create_volume(&v).await.unwrap_err();
+    assert!(error.to_string().contains("the log could not be synced"), "{error}");
+    assert!(!image.exists(), "the refused change was not made");
+
+    let waits = Arc::new(AtomicUsize::new(0));
+    let counting = {
+        let waits = waits.clone();
+        BeforeLasting::new(move || {
+            waits.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(()) })
+        })
+    };
+    let mut fields = VolumeFields::of(&v);
+    let mut calls = driver.calls().for_owner("a-project").before_lasting(counting);
+    fields.apply(&calls.create_volume(&v).await.unwrap()).unwrap();
+    fields.write_to(&mut v);
+    assert_eq!(waits.load(Ordering::SeqCst), 1, "the store's creation waited");
+    assert!(image.exists(), "and was made");
+
+    fields.apply(&calls.create_export(&v, Some(&connector(ALICE))).await.unwrap()).unwrap();
+    fields.write_to(&mut v);
+    calls.initialize_connection(&v, &connector(ALICE)).await.unwrap();
+    assert_eq!(waits.load(Ordering::SeqCst), 1, "an export on tgtd waits for nothing");
+    let targets = rig.tgtd.targets();
+    assert!(targets.iter().any(|t| t.initiators == [ALICE.to_string()] && !t.luns.is_empty()), "{targets:?}");
 }

@@ -99,6 +99,41 @@ async fn an_allowed_host_is_reached_over_tls_and_anything_else_is_refused_before
     );
 }
 
+/// What a request changes on the array outlives the machine's power: the call first awaits what
+/// its operation must make durable (`CallOptions::before_lasting`), and a refusal there sends
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waits_for_the_operations_intent_and_is_not_sent_when_it_cannot_be_synced() {
+    use berth::runtime::BeforeLasting;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let array = ArrayServer::https(&ca, &["127.0.0.1"]).await;
+    let allowed = format!("https://127.0.0.1:{}", array.port());
+    let driver = probe(&config(std::slice::from_ref(&allowed), Some(&ca.write(dir.path())))).await;
+    let url = [("probe.url", format!("{allowed}/ok"))];
+    let url: Vec<(&str, &str)> = url.iter().map(|(k, v)| (*k, v.as_str())).collect();
+
+    let refusing = BeforeLasting::new(|| Box::pin(async { Err("the log could not be synced".to_string()) }));
+    let options = CallOptions { before_lasting: Some(refusing), ..Default::default() };
+    let r = run_with(&driver, &url, options).await;
+    let DriverError::Backend(m) = driver_error(&r) else { panic!("{r:?}") };
+    assert!(m.contains("the log could not be synced"), "{m}");
+    assert!(array.requests().is_empty(), "a request went out before its intent was on disk");
+
+    let waits = Arc::new(AtomicUsize::new(0));
+    let counting = {
+        let waits = waits.clone();
+        BeforeLasting::new(move || {
+            waits.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(()) })
+        })
+    };
+    let options = CallOptions { before_lasting: Some(counting), ..Default::default() };
+    assert_eq!(status(&run_with(&driver, &url, options).await), "200");
+    assert_eq!((waits.load(Ordering::SeqCst), array.requests().len()), (1, 1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redirect_is_followed_only_onto_the_list() {
     let dir = tempfile::tempdir().unwrap();

@@ -272,6 +272,7 @@ impl<'s> Env<'s> {
             fuel: Some(self.shared.fuel_per_call),
             network_fault,
             owner: Some(OWNER.into()),
+            before_lasting: None,
         };
         let outcome = self.driver.run(&request, &options, self.sharing.as_mut()).await;
         let s = &outcome.stats;

@@ -161,6 +161,36 @@ pub struct CallOptions {
     /// The owner (project) of the volume the call is about: per-initiator CHAP accounts are made
     /// per owner (`capabilities/iscsi/initiators.rs`), and refused without one.
     pub owner: Option<std::sync::Arc<str>>,
+    /// Awaited before each capability call whose change outlives the machine's power.
+    pub before_lasting: Option<BeforeLasting>,
+}
+
+/// What a call awaits before a capability call whose change outlives the machine's power: a
+/// backing store created, resized or deleted, a request on the network, a Ceph identity granted
+/// or revoked. An operation whose intent was written but not yet synced makes it durable there
+/// (`store::Durability::Written`), so that whatever outlives a power failure is found by the
+/// recovery that follows it. The host's iSCSI target service awaits nothing: tgtd keeps its
+/// targets in memory, and loses them with the power as the intent would be lost. An error says
+/// why the intent could not be made durable; the capability call is then not made.
+#[derive(Clone)]
+pub struct BeforeLasting(std::sync::Arc<dyn Fn() -> LastingFuture + Send + Sync>);
+
+type LastingFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
+impl BeforeLasting {
+    pub fn new(f: impl Fn() -> LastingFuture + Send + Sync + 'static) -> Self {
+        BeforeLasting(std::sync::Arc::new(f))
+    }
+
+    pub(crate) async fn wait(&self) -> Result<(), String> {
+        (self.0)().await
+    }
+}
+
+impl fmt::Debug for BeforeLasting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BeforeLasting")
+    }
 }
 
 /// One capability call made by a driver.

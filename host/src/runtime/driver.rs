@@ -261,6 +261,7 @@ impl Driver {
             inner.caps.network.clone().map(|n| (n, redactor.clone(), requests.clone())),
             deadline.into_std(),
             options.network_fault,
+            options.before_lasting.clone(),
         );
         let scope = CallScope::new(
             inner.backend.clone(),

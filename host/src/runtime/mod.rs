@@ -36,7 +36,7 @@ use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
 pub use cache::Provenance;
-pub use call::{Call, CallOptions, CallStats, CapabilityCall, Effect, Request, Response};
+pub use call::{BeforeLasting, Call, CallOptions, CallStats, CapabilityCall, Effect, Request, Response};
 pub use driver::Driver;
 pub(crate) use driver::Kept;
 pub use error::{CallError, CallErrorKind, Failure, LoadError};

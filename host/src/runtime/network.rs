@@ -18,7 +18,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpHooks};
 
 use crate::capabilities::network::{NetError, NetFault, NetworkCapability};
 use crate::capabilities::secret::Redactor;
-use crate::runtime::CapabilityCall;
+use crate::runtime::{BeforeLasting, CapabilityCall};
 
 /// The network of one call.
 pub(crate) struct CallNetwork {
@@ -33,6 +33,8 @@ pub(crate) struct Hooks {
     deadline: Instant,
     sent: u32,
     fault: Option<(u32, NetFault)>,
+    /// Awaited before every request: what it changes on the other side outlives the power.
+    before_lasting: Option<BeforeLasting>,
 }
 
 struct Granted {
@@ -53,6 +55,7 @@ impl CallNetwork {
         granted: Option<(Arc<NetworkCapability>, Redactor, Option<Record>)>,
         deadline: Instant,
         fault: Option<(u32, NetFault)>,
+        before_lasting: Option<BeforeLasting>,
     ) -> CallNetwork {
         let network = granted.map(|(capability, redactor, record)| Granted {
             permits: Arc::new(tokio::sync::Semaphore::new(capability.bounds.max_concurrent as usize)),
@@ -60,7 +63,10 @@ impl CallNetwork {
             redactor,
             record,
         });
-        CallNetwork { ctx: WasiHttpCtx::new(), hooks: Hooks { network, deadline, sent: 0, fault } }
+        CallNetwork {
+            ctx: WasiHttpCtx::new(),
+            hooks: Hooks { network, deadline, sent: 0, fault, before_lasting },
+        }
     }
 }
 
@@ -114,12 +120,16 @@ impl WasiHttpHooks for Hooks {
         let network = granted.capability.clone();
         let (permits, redactor, record) =
             (granted.permits.clone(), granted.redactor.clone(), granted.record.clone());
+        let before_lasting = self.before_lasting.clone();
         // The guest's own timeouts may shorten the call's, never lengthen it.
         let mut deadline = self.deadline;
         if let Some(first) = options.as_ref().and_then(|o| o.first_byte_timeout) {
             deadline = deadline.min(Instant::now() + first);
         }
         Box::new(async move {
+            if let Some(before) = &before_lasting {
+                before.wait().await.map_err(|why| wasmtime_wasi_http::Error::InternalError(Some(why)))?;
+            }
             let _permit = tokio::time::timeout_at(deadline.into(), permits.acquire_owned())
                 .await
                 .map_err(|_| wasmtime_wasi_http::Error::ConnectionTimeout)?

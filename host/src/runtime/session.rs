@@ -4,7 +4,7 @@
 //! of the same operation left in its memory, or a fresh instance; it must work with either, and
 //! never finds what another operation left (docs/writing-a-driver.md, "Instances").
 
-use super::call::{CallOptions, Effect, Request, Response};
+use super::call::{BeforeLasting, CallOptions, Effect, Request, Response};
 use super::contract::{Attachment, Connection, Connector, ModelUpdate, Termination, Volume};
 use super::driver::{Driver, Kept};
 use super::error::{CallError, CallErrorKind};
@@ -22,6 +22,8 @@ pub struct DriverCalls<'d> {
     /// Fuel each call is metered with (`CallOptions::fuel`), and what the last call used.
     budget: Option<u64>,
     last_fuel: Option<u64>,
+    /// What each call awaits before a change that outlives the power (`CallOptions::before_lasting`).
+    before_lasting: Option<BeforeLasting>,
 }
 
 impl Driver {
@@ -56,6 +58,7 @@ impl<'d> DriverCalls<'d> {
             owner: None,
             budget: None,
             last_fuel: None,
+            before_lasting: None,
         }
     }
 
@@ -96,6 +99,13 @@ impl<'d> DriverCalls<'d> {
         self.driver
     }
 
+    /// The same calls, each awaiting `before` ahead of any capability call whose change outlives
+    /// the machine's power.
+    pub fn before_lasting(mut self, before: BeforeLasting) -> Self {
+        self.before_lasting = Some(before);
+        self
+    }
+
     /// The same calls, each made only while `guard` allows it.
     pub fn guarded(mut self, guard: Guard) -> Self {
         self.guard = Some(guard);
@@ -116,7 +126,12 @@ impl<'d> DriverCalls<'d> {
                 kind: CallErrorKind::NotMade(reason),
             });
         }
-        let options = CallOptions { owner: self.owner.clone(), fuel: self.budget, ..CallOptions::default() };
+        let options = CallOptions {
+            owner: self.owner.clone(),
+            fuel: self.budget,
+            before_lasting: self.before_lasting.clone(),
+            ..CallOptions::default()
+        };
         let outcome = self.driver.run(&request, &options, Some(&mut self.kept)).await;
         self.last_fuel = outcome.stats.fuel;
         self.effects.extend(outcome.stats.effects);

@@ -146,6 +146,16 @@ impl CallScope {
         Ok(())
     }
 
+    /// Before a capability call whose change outlives the machine's power: waits for what the
+    /// call's operation must make durable first (`CallOptions::before_lasting`). An error says
+    /// why it could not; the change is then not made.
+    pub(crate) async fn lasting(&self) -> Result<(), String> {
+        match &self.options.before_lasting {
+            Some(before) => before.wait().await,
+            None => Ok(()),
+        }
+    }
+
     /// Records how the last capability call ended.
     pub(crate) fn outcome(&mut self, ok: bool, outcome: impl FnOnce() -> String) {
         if let Some((interface, operation, started)) = self.current.take() {

@@ -42,7 +42,10 @@ impl backing_store::Host for HostState {
         size_bytes: u64,
     ) -> wasmtime::Result<Result<backing_store::StoreInfo, backing_store::StoreError>> {
         self.scope.enter("backing-store", "create", &[&name, &size_bytes.to_string()])?;
-        let r = self.stores()?.create(&name, size_bytes).await.map(store_info);
+        let r = match self.scope.lasting().await {
+            Ok(()) => self.stores()?.create(&name, size_bytes).await.map(store_info),
+            Err(why) => Err(StoreError::Failed(why)),
+        };
         crate::failpoint::hit("capability.backing-store.create");
         Ok(self.store_result(r))
     }
@@ -53,14 +56,20 @@ impl backing_store::Host for HostState {
         size_bytes: u64,
     ) -> wasmtime::Result<Result<backing_store::StoreInfo, backing_store::StoreError>> {
         self.scope.enter("backing-store", "resize", &[&name, &size_bytes.to_string()])?;
-        let r = self.stores()?.resize(&name, size_bytes).await.map(store_info);
+        let r = match self.scope.lasting().await {
+            Ok(()) => self.stores()?.resize(&name, size_bytes).await.map(store_info),
+            Err(why) => Err(StoreError::Failed(why)),
+        };
         crate::failpoint::hit("capability.backing-store.resize");
         Ok(self.store_result(r))
     }
 
     async fn delete(&mut self, name: String) -> wasmtime::Result<Result<(), backing_store::StoreError>> {
         self.scope.enter("backing-store", "delete", &[&name])?;
-        let r = self.stores()?.delete(&name).await;
+        let r = match self.scope.lasting().await {
+            Ok(()) => self.stores()?.delete(&name).await,
+            Err(why) => Err(StoreError::Failed(why)),
+        };
         crate::failpoint::hit("capability.backing-store.delete");
         Ok(self.store_result(r))
     }

@@ -49,7 +49,10 @@ impl identities::Host for HostState {
         host: String,
     ) -> wasmtime::Result<Result<identities::Identity, identities::IdentityError>> {
         self.scope.enter("cephx", "grant-image", &[&pool, &image, &host])?;
-        let r = self.cephx()?.grant_image(&pool, &image, &host).await;
+        let r = match self.scope.lasting().await {
+            Ok(()) => self.cephx()?.grant_image(&pool, &image, &host).await,
+            Err(why) => Err(CephxError::Unavailable(why)),
+        };
         if let Ok(identity) = &r {
             // The key never reaches a log or a call record.
             self.scope.redactor.add(&identity.keyring);
@@ -68,7 +71,10 @@ impl identities::Host for HostState {
         host: String,
     ) -> wasmtime::Result<Result<(), identities::IdentityError>> {
         self.scope.enter("cephx", "revoke-image", &[&pool, &image, &host])?;
-        let r = self.cephx()?.revoke_image(&pool, &image, &host).await;
+        let r = match self.scope.lasting().await {
+            Ok(()) => self.cephx()?.revoke_image(&pool, &image, &host).await,
+            Err(why) => Err(CephxError::Unavailable(why)),
+        };
         crate::failpoint::hit("capability.cephx.revoke-image");
         Ok(self.cephx_result(r))
     }
@@ -80,7 +86,10 @@ impl identities::Host for HostState {
         keep: Vec<String>,
     ) -> wasmtime::Result<Result<(), identities::IdentityError>> {
         self.scope.enter("cephx", "revoke-all", &[&pool, &image, &keep.join(",")])?;
-        let r = self.cephx()?.revoke_all(&pool, &image, &keep).await;
+        let r = match self.scope.lasting().await {
+            Ok(()) => self.cephx()?.revoke_all(&pool, &image, &keep).await,
+            Err(why) => Err(CephxError::Unavailable(why)),
+        };
         Ok(self.cephx_result(r))
     }
 }
