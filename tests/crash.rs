@@ -550,6 +550,128 @@ async fn leave_at_every_failpoint(flow: Flow) {
     );
 }
 
+/// What a power failure may leave of the database: every commit up to the last sync, and perhaps
+/// some after it (the kernel writes pages back when it likes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PowerLoss {
+    /// The commits since the request began are lost: its intent, written and not synced
+    /// (`store::Durability::Written`), is gone.
+    IntentLost,
+    /// The kernel had written the intent back: it survived.
+    IntentKept,
+}
+
+/// A power failure at each failpoint of a flow between its intent and its outcome's commit (the
+/// only window in which its intent is not on disk): the process dies there, tgtd comes back
+/// empty (it keeps its targets in memory), and the database keeps what `loss` says. Once the
+/// service is up again: the database and tgtd agree both ways, and the request either never
+/// happened (its intent lost: the live attachments are those the set-up made, with their
+/// access restored) or ended as a killed one ends (its intent kept).
+async fn power_off_at_every_failpoint(flow: Flow, loss: PowerLoss) -> usize {
+    let mut rig = Rig::start();
+    let c = rig.client();
+    let trace = discover(flow, &c).await;
+    // Up to the outcome's commit: the first `*.commit` failpoint is hit just before it.
+    let end = trace.iter().position(|n| n.ends_with(".commit")).expect("the flow commits its outcome");
+    let db = rig.berth.dir.path().join("data/berth.db");
+    let snapshot = rig.berth.dir.path().join("as-synced.db");
+    let mut power_failures = 0;
+    for (k, name) in trace[..=end].iter().enumerate() {
+        let nth = trace[..=k].iter().filter(|n| *n == name).count();
+        let made = flow.set_up(&c).await;
+        // Everything the set-up wrote was synced before it was answered: the database as a power
+        // failure must leave it at least.
+        let _ = std::fs::remove_file(&snapshot);
+        rusqlite::Connection::open(&db)
+            .and_then(|conn| conn.execute("VACUUM INTO ?1", [snapshot.to_str().unwrap()]))
+            .expect("a snapshot of the database");
+        let before = {
+            let store = invariants::open(&rig.db_url()).await;
+            invariants::snapshot(&store, &rig.tgtd).await
+        };
+        reset(&c, false).await;
+        arm(&c, name, nth, "kill").await;
+        let answer = flow.act(&c, &made).await;
+        assert!(rig.berth.wait_exit(Duration::from_secs(10)).is_some(), "{flow:?}: alive after {name}");
+        assert!(answer.is_err(), "{flow:?}: answered {answer:?} although the process died at {name}");
+        rig.tgtd.restart();
+        if loss == PowerLoss::IntentLost {
+            for suffix in ["-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+            }
+            std::fs::copy(&snapshot, &db).expect("the database as synced");
+        }
+        rig.berth.start_again();
+        let store = invariants::open(&rig.db_url()).await;
+        let world = match invariants::settled(&store, &rig.tgtd, Duration::from_secs(20)).await {
+            Ok(world) => world,
+            Err((_, wrong)) => panic!(
+                "{flow:?}, power lost at {name} #{nth} ({loss:?}): invariants do not hold after restart:\n  {}\n{}",
+                wrong.join("\n  "),
+                tail(&rig.berth.log_text())
+            ),
+        };
+        let wrong = match loss {
+            PowerLoss::IntentKept => flow.check(&made, &world, &rig),
+            PowerLoss::IntentLost => as_before(&made.volume, &before, &world),
+        };
+        assert!(
+            wrong.is_empty(),
+            "{flow:?}, power lost at {name} #{nth} ({loss:?}): {}\n{}",
+            wrong.join("; "),
+            tail(&rig.berth.log_text())
+        );
+        power_failures += 1;
+    }
+    eprintln!("{flow:?}: power lost ({loss:?}) at each of {power_failures} failpoints {:?}", &trace[..=end]);
+    power_failures
+}
+
+/// What differs between a volume's live attachments (status, and access on tgtd) before a request
+/// and now.
+fn as_before(volume: &str, before: &World, now: &World) -> Vec<String> {
+    let seen = |w: &World| -> Vec<(String, String, Option<String>)> {
+        w.live_of(volume).map(|a| (a.id.clone(), a.status.clone(), a.initiator.clone())).collect()
+    };
+    let access = |w: &World| w.target_of(volume).map(|t| t.initiators.clone()).unwrap_or_default();
+    let mut wrong = Vec::new();
+    if seen(before) != seen(now) {
+        wrong.push(format!("attachments {:?} became {:?}", seen(before), seen(now)));
+    }
+    if access(before) != access(now) {
+        wrong.push(format!("access {:?} became {:?}", access(before), access(now)));
+    }
+    let status = |w: &World| w.volumes.get(volume).map(|v| v.status.clone());
+    if status(before) != status(now) {
+        wrong.push(format!("the volume was {:?}, is {:?}", status(before), status(now)));
+    }
+    wrong
+}
+
+mod power_failure {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_attach_whose_intent_was_lost_with_the_power_never_happened() {
+        power_off_at_every_failpoint(Flow::CreateAttachment, PowerLoss::IntentLost).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_attach_whose_intent_outlived_the_power_is_undone() {
+        power_off_at_every_failpoint(Flow::CreateAttachment, PowerLoss::IntentKept).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_detach_whose_intent_was_lost_with_the_power_never_happened_and_access_is_restored() {
+        power_off_at_every_failpoint(Flow::DeleteAttachment, PowerLoss::IntentLost).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_detach_whose_intent_outlived_the_power_goes_on() {
+        power_off_at_every_failpoint(Flow::DeleteAttachment, PowerLoss::IntentKept).await;
+    }
+}
+
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")

@@ -244,3 +244,27 @@ both_databases! {
         c.at("3.27").get(&format!("/attachments/{}", id(&r).to_uppercase())).await.expect(200);
     }
 }
+
+/// An attach's and a detach's intents are written, not synced, and each waits for one durable
+/// commit: its outcome's. The fake driver changes nothing that outlives the machine's power; a
+/// driver that does has the intent synced first (tests/confinement.rs, tests/network.rs).
+/// (The least of three cycles: the node's heartbeat may commit during one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_and_a_detach_each_commit_only_their_outcome_durably() {
+    let s = berth_tests::server::TestServer::start(berth_tests::server::Db::Sqlite).await;
+    let c = s.client("p1").at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let store = s.service.store().clone();
+    let (mut attach, mut detach) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let before = store.commits();
+        let body = json!({"attachment": {"volume_uuid": volume, "connector": connector(INITIATOR, "h1")}});
+        let att = id(&c.post("/attachments", body).await.expect(200));
+        attach.push(store.commits() - before);
+        let before = store.commits();
+        c.delete(&format!("/attachments/{att}")).await.expect(200);
+        detach.push(store.commits() - before);
+    }
+    assert_eq!(attach.iter().min(), Some(&1), "an attach's durable commits: {attach:?}");
+    assert_eq!(detach.iter().min(), Some(&1), "a detach's durable commits: {detach:?}");
+}

@@ -129,32 +129,33 @@ impl Attachments<'_> {
             updated_at: now,
             legacy: req.legacy,
         };
-        let reserved = self
-            .store
-            .write(async |tx| {
-                let live = rows::count_live(tx, &volume.id).await?;
-                if live >= i64::from(self.limits.max_attachments_per_volume) {
-                    return Err(AttachError::TooManyAttachments {
-                        volume: volume.id.clone(),
-                        max: self.limits.max_attachments_per_volume,
-                    });
-                }
-                let Some((row, locked, t)) =
-                    reserve_in(tx, row.clone(), req.instance_uuid.as_deref()).await?
-                else {
-                    return Ok::<_, AttachError>(None);
-                };
-                if let Some((_, op)) = connect {
-                    rows::put_connector(tx, &row.id, req.connector.as_ref()).await?;
-                    op.begin(tx).await?;
-                }
-                conclude(tx, &locked, t).await?;
-                let change =
-                    Change { connector: req.connector.as_ref(), ..Change::of(t.event, Access::None, &row) };
-                self.record(tx, &locked, change).await?;
-                Ok(Some(row))
-            })
-            .await?;
+        let reserve = async |tx: &mut Tx| {
+            let live = rows::count_live(tx, &volume.id).await?;
+            if live >= i64::from(self.limits.max_attachments_per_volume) {
+                return Err(AttachError::TooManyAttachments {
+                    volume: volume.id.clone(),
+                    max: self.limits.max_attachments_per_volume,
+                });
+            }
+            let Some((row, locked, t)) = reserve_in(tx, row.clone(), req.instance_uuid.as_deref()).await?
+            else {
+                return Ok::<_, AttachError>(None);
+            };
+            if let Some((_, op)) = connect {
+                rows::put_connector(tx, &row.id, req.connector.as_ref()).await?;
+                op.begin(tx).await?;
+            }
+            conclude(tx, &locked, t).await?;
+            let change =
+                Change { connector: req.connector.as_ref(), ..Change::of(t.event, Access::None, &row) };
+            self.record(tx, &locked, change).await?;
+            Ok(Some(row))
+        };
+        // With a connect, the reservation is its operation's intent; alone, it is the answer.
+        let reserved = match connect {
+            Some((_, op)) => op.write_intent(reserve).await?,
+            None => self.store.write(reserve).await?,
+        };
         match reserved {
             Some(row) => Ok(row),
             None => Err(self.refusal(volume).await),
@@ -239,15 +240,14 @@ impl Attachments<'_> {
             )
             .handed(validated);
         let refresh = transition(Event::Refresh);
-        self.store
-            .write(async |tx| {
-                // The volume row first, as every write does (an `os-complete` that looks for a
-                // connector waits for this one).
-                volumes::lock(tx, &row.volume_id, refresh, None).await?;
-                rows::put_connector(tx, id, Some(&connector)).await?;
-                op.begin(tx).await
-            })
-            .await?;
+        op.write_intent(async |tx| {
+            // The volume row first, as every write does (an `os-complete` that looks for a
+            // connector waits for this one).
+            volumes::lock(tx, &row.volume_id, refresh, None).await?;
+            rows::put_connector(tx, id, Some(&connector)).await?;
+            op.begin(tx).await
+        })
+        .await?;
         failpoint::hit("attach.update.intent");
         self.connect(&op, row, &connector, origin, replaced.into_iter().collect()).await
     }

@@ -5,7 +5,7 @@ use super::attachments::Attachments;
 use super::history::Change;
 use super::list::Scope;
 use super::model::{AfterDisconnect, Attachment, Live, OpKind, Volume};
-use super::ops::Op;
+use super::ops::{ChangesBy, Op};
 use super::state::{AttachStatus, Event, transition};
 use super::{AttachError, Caller, attachment_not_found, conclude, names, volume_not_found};
 use crate::domain::history::Access;
@@ -61,8 +61,15 @@ impl Attachments<'_> {
         };
         let others: Vec<DriverAttachment> =
             live.iter().filter(|l| l.attachment.id != id).map(Live::contract).collect();
-        let op =
-            self.begin_operation(OpKind::Disconnect { then }, &volume.id, Some(id), Some(&connector)).await?;
+        let op = self
+            .begin_operation(
+                OpKind::Disconnect { then },
+                &volume.id,
+                Some(id),
+                Some(&connector),
+                ChangesBy::Driver,
+            )
+            .await?;
         failpoint::hit("attach.remove.intent");
         let backend = self.backend(&volume)?;
         let mut calls = op.calls(&backend.driver);

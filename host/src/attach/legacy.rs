@@ -31,6 +31,7 @@ use super::disconnect::disconnect;
 use super::history::Change;
 use super::list::Scope;
 use super::model::{AfterDisconnect, AttachMode, Attachment, Connector, Live, OpKind};
+use super::ops::ChangesBy;
 use super::state::{AttachStatus, Event, transition};
 use super::{AttachError, Caller, Service, attachment_not_found, conclude, names, record_fields};
 use crate::domain::history::Access;
@@ -168,7 +169,9 @@ impl Legacy<'_> {
     async fn reinitialize(&self, row: &Attachment, connector: &Connector) -> Result<Json, AttachError> {
         let volume = self.fresh_volume(&row.volume_id).await?;
         let backend = self.backend(&volume)?;
-        let op = self.begin_operation(OpKind::Reconnect, &volume.id, Some(&row.id), Some(connector)).await?;
+        let op = self
+            .begin_operation(OpKind::Reconnect, &volume.id, Some(&row.id), Some(connector), ChangesBy::Driver)
+            .await?;
         failpoint::hit("legacy.reinitialize.intent");
         let mut calls = op.calls(&backend.driver).for_owner(&volume.project_id);
         let conn = row.driver_connector(connector);
@@ -357,7 +360,8 @@ impl Legacy<'_> {
     ) -> Result<(), AttachError> {
         let volume = self.fresh_volume(volume_id).await?;
         let backend = self.backend(&volume)?;
-        let op = self.begin_operation(OpKind::Revoke, volume_id, None, Some(connector)).await?;
+        let op =
+            self.begin_operation(OpKind::Revoke, volume_id, None, Some(connector), ChangesBy::Driver).await?;
         failpoint::hit("attach.revoke.intent");
         let mut calls = op.calls(&backend.driver);
         let conn = AttachMode::Null.driver_connector(connector);
@@ -463,6 +467,7 @@ impl Legacy<'_> {
                 volume_id,
                 ids.first().map(String::as_str),
                 given.as_ref(),
+                ChangesBy::Driver,
             )
             .await?;
         failpoint::hit("legacy.force-detach.intent");

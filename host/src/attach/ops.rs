@@ -7,6 +7,14 @@
 //!   lock, writes an [`Operation`] row in the same transaction as the state change that starts
 //!   it ([`Op::begin`]), and deletes it in the transaction that records the outcome
 //!   ([`Op::finish`]). One operation per volume at a time (a unique index).
+//! - **An intent synced only when it must be.** The intent of an operation whose every change
+//!   comes through its driver calls ([`ChangesBy::Driver`]: attaching and detaching) is
+//!   written but not synced ([`Durability::Written`]): a kill of the process keeps it (the
+//!   operating system holds it), and a power failure loses it only along with the changes it
+//!   guards, as long as they die with the power too, as the local tgtd's targets do. Before any
+//!   capability call whose change outlives the power (a backing store, a network request, a Ceph
+//!   identity) the operation's calls sync it first ([`Op::calls`], `runtime::BeforeLasting`). The
+//!   outcome's commit is on disk before anyone is answered, as every other write is.
 //! - **Orphans.** Every flow holds its volume's lock from before it writes its operation until
 //!   after it finishes it, so whoever holds the lock and still finds an operation of this node on
 //!   the volume knows its owner is gone (a killed process, a flow that could not record its
@@ -26,7 +34,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
@@ -36,9 +44,9 @@ use tokio::sync::{Notify, OwnedMutexGuard};
 use super::model::{Connector, OpKind, Operation};
 use super::nodes::Placement;
 use super::{AttachError, Caller, Service};
-use crate::runtime::{Driver, DriverCalls, KeptInstance};
+use crate::runtime::{BeforeLasting, Driver, DriverCalls, KeptInstance};
 use crate::store::sql::Tx;
-use crate::store::{ONE_OPERATION_PER_VOLUME, StoreError, now_micros, operations, volumes};
+use crate::store::{Durability, ONE_OPERATION_PER_VOLUME, StoreError, now_micros, operations, volumes};
 
 /// This process as the owner of operations: the node it runs as, and this run of it.
 pub struct Owner {
@@ -182,6 +190,19 @@ pub(crate) struct Op<'s> {
     ran_by: std::sync::Mutex<Option<String>>,
     /// The instance that validated the operation's connector, for its first calls.
     handed: std::sync::Mutex<Option<KeptInstance>>,
+    /// The intent was written and is not known to be on disk yet ([`Op::write_intent`]).
+    unsynced: Arc<AtomicBool>,
+}
+
+/// Where an operation's changes come from, which decides how its intent is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChangesBy {
+    /// From its driver calls only: the intent is written, and synced before the first
+    /// capability call whose change outlives the machine's power ([`Op::write_intent`]).
+    Driver,
+    /// Also from the host's own calls (the reconciler's repairs): the intent is on disk before
+    /// anything is changed.
+    Host,
 }
 
 impl Drop for Op<'_> {
@@ -223,7 +244,36 @@ impl Op<'_> {
         *self.ran_by.lock().unwrap_or_else(|p| p.into_inner()) = Some(driver.digest().to_string());
         let lease = self.lease.clone();
         let handed = self.handed.lock().unwrap_or_else(|p| p.into_inner()).take();
-        driver.calls().with_instance(handed).guarded(Arc::new(move || lease.lost()))
+        let calls = driver.calls().with_instance(handed).guarded(Arc::new(move || lease.lost()));
+        if !self.unsynced.load(Ordering::Acquire) {
+            return calls;
+        }
+        let (store, unsynced) = (self.service.store.clone(), self.unsynced.clone());
+        calls.before_lasting(BeforeLasting::new(move || {
+            let (store, unsynced) = (store.clone(), unsynced.clone());
+            Box::pin(async move {
+                if unsynced.load(Ordering::Acquire) {
+                    store
+                        .sync()
+                        .await
+                        .map_err(|e| format!("the operation's intent could not be synced: {e}"))?;
+                    unsynced.store(false, Ordering::Release);
+                }
+                Ok(())
+            })
+        }))
+    }
+
+    /// Writes `f`, the transaction that begins this operation ([`Op::begin`]), as the intent of
+    /// an operation whose changes all come through its driver calls ([`ChangesBy::Driver`]):
+    /// written, not synced; its calls sync it before a change that outlives the power.
+    pub(crate) async fn write_intent<T>(
+        &self,
+        f: impl AsyncFnOnce(&mut Tx) -> Result<T, AttachError>,
+    ) -> Result<T, AttachError> {
+        let value = self.service.store.write_with(Durability::Written, f).await?;
+        self.unsynced.store(true, Ordering::Release);
+        Ok(value)
     }
 
     /// Runs `f` as a write transaction of this operation: first, in the same transaction, a
@@ -369,20 +419,31 @@ impl Service {
         };
         let lease = self.owner.new_lease(record.generation);
         self.owner.running().insert(record.id.clone(), lease.clone());
-        Op { service: self, record, lease, ran_by: Default::default(), handed: Default::default() }
+        Op {
+            service: self,
+            record,
+            lease,
+            ran_by: Default::default(),
+            handed: Default::default(),
+            unsynced: Default::default(),
+        }
     }
 
     /// A new operation of this process, begun in a transaction of its own ([`Op::begin`]): for an
-    /// operation whose intent is all its first commit holds.
+    /// operation whose intent is all its first commit holds, written as its `changes` allow.
     pub(crate) async fn begin_operation(
         &self,
         kind: OpKind,
         volume_id: &str,
         attachment_id: Option<&str>,
         connector: Option<&Connector>,
+        changes: ChangesBy,
     ) -> Result<Op<'_>, AttachError> {
         let op = self.operation(kind, volume_id, attachment_id, connector);
-        self.store.write(async |tx| op.begin(tx).await).await?;
+        match changes {
+            ChangesBy::Driver => op.write_intent(async |tx| op.begin(tx).await).await?,
+            ChangesBy::Host => self.store.write(async |tx| op.begin(tx).await).await?,
+        }
         Ok(op)
     }
 
@@ -415,7 +476,14 @@ impl Service {
         record.generation = generation;
         let lease = self.owner.new_lease(generation);
         self.owner.running().insert(record.id.clone(), lease.clone());
-        Ok(Op { service: self, record, lease, ran_by: Default::default(), handed: Default::default() })
+        Ok(Op {
+            service: self,
+            record,
+            lease,
+            ran_by: Default::default(),
+            handed: Default::default(),
+            unsynced: Default::default(),
+        })
     }
 
     /// Takes a volume before anything happens to it, for as long as the guard lives: its lock in
