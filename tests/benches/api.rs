@@ -76,9 +76,12 @@ async fn run() {
             let workers = workers(&base, clients).await;
             let store = server.service.store().clone();
             let commits_before = store.commits();
+            let syncs_before = store.syncs();
             let (mut latencies, elapsed) = closed_loop(workers).await;
             let cycles = latencies.len();
             let commits = (store.commits() - commits_before) as f64 / cycles as f64;
+            let syncs = store.syncs();
+            let (syncs, on_the_spot) = (syncs.0 - syncs_before.0, syncs.1 - syncs_before.1);
             let summary = Summary::of(&mut latencies);
             let rate = cycles as f64 / elapsed.as_secs_f64();
             print!(
@@ -86,6 +89,13 @@ async fn run() {
                 human(summary.p50),
                 human(summary.p99)
             );
+            if synchronous == Synchronous::Full {
+                print!(
+                    ", {:.2} syncs per cycle ({:.0} % on the spot)",
+                    syncs as f64 / cycles as f64,
+                    100.0 * on_the_spot as f64 / syncs.max(1) as f64
+                );
+            }
             if clients == 1 && synchronous == Synchronous::Full {
                 let floor = fsync.mul_f64(commits);
                 print!(

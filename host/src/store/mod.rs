@@ -497,6 +497,17 @@ impl Store {
         }
     }
 
+    /// Syncs of SQLite's write-ahead log made since the store was opened, and of them those made
+    /// on the spot by a write alone ([`WalSync`]; none with `synchronous=NORMAL` or PostgreSQL).
+    pub fn syncs(&self) -> (u64, u64) {
+        match &*self.db {
+            Db::Sqlite { durable: Some(wal), .. } => {
+                (wal.syncs.load(Ordering::Relaxed), wal.on_the_spot.load(Ordering::Relaxed))
+            }
+            _ => (0, 0),
+        }
+    }
+
     /// Durable write transactions ([`Durability::Disk`]) committed since the store was opened.
     pub fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
