@@ -164,7 +164,6 @@ impl Driver {
         self.inner.pre.contract()
     }
 
-    /// sha256 of the `.wasm`, hex.
     /// The iSCSI target service this driver was granted, if any.
     pub fn target_service(&self) -> Option<&Arc<dyn crate::capabilities::iscsi::TargetService>> {
         self.inner.caps.iscsi.as_ref().map(|i| &i.service)
@@ -175,6 +174,7 @@ impl Driver {
         self.inner.caps.cephx.as_ref()
     }
 
+    /// sha256 of the `.wasm`, hex.
     pub fn digest(&self) -> &str {
         &self.inner.digest
     }
