@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use berth::capabilities::backing::BackingStores;
@@ -19,8 +19,10 @@ use berth::capabilities::iscsi::{IscsiCapability, Portal, TargetService};
 use berth::capabilities::namespace::Namespace;
 use berth::capabilities::{DriverCapabilities, Grant};
 use berth::runtime::model::VolumeFields;
-use berth::runtime::{BeforeLasting, Driver, DriverSpec, Limits, WasmSource};
-use berth_tests::drivers::{component, connector, runtime, volume};
+use berth::runtime::{Driver, DriverSpec, Limits, WasmSource};
+use berth_tests::drivers::{
+    component, connector, counting_before_lasting, refusing_before_lasting, runtime, volume,
+};
 use berth_tests::tgt::TgtdProcess;
 
 const ALICE: &str = "iqn.1993-08.org.debian:01:alice";
@@ -189,19 +191,12 @@ async fn a_change_that_outlives_the_power_waits_for_the_operations_intent_and_tg
     let mut v = volume("cccccccc-0000-4000-8000-000000000003", &[]);
     let image = rig.dir.path().join(format!("volumes/lasting/{}.img", v.name));
 
-    let refusing = BeforeLasting::new(|| Box::pin(async { Err("the log could not be synced".to_string()) }));
+    let refusing = refusing_before_lasting("the log could not be synced");
     let error = driver.calls().before_lasting(refusing).create_volume(&v).await.unwrap_err();
     assert!(error.to_string().contains("the log could not be synced"), "{error}");
     assert!(!image.exists(), "the refused change was not made");
 
-    let waits = Arc::new(AtomicUsize::new(0));
-    let counting = {
-        let waits = waits.clone();
-        BeforeLasting::new(move || {
-            waits.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async { Ok(()) })
-        })
-    };
+    let (counting, waits) = counting_before_lasting();
     let mut fields = VolumeFields::of(&v);
     let mut calls = driver.calls().for_owner("a-project").before_lasting(counting);
     fields.apply(&calls.create_volume(&v).await.unwrap()).unwrap();

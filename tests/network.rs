@@ -104,8 +104,8 @@ async fn an_allowed_host_is_reached_over_tls_and_anything_else_is_refused_before
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_waits_for_the_operations_intent_and_is_not_sent_when_it_cannot_be_synced() {
-    use berth::runtime::BeforeLasting;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use berth_tests::drivers::{counting_before_lasting, refusing_before_lasting};
+    use std::sync::atomic::Ordering;
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new();
     let array = ArrayServer::https(&ca, &["127.0.0.1"]).await;
@@ -114,21 +114,14 @@ async fn a_request_waits_for_the_operations_intent_and_is_not_sent_when_it_canno
     let url = [("probe.url", format!("{allowed}/ok"))];
     let url: Vec<(&str, &str)> = url.iter().map(|(k, v)| (*k, v.as_str())).collect();
 
-    let refusing = BeforeLasting::new(|| Box::pin(async { Err("the log could not be synced".to_string()) }));
+    let refusing = refusing_before_lasting("the log could not be synced");
     let options = CallOptions { before_lasting: Some(refusing), ..Default::default() };
     let r = run_with(&driver, &url, options).await;
     let DriverError::Backend(m) = driver_error(&r) else { panic!("{r:?}") };
     assert!(m.contains("the log could not be synced"), "{m}");
     assert!(array.requests().is_empty(), "a request went out before its intent was on disk");
 
-    let waits = Arc::new(AtomicUsize::new(0));
-    let counting = {
-        let waits = waits.clone();
-        BeforeLasting::new(move || {
-            waits.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async { Ok(()) })
-        })
-    };
+    let (counting, waits) = counting_before_lasting();
     let options = CallOptions { before_lasting: Some(counting), ..Default::default() };
     assert_eq!(status(&run_with(&driver, &url, options).await), "200");
     assert_eq!((waits.load(Ordering::SeqCst), array.requests().len()), (1, 1));

@@ -49,6 +49,23 @@ pub async fn load(spec: DriverSpec) -> Result<Driver, LoadError> {
     runtime().load(spec).await
 }
 
+/// What a call awaits before a change that outlives the power (`DriverCalls::before_lasting`), as
+/// the tests give it: one that counts how often it was awaited, and one that refuses.
+pub fn counting_before_lasting()
+-> (berth::runtime::BeforeLasting, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let waits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = waits.clone();
+    let before = berth::runtime::BeforeLasting::new(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
+    });
+    (before, waits)
+}
+
+pub fn refusing_before_lasting(why: &'static str) -> berth::runtime::BeforeLasting {
+    berth::runtime::BeforeLasting::new(move || Box::pin(async move { Err(why.to_string()) }))
+}
+
 /// A volume record as the host would pass it.
 pub fn volume(id: &str, metadata: &[(&str, &str)]) -> Volume {
     Volume {

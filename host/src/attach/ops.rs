@@ -211,6 +211,19 @@ impl Drop for Op<'_> {
     }
 }
 
+impl<'s> Op<'s> {
+    fn new(service: &'s Service, record: Operation, lease: Arc<Lease>) -> Op<'s> {
+        Op {
+            service,
+            record,
+            lease,
+            ran_by: Default::default(),
+            handed: Default::default(),
+            unsynced: Default::default(),
+        }
+    }
+}
+
 impl Op<'_> {
     /// Records the operation, in the transaction that starts it; the caller holds the volume
     /// ([`Service::hold`], which checked that its calls run here). A volume that has one already
@@ -419,14 +432,7 @@ impl Service {
         };
         let lease = self.owner.new_lease(record.generation);
         self.owner.running().insert(record.id.clone(), lease.clone());
-        Op {
-            service: self,
-            record,
-            lease,
-            ran_by: Default::default(),
-            handed: Default::default(),
-            unsynced: Default::default(),
-        }
+        Op::new(self, record, lease)
     }
 
     /// A new operation of this process, begun in a transaction of its own ([`Op::begin`]): for an
@@ -476,14 +482,7 @@ impl Service {
         record.generation = generation;
         let lease = self.owner.new_lease(generation);
         self.owner.running().insert(record.id.clone(), lease.clone());
-        Ok(Op {
-            service: self,
-            record,
-            lease,
-            ran_by: Default::default(),
-            handed: Default::default(),
-            unsynced: Default::default(),
-        })
+        Ok(Op::new(self, record, lease))
     }
 
     /// Takes a volume before anything happens to it, for as long as the guard lives: its lock in
