@@ -205,6 +205,10 @@ fn host_key(path: &Path) -> std::io::Result<[u8; 32]> {
         return Ok(key);
     }
     if std::fs::symlink_metadata(path).is_ok() {
+        // Another runtime starting at the same moment may have made it since `read` looked.
+        if let Some(key) = read() {
+            return Ok(key);
+        }
         tracing::warn!(path = %path.display(), "replacing an unusable artifact cache key; cached drivers will be compiled again");
         let _ = std::fs::remove_file(path);
     }
