@@ -304,13 +304,20 @@ async fn after_the_disk_fails_a_sync_of_the_log_every_change_is_refused_until_a_
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let s = TestServer::start_on(Db::Sqlite, Some(url), config).await;
     let c = s.client("p1").at("3.54");
+    // The sync that failed was the attach's first: its outcome's, its intent being written and
+    // not synced. What the disk kept of it stands (here all of it, the pages reached the disk:
+    // the attachment the 503 answered); like any attachment it is its client's to end.
+    let listed = c.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
+    for a in listed.body["attachments"].as_array().unwrap() {
+        c.delete(&format!("/attachments/{}", a["id"].as_str().unwrap())).await.expect(200);
+    }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let r = c.attach(&volume, host()).await;
         if r.status == 200 {
             break;
         }
-        // The interrupted attach's operation is recovered once its lease ran out.
+        // An operation left unfinished would be recovered once its lease ran out.
         assert!(std::time::Instant::now() < deadline, "changes stayed refused: {} {}", r.status, r.body);
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
