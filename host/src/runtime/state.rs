@@ -146,14 +146,18 @@ impl CallScope {
         Ok(())
     }
 
-    /// Before a capability call whose change outlives the machine's power: waits for what the
-    /// call's operation must make durable first (`CallOptions::before_lasting`). An error says
-    /// why it could not; the change is then not made.
-    pub(crate) async fn lasting(&self) -> Result<(), String> {
-        match &self.options.before_lasting {
-            Some(before) => before.wait().await,
-            None => Ok(()),
+    /// Makes `change`, a capability call whose change outlives the machine's power, once what the
+    /// call's operation must make durable first is (`CallOptions::before_lasting`); when that
+    /// fails, the change is not made and the capability answers `refused` with why.
+    pub(crate) async fn lasting<T, E>(
+        &self,
+        refused: impl FnOnce(String) -> E,
+        change: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        if let Some(before) = &self.options.before_lasting {
+            before.wait().await.map_err(refused)?;
         }
+        change.await
     }
 
     /// Records how the last capability call ended.

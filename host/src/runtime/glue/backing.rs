@@ -42,10 +42,11 @@ impl backing_store::Host for HostState {
         size_bytes: u64,
     ) -> wasmtime::Result<Result<backing_store::StoreInfo, backing_store::StoreError>> {
         self.scope.enter("backing-store", "create", &[&name, &size_bytes.to_string()])?;
-        let r = match self.scope.lasting().await {
-            Ok(()) => self.stores()?.create(&name, size_bytes).await.map(store_info),
-            Err(why) => Err(StoreError::Failed(why)),
-        };
+        let r = self
+            .scope
+            .lasting(StoreError::Failed, self.stores()?.create(&name, size_bytes))
+            .await
+            .map(store_info);
         crate::failpoint::hit("capability.backing-store.create");
         Ok(self.store_result(r))
     }
@@ -56,20 +57,18 @@ impl backing_store::Host for HostState {
         size_bytes: u64,
     ) -> wasmtime::Result<Result<backing_store::StoreInfo, backing_store::StoreError>> {
         self.scope.enter("backing-store", "resize", &[&name, &size_bytes.to_string()])?;
-        let r = match self.scope.lasting().await {
-            Ok(()) => self.stores()?.resize(&name, size_bytes).await.map(store_info),
-            Err(why) => Err(StoreError::Failed(why)),
-        };
+        let r = self
+            .scope
+            .lasting(StoreError::Failed, self.stores()?.resize(&name, size_bytes))
+            .await
+            .map(store_info);
         crate::failpoint::hit("capability.backing-store.resize");
         Ok(self.store_result(r))
     }
 
     async fn delete(&mut self, name: String) -> wasmtime::Result<Result<(), backing_store::StoreError>> {
         self.scope.enter("backing-store", "delete", &[&name])?;
-        let r = match self.scope.lasting().await {
-            Ok(()) => self.stores()?.delete(&name).await,
-            Err(why) => Err(StoreError::Failed(why)),
-        };
+        let r = self.scope.lasting(StoreError::Failed, self.stores()?.delete(&name)).await;
         crate::failpoint::hit("capability.backing-store.delete");
         Ok(self.store_result(r))
     }

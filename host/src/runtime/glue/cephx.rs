@@ -49,10 +49,10 @@ impl identities::Host for HostState {
         host: String,
     ) -> wasmtime::Result<Result<identities::Identity, identities::IdentityError>> {
         self.scope.enter("cephx", "grant-image", &[&pool, &image, &host])?;
-        let r = match self.scope.lasting().await {
-            Ok(()) => self.cephx()?.grant_image(&pool, &image, &host).await,
-            Err(why) => Err(CephxError::Unavailable(why)),
-        };
+        let r = self
+            .scope
+            .lasting(CephxError::Unavailable, self.cephx()?.grant_image(&pool, &image, &host))
+            .await;
         if let Ok(identity) = &r {
             // The key never reaches a log or a call record.
             self.scope.redactor.add(&identity.keyring);
@@ -71,10 +71,10 @@ impl identities::Host for HostState {
         host: String,
     ) -> wasmtime::Result<Result<(), identities::IdentityError>> {
         self.scope.enter("cephx", "revoke-image", &[&pool, &image, &host])?;
-        let r = match self.scope.lasting().await {
-            Ok(()) => self.cephx()?.revoke_image(&pool, &image, &host).await,
-            Err(why) => Err(CephxError::Unavailable(why)),
-        };
+        let r = self
+            .scope
+            .lasting(CephxError::Unavailable, self.cephx()?.revoke_image(&pool, &image, &host))
+            .await;
         crate::failpoint::hit("capability.cephx.revoke-image");
         Ok(self.cephx_result(r))
     }
@@ -86,10 +86,8 @@ impl identities::Host for HostState {
         keep: Vec<String>,
     ) -> wasmtime::Result<Result<(), identities::IdentityError>> {
         self.scope.enter("cephx", "revoke-all", &[&pool, &image, &keep.join(",")])?;
-        let r = match self.scope.lasting().await {
-            Ok(()) => self.cephx()?.revoke_all(&pool, &image, &keep).await,
-            Err(why) => Err(CephxError::Unavailable(why)),
-        };
+        let r =
+            self.scope.lasting(CephxError::Unavailable, self.cephx()?.revoke_all(&pool, &image, &keep)).await;
         Ok(self.cephx_result(r))
     }
 }
