@@ -266,8 +266,9 @@ pub enum ReconcileMode {
 pub struct HistoryConfig {
     /// Days an event is kept; older ones are pruned every hour (each volume's chain then starts
     /// at its first event left, and still verifies), and so are the rows of attachments deleted
-    /// before then (a deleted attachment's row is kept only for its history). Export and archive
-    /// them first (`berth history export --until`). Default: kept for ever.
+    /// before then (a deleted attachment's row is kept only for its history), and then those of
+    /// volumes deleted before then of which nothing is left. Export and archive them first
+    /// (`berth history export --until`). Default: kept for ever.
     pub keep_days: Option<u32>,
 }
 

@@ -578,8 +578,11 @@ fn history(command: HistoryCommand) -> ExitCode {
             HistoryCommand::Prune { db, before } => {
                 let before = history_time("before", &before)?;
                 let store = db.open().await?;
-                let (n, rows) = history::retain_since(&store, before).await.map_err(|e| e.to_string())?;
-                println!("pruned {n} events and the rows of {rows} attachments deleted before then");
+                let r = history::retain_since(&store, before).await.map_err(|e| e.to_string())?;
+                println!(
+                    "pruned {} events and the rows of {} attachments and {} volumes deleted before then",
+                    r.events, r.attachments, r.volumes
+                );
                 Ok(ExitCode::SUCCESS)
             }
         }

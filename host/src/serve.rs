@@ -361,10 +361,10 @@ impl Assembled {
     }
 }
 
-/// Reconciles at start-up and then every `interval`, in the background.
-/// Deletes the attach history's events older than `days`, and the rows of attachments deleted
-/// before then, at start and every hour (`[history] keep_days`).
+/// Deletes the attach history's events older than `days`, and the rows of attachments and
+/// volumes deleted before then, at start and every hour (`[history] keep_days`).
 pub async fn prune_history(service: Arc<crate::attach::Service>, days: u32) {
+    use crate::attach::history::Retained;
     loop {
         let before = crate::store::now_micros() - i64::from(days) * 86_400_000_000;
         let pruned = match service.owner().schema_refusal() {
@@ -372,10 +372,11 @@ pub async fn prune_history(service: Arc<crate::attach::Service>, days: u32) {
             None => crate::attach::history::retain_since(service.store(), before).await,
         };
         match pruned {
-            Ok((0, 0)) => {}
-            Ok((events, attachments)) => tracing::info!(
+            Ok(retained) if retained == Retained::default() => {}
+            Ok(Retained { events, attachments, volumes }) => tracing::info!(
                 events,
                 deleted_attachments = attachments,
+                deleted_volumes = volumes,
                 keep_days = days,
                 "pruned the attach history"
             ),
@@ -385,6 +386,7 @@ pub async fn prune_history(service: Arc<crate::attach::Service>, days: u32) {
     }
 }
 
+/// Reconciles at start-up and then every `interval`, in the background.
 async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
     let mut pass = 0u64;
     loop {

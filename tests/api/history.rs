@@ -375,6 +375,74 @@ both_databases! {
         let verified = berth::attach::history::verify(s.service.store()).await.unwrap();
         assert_eq!(verified.breaks.len(), 0, "{:?}", verified.breaks);
     }
+
+    /// `[history] keep_days` bounds the volumes' rows too: a volume deleted before then, of which
+    /// no attachment row and no event is left, loses its row for good (with where its chain
+    /// started); one with an event left, one deleted since and a live one keep theirs, and the
+    /// history of what is left still verifies.
+    async fn volumes_deleted_before_keep_days_lose_their_rows_once_nothing_names_them(s) {
+        let c = s.client("p1").at("3.54");
+        let three_days = "259200000000";
+        let mut volumes = Vec::new();
+        for host in ["gone-host", "kept-host", "recent-host", "live-host"] {
+            let volume = c.create_volume(json!({"size": 1})).await;
+            let (id, _) = attach(&c, &volume, INSTANCE_1, host).await;
+            c.delete(&format!("/attachments/{id}")).await.expect(200);
+            if host != "live-host" {
+                c.delete(&format!("/volumes/{volume}")).await.expect(202);
+            }
+            sql(s, &format!("UPDATE volume_attachment SET deleted_at = deleted_at - {three_days} WHERE id = $1"), &id)
+                .await;
+            volumes.push(volume);
+        }
+        let [gone, kept, recent, live] = &volumes[..] else { unreachable!() };
+        // Three days ago: every event of the first and the second volume but the second's last,
+        // the two volumes' deletion, and the live one's creation.
+        for (volume, keep_last) in [(gone, false), (kept, true)] {
+            let chain = events(&c, &format!("volume_id={volume}")).await;
+            let old = if keep_last { &chain[..chain.len() - 1] } else { &chain[..] };
+            for e in old {
+                sql(s, &format!("UPDATE attach_events SET at = at - {three_days} WHERE id = $1"), e["id"].as_str().unwrap())
+                    .await;
+            }
+            sql(s, &format!("UPDATE volumes SET deleted_at = deleted_at - {three_days} WHERE id = $1"), volume).await;
+        }
+        sql(s, &format!("UPDATE volumes SET created_at = created_at - {three_days} WHERE id = $1"), live).await;
+        let rows = async |table: &str, column: &str| -> Vec<String> {
+            let q = format!("SELECT {column} FROM {table} ORDER BY {column}");
+            let found = s.service.store().read(async |tx| tx.query(&q, &[]).await).await.unwrap();
+            found.iter().map(|r| r.text(0).unwrap()).collect()
+        };
+        let mut all = volumes.clone();
+        all.sort();
+        assert_eq!(rows("volumes", "id").await, all);
+        assert!(rows("attach_event_starts", "volume_id").await.is_empty());
+
+        let pruner = berth::serve::prune_history(s.service.clone(), 1);
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), pruner).await;
+        let mut left = vec![kept.clone(), recent.clone(), live.clone()];
+        left.sort();
+        assert_eq!(rows("volumes", "id").await, left, "only the volume deleted three days ago with nothing left is gone");
+        assert_eq!(rows("attach_event_starts", "volume_id").await, std::slice::from_ref(kept), "the kept chain starts at its last event");
+        assert!(events(&c, &format!("volume_id={gone}")).await.is_empty());
+        assert_eq!(events(&c, &format!("volume_id={kept}")).await.len(), 1);
+        c.get(&format!("/volumes/{gone}")).await.expect(404);
+        c.get(&format!("/volumes/{live}")).await.expect(200);
+        let verified = berth::attach::history::verify(s.service.store()).await.unwrap();
+        assert_eq!((verified.chains, verified.breaks.len()), (3, 0), "{:?}", verified.breaks);
+
+        // Once the kept volume's last event is old too, its row and where its chain started go.
+        for e in events(&c, &format!("volume_id={kept}")).await {
+            sql(s, &format!("UPDATE attach_events SET at = at - {three_days} WHERE id = $1"), e["id"].as_str().unwrap())
+                .await;
+        }
+        let retained = berth::attach::history::retain_since(s.service.store(), berth::store::now_micros() - 86_400_000_000)
+            .await
+            .unwrap();
+        assert_eq!((retained.events, retained.volumes), (1, 1), "{retained:?}");
+        assert!(rows("attach_event_starts", "volume_id").await.is_empty());
+        assert!(!rows("volumes", "id").await.contains(kept));
+    }
 }
 
 /// `berth history` on the service's SQLite file: `list` prints the events as a table, `verify`

@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::domain::history::{Access, AttachEvent, Break, ChainCheck, EventFilter, Head, NewEvent};
 use crate::store::sql::Tx;
-use crate::store::{Store, attachments, events, now_micros};
+use crate::store::{Store, attachments, events, now_micros, volumes};
 
 tokio::task_local! {
     /// The caller of the operation this task runs.
@@ -265,28 +265,58 @@ pub async fn prune(store: &Store, before: i64) -> Result<u64, AttachError> {
     Ok(store.write(async |tx| events::prune(tx, before).await).await?)
 }
 
-/// The history's retention (`[history] keep_days`, `berth history prune`): the events recorded
-/// before `before` ([`prune`]), then the rows of attachments deleted before then of which no event
-/// is left. Returns how many of each went.
-pub async fn retain_since(store: &Store, before: i64) -> Result<(u64, u64), AttachError> {
-    let events = prune(store, before).await?;
-    Ok((events, purge_attachments(store, before).await?))
+/// What the history's retention deleted ([`retain_since`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retained {
+    pub events: u64,
+    /// Rows of deleted attachments.
+    pub attachments: u64,
+    /// Rows of deleted volumes.
+    pub volumes: u64,
 }
 
-/// Deletes for good the rows of attachments deleted before `before` of which no event is left
-/// (after [`prune`]): without it, every attachment ever made would keep its row. In batches: each
-/// found by a read, which does not hold the writer (the last one reads the whole table: 0.13 to
-/// 0.15 s for 1,000,000 deleted rows kept, in a table of this shape on this machine), and deleted
-/// by a short write. Returns how many went.
-async fn purge_attachments(store: &Store, before: i64) -> Result<u64, AttachError> {
+/// The history's retention (`[history] keep_days`, `berth history prune`): the events recorded
+/// before `before` ([`prune`]), then the rows of attachments deleted before then of which no event
+/// is left, then those of volumes deleted before then of which nothing is left (no attachment
+/// row, no event, no operation, no recorded target).
+pub async fn retain_since(store: &Store, before: i64) -> Result<Retained, AttachError> {
+    let events = prune(store, before).await?;
+    let attachments = purge_rows(store, before, Rows::Attachments).await?;
+    let volumes = purge_rows(store, before, Rows::Volumes).await?;
+    Ok(Retained { events, attachments, volumes })
+}
+
+/// Rows the retention deletes for good once their history is gone.
+#[derive(Clone, Copy)]
+enum Rows {
+    Attachments,
+    Volumes,
+}
+
+/// Deletes for good the rows of attachments or volumes deleted before `before` of which nothing
+/// is left (after [`prune`]): without it, every attachment and volume ever made would keep its
+/// row. In batches: each found by a read, which does not hold the writer (the last one reads the
+/// whole table: 0.13 to 0.15 s for 1,000,000 deleted attachment rows kept, in a table of this shape
+/// on this machine), and deleted by a short write. Returns how many went.
+async fn purge_rows(store: &Store, before: i64, rows: Rows) -> Result<u64, AttachError> {
     const BATCH: i64 = 1000;
     let mut purged = 0;
     loop {
-        let ids = store.read(async |tx| attachments::purgeable(tx, before, BATCH).await).await?;
+        let ids = store
+            .read(async |tx| match rows {
+                Rows::Attachments => attachments::purgeable(tx, before, BATCH).await,
+                Rows::Volumes => volumes::purgeable(tx, before, BATCH).await,
+            })
+            .await?;
         if ids.is_empty() {
             return Ok(purged);
         }
-        let n = store.write(async |tx| attachments::purge(tx, &ids, before).await).await?;
+        let n = store
+            .write(async |tx| match rows {
+                Rows::Attachments => attachments::purge(tx, &ids, before).await,
+                Rows::Volumes => volumes::purge(tx, &ids, before).await,
+            })
+            .await?;
         purged += n;
         if (ids.len() as i64) < BATCH || n == 0 {
             return Ok(purged);

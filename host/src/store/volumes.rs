@@ -287,6 +287,42 @@ pub async fn soft_delete(tx: &mut Tx, id: &str) -> Result<bool, StoreError> {
     Ok(changed == 1)
 }
 
+/// What lets a deleted volume's row go for good once no attachment row names it (`v`: the row;
+/// `$1`: the time before which it was deleted): no operation, no recorded target and no event of
+/// its history left (each found through an index).
+const PURGEABLE: &str = "v.deleted = 1 AND v.deleted_at < $1 \
+     AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.volume_id = v.id) \
+     AND NOT EXISTS (SELECT 1 FROM targets t WHERE t.volume_id = v.id) \
+     AND NOT EXISTS (SELECT 1 FROM attach_events e WHERE e.volume_id = v.id)";
+
+/// Up to `limit` volumes deleted before `before` (microseconds) whose rows may go for good
+/// ([`purge`]): [`PURGEABLE`], and no attachment row left (after the attachments' own purge). A
+/// read, without holding the writer: no index serves a deleted volume's attachment rows, so both
+/// tables are read once, joined (SQLite builds an index of the attachments for it, PostgreSQL
+/// hashes them; a correlated `NOT EXISTS` would read the attachments once per volume on SQLite).
+pub async fn purgeable(tx: &mut Tx, before: i64, limit: i64) -> Result<Vec<String>, StoreError> {
+    let q = format!(
+        "SELECT v.id FROM volumes v LEFT JOIN volume_attachment a ON a.volume_id = v.id \
+         WHERE a.id IS NULL AND {PURGEABLE} LIMIT $2"
+    );
+    tx.query(&q, &params![before, limit]).await?.iter().map(|r| r.text(0)).collect()
+}
+
+/// Deletes for good the rows of these volumes that are still [`PURGEABLE`] before `before`, with
+/// where their history's chain started. No attachment row is checked again: none is ever made for
+/// a deleted volume, so none appeared since [`purgeable`] read them. Returns how many went.
+pub async fn purge(tx: &mut Tx, ids: &[String], before: i64) -> Result<u64, StoreError> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let list = placeholders(2, ids.len());
+    let mut params: Vec<Param> = vec![Param::from(before)];
+    params.extend(ids.iter().map(Param::from));
+    let still = format!("SELECT v.id FROM volumes v WHERE v.id IN ({list}) AND {PURGEABLE}");
+    tx.execute(&format!("DELETE FROM attach_event_starts WHERE volume_id IN ({still})"), &params).await?;
+    tx.execute(&format!("DELETE FROM volumes WHERE id IN ({still})"), &params).await
+}
+
 /// `<select> FROM volumes WHERE ...` for a scope and a filter, with its parameters.
 fn filtered(select: &str, scope: Scope<'_>, filter: &VolumeFilter) -> Query {
     let mut q = Query::new(&format!("{select} FROM volumes WHERE deleted = 0"));
