@@ -98,7 +98,9 @@ impl BerthProcess {
     }
 
     fn try_spawn(&mut self) -> Result<(), String> {
-        let served_before = self.log_text().matches(SERVING).count();
+        // Only what this run writes is read for its readiness: the log of a process restarted
+        // thousands of times (the crash tests' long mode) grows to many megabytes.
+        let this_run = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         let child = Command::new(berth_binary())
             .args(["serve", "--config"])
@@ -119,14 +121,14 @@ impl BerthProcess {
             .spawn()
             .expect("spawn berth serve");
         self.child = Some(child);
-        self.wait_ready(served_before)
+        self.wait_ready(this_run)
     }
 
     /// Ready: this run logged that it serves (it registered as a node: a refused node never
     /// does) and its port answers. The port alone is not enough: a port found free may be taken
     /// by another test's process before this one binds it, and then a refused start would look
     /// ready. (With `BERTH_TEST_SERVER_LOG` set, the log may not say it: the port decides.)
-    fn wait_ready(&mut self, served_before: usize) -> Result<(), String> {
+    fn wait_ready(&mut self, this_run: u64) -> Result<(), String> {
         let log_says = std::env::var_os("BERTH_TEST_SERVER_LOG").is_none();
         // A cold start compiles every driver (the JavaScript one is 13 MB).
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -135,7 +137,7 @@ impl BerthProcess {
                 self.child = None;
                 return Err(format!("berth serve exited with {status}:\n{}", self.log_text()));
             }
-            let serving = !log_says || self.log_text().matches(SERVING).count() > served_before;
+            let serving = !log_says || self.log_since(this_run).contains(SERVING);
             if serving && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return Ok(());
             }
@@ -150,6 +152,18 @@ impl BerthProcess {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The log from byte `offset` on.
+    fn log_since(&self, offset: u64) -> String {
+        use std::io::{Read, Seek};
+        let mut text = Vec::new();
+        if let Ok(mut file) = std::fs::File::open(&self.log)
+            && file.seek(std::io::SeekFrom::Start(offset)).is_ok()
+        {
+            let _ = file.read_to_end(&mut text);
+        }
+        String::from_utf8_lossy(&text).into_owned()
     }
 
     /// The last `lines` lines of the log, for a failing test's message.
