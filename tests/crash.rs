@@ -648,28 +648,45 @@ fn as_before(volume: &str, before: &World, now: &World) -> Vec<String> {
     wrong
 }
 
-mod power_failure {
-    use super::*;
+/// A power failure in every flow whose intent is written and not synced: those that change
+/// their backend only through driver calls (`ChangesBy::Driver`: every connect and revoke).
+macro_rules! power_failure_tests {
+    ($($name:ident => $flow:ident,)*) => {
+        mod power_failure {
+            $(
+                mod $name {
+                    use super::super::*;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_attach_whose_intent_was_lost_with_the_power_never_happened() {
-        power_off_at_every_failpoint(Flow::CreateAttachment, PowerLoss::IntentLost).await;
-    }
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn with_its_intent_lost_the_request_never_happened() {
+                        power_off_at_every_failpoint(Flow::$flow, PowerLoss::IntentLost).await;
+                    }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_attach_whose_intent_outlived_the_power_is_undone() {
-        power_off_at_every_failpoint(Flow::CreateAttachment, PowerLoss::IntentKept).await;
-    }
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn with_its_intent_kept_it_ends_as_a_killed_one_does() {
+                        power_off_at_every_failpoint(Flow::$flow, PowerLoss::IntentKept).await;
+                    }
+                }
+            )*
+        }
+    };
+}
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_detach_whose_intent_was_lost_with_the_power_never_happened_and_access_is_restored() {
-        power_off_at_every_failpoint(Flow::DeleteAttachment, PowerLoss::IntentLost).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_detach_whose_intent_outlived_the_power_goes_on() {
-        power_off_at_every_failpoint(Flow::DeleteAttachment, PowerLoss::IntentKept).await;
-    }
+power_failure_tests! {
+    attachment_create => CreateAttachment,
+    second_attachment_of_a_multiattach_volume => CreateSecondOfMultiattach,
+    attachment_update => UpdateAttachment,
+    unshelve => Unshelve,
+    connector_replacement => ReplaceConnector,
+    attachment_delete => DeleteAttachment,
+    delete_of_one_of_two_attachments => DeleteOneOfTwo,
+    legacy_initialize => LegacyInitialize,
+    legacy_initialize_replay => LegacyInitializeAgain,
+    legacy_terminate => LegacyTerminate,
+    legacy_detach => LegacyDetach,
+    legacy_unreserve => LegacyUnreserve,
+    legacy_terminate_of_an_unknown_connector => LegacyTerminateUnknown,
+    force_detach => ForceDetach,
 }
 
 fn tail(log: &str) -> String {
