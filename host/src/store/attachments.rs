@@ -7,7 +7,7 @@ use serde_json::{Map, Value as Json};
 
 use super::sql::{Param, Row, Tx};
 use super::volumes::Query;
-use super::{StoreError, now_micros, placeholders};
+use super::{StoreError, now_micros, placeholders, still_purgeable};
 use crate::domain::list::{AttachmentFilter, Page, Scope};
 use crate::domain::model::{AttachMode, Attachment, Connector, Live};
 use crate::domain::state::{AttachStatus, AttachTo, Slot, Transition};
@@ -305,10 +305,7 @@ pub async fn purge(tx: &mut Tx, ids: &[String], before: i64) -> Result<u64, Stor
     if ids.is_empty() {
         return Ok(0);
     }
-    let list = placeholders(2, ids.len());
-    let mut params: Vec<Param> = vec![Param::from(before)];
-    params.extend(ids.iter().map(Param::from));
-    let still = format!("SELECT a.id FROM volume_attachment a WHERE a.id IN ({list}) AND {PURGEABLE}");
+    let (still, params) = still_purgeable("volume_attachment a", PURGEABLE, ids, before);
     tx.execute(&format!("DELETE FROM attachment_specs WHERE attachment_id IN ({still})"), &params).await?;
     tx.execute(&format!("DELETE FROM volume_attachment WHERE id IN ({still})"), &params).await
 }

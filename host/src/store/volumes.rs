@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::sql::{Param, Row, Tx};
-use super::{StoreError, now_micros, placeholders};
+use super::{StoreError, now_micros, placeholders, still_purgeable};
 use crate::domain::list::{MAX_PAGE, Page, Scope, VolumeFilter};
 use crate::domain::model::Volume;
 use crate::domain::state::{Rows, Transition, VolumeAttachStatus, VolumeStatus};
@@ -315,10 +315,7 @@ pub async fn purge(tx: &mut Tx, ids: &[String], before: i64) -> Result<u64, Stor
     if ids.is_empty() {
         return Ok(0);
     }
-    let list = placeholders(2, ids.len());
-    let mut params: Vec<Param> = vec![Param::from(before)];
-    params.extend(ids.iter().map(Param::from));
-    let still = format!("SELECT v.id FROM volumes v WHERE v.id IN ({list}) AND {PURGEABLE}");
+    let (still, params) = still_purgeable("volumes v", PURGEABLE, ids, before);
     tx.execute(&format!("DELETE FROM attach_event_starts WHERE volume_id IN ({still})"), &params).await?;
     tx.execute(&format!("DELETE FROM volumes WHERE id IN ({still})"), &params).await
 }
