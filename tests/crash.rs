@@ -648,54 +648,16 @@ fn as_before(volume: &str, before: &World, now: &World) -> Vec<String> {
     wrong
 }
 
-/// A power failure in every flow whose intent is written and not synced: those that change
-/// their backend only through driver calls (`ChangesBy::Driver`: every connect and revoke).
-macro_rules! power_failure_tests {
-    ($($name:ident => $flow:ident,)*) => {
-        mod power_failure {
-            $(
-                mod $name {
-                    use super::super::*;
-
-                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                    async fn with_its_intent_lost_the_request_never_happened() {
-                        power_off_at_every_failpoint(Flow::$flow, PowerLoss::IntentLost).await;
-                    }
-
-                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                    async fn with_its_intent_kept_it_ends_as_a_killed_one_does() {
-                        power_off_at_every_failpoint(Flow::$flow, PowerLoss::IntentKept).await;
-                    }
-                }
-            )*
-        }
-    };
-}
-
-power_failure_tests! {
-    attachment_create => CreateAttachment,
-    second_attachment_of_a_multiattach_volume => CreateSecondOfMultiattach,
-    attachment_update => UpdateAttachment,
-    unshelve => Unshelve,
-    connector_replacement => ReplaceConnector,
-    attachment_delete => DeleteAttachment,
-    delete_of_one_of_two_attachments => DeleteOneOfTwo,
-    legacy_initialize => LegacyInitialize,
-    legacy_initialize_replay => LegacyInitializeAgain,
-    legacy_terminate => LegacyTerminate,
-    legacy_detach => LegacyDetach,
-    legacy_unreserve => LegacyUnreserve,
-    legacy_terminate_of_an_unknown_connector => LegacyTerminateUnknown,
-    force_detach => ForceDetach,
-}
-
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
+/// Each flow's interruption tests; a flow marked `power_failure` (its intent is written and not
+/// synced: it changes its backend only through driver calls, `ChangesBy::Driver`) also loses the
+/// power at every failpoint up to its outcome's commit, with its intent lost and kept.
 macro_rules! interruption_tests {
-    ($($name:ident => $flow:ident,)*) => {
+    ($($name:ident => $flow:ident $(, $power:ident)?;)*) => {
         $(
             mod $name {
                 use super::*;
@@ -709,6 +671,22 @@ macro_rules! interruption_tests {
                 async fn a_client_leaving_at_every_failpoint_changes_nothing() {
                     leave_at_every_failpoint(Flow::$flow).await;
                 }
+
+                $(
+                    mod $power {
+                        use super::super::*;
+
+                        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                        async fn with_its_intent_lost_the_request_never_happened() {
+                            power_off_at_every_failpoint(Flow::$flow, PowerLoss::IntentLost).await;
+                        }
+
+                        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                        async fn with_its_intent_kept_it_ends_as_a_killed_one_does() {
+                            power_off_at_every_failpoint(Flow::$flow, PowerLoss::IntentKept).await;
+                        }
+                    }
+                )?
             }
         )*
 
@@ -723,21 +701,21 @@ macro_rules! interruption_tests {
 }
 
 interruption_tests! {
-    volume_create => CreateVolume,
-    volume_delete => DeleteVolume,
-    attachment_create => CreateAttachment,
-    second_attachment_of_a_multiattach_volume => CreateSecondOfMultiattach,
-    attachment_update => UpdateAttachment,
-    unshelve => Unshelve,
-    connector_replacement => ReplaceConnector,
-    attachment_delete => DeleteAttachment,
-    delete_of_one_of_two_attachments => DeleteOneOfTwo,
-    legacy_initialize => LegacyInitialize,
-    legacy_initialize_replay => LegacyInitializeAgain,
-    legacy_terminate => LegacyTerminate,
-    legacy_detach => LegacyDetach,
-    legacy_unreserve => LegacyUnreserve,
-    legacy_terminate_of_an_unknown_connector => LegacyTerminateUnknown,
-    force_detach => ForceDetach,
-    volume_extend => ExtendVolume,
+    volume_create => CreateVolume;
+    volume_delete => DeleteVolume;
+    attachment_create => CreateAttachment, power_failure;
+    second_attachment_of_a_multiattach_volume => CreateSecondOfMultiattach, power_failure;
+    attachment_update => UpdateAttachment, power_failure;
+    unshelve => Unshelve, power_failure;
+    connector_replacement => ReplaceConnector, power_failure;
+    attachment_delete => DeleteAttachment, power_failure;
+    delete_of_one_of_two_attachments => DeleteOneOfTwo, power_failure;
+    legacy_initialize => LegacyInitialize, power_failure;
+    legacy_initialize_replay => LegacyInitializeAgain, power_failure;
+    legacy_terminate => LegacyTerminate, power_failure;
+    legacy_detach => LegacyDetach, power_failure;
+    legacy_unreserve => LegacyUnreserve, power_failure;
+    legacy_terminate_of_an_unknown_connector => LegacyTerminateUnknown, power_failure;
+    force_detach => ForceDetach, power_failure;
+    volume_extend => ExtendVolume;
 }
