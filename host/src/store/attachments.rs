@@ -305,7 +305,7 @@ pub async fn purge(tx: &mut Tx, ids: &[String], before: i64) -> Result<u64, Stor
     if ids.is_empty() {
         return Ok(0);
     }
-    let (still, params) = still_purgeable("volume_attachment a", PURGEABLE, ids, before);
+    let (still, params) = still_purgeable("volume_attachment", "a", PURGEABLE, ids, before);
     tx.execute(&format!("DELETE FROM attachment_specs WHERE attachment_id IN ({still})"), &params).await?;
     tx.execute(&format!("DELETE FROM volume_attachment WHERE id IN ({still})"), &params).await
 }

@@ -545,20 +545,20 @@ pub(crate) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
 
-/// The rows among `ids` of `rows` (a table and its alias, `volumes v`) that still meet
-/// `purgeable` (about the alias; `$1`: the time before which they were deleted), as a subquery
+/// The rows among `ids` of `table` (called `alias`) that still meet `purgeable` (about the
+/// alias; `$1`: the time before which they were deleted), as a subquery
 /// with its parameters: what a purge deletes, checked again inside its own write.
 pub(crate) fn still_purgeable(
-    rows: &str,
+    table: &str,
+    alias: &str,
     purgeable: &str,
     ids: &[String],
     before: i64,
 ) -> (String, Vec<sql::Param>) {
-    let alias = rows.rsplit(' ').next().unwrap_or(rows);
     let list = placeholders(2, ids.len());
     let mut params = vec![sql::Param::from(before)];
     params.extend(ids.iter().map(sql::Param::from));
-    (format!("SELECT {alias}.id FROM {rows} WHERE {alias}.id IN ({list}) AND {purgeable}"), params)
+    (format!("SELECT {alias}.id FROM {table} {alias} WHERE {alias}.id IN ({list}) AND {purgeable}"), params)
 }
 
 /// Creates the SQLite file 0600 if it does not exist (SQLite gives its WAL and shm files the

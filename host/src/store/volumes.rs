@@ -315,7 +315,7 @@ pub async fn purge(tx: &mut Tx, ids: &[String], before: i64) -> Result<u64, Stor
     if ids.is_empty() {
         return Ok(0);
     }
-    let (still, params) = still_purgeable("volumes v", PURGEABLE, ids, before);
+    let (still, params) = still_purgeable("volumes", "v", PURGEABLE, ids, before);
     tx.execute(&format!("DELETE FROM attach_event_starts WHERE volume_id IN ({still})"), &params).await?;
     tx.execute(&format!("DELETE FROM volumes WHERE id IN ({still})"), &params).await
 }
