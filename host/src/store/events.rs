@@ -389,6 +389,13 @@ pub async fn prune(tx: &mut Tx, before: i64) -> Result<u64, StoreError> {
         )
         .await?;
         tx.execute("DELETE FROM attach_event_starts WHERE first_seq = 1", &[]).await?;
+        // The ids migration 0010 kept of the events recorded before it go with their events.
+        tx.execute(
+            "DELETE FROM attach_event_earlier_ids WHERE NOT EXISTS (SELECT 1 FROM attach_events e \
+             WHERE e.volume_id = attach_event_earlier_ids.volume_id AND e.seq = attach_event_earlier_ids.seq)",
+            &[],
+        )
+        .await?;
     }
     Ok(deleted)
 }
@@ -631,6 +638,22 @@ mod tests {
             assert_eq!((next.seq, &next.prev_hash), (4, &chain[chain.len() - 1].hash));
         }
         assert_eq!(verify(&store).await, (2, 7));
+
+        // Pruned, the earlier events take their ids along; the ones left are still found.
+        let earlier_ids = async || {
+            let rows = store
+                .read(async |tx| tx.query("SELECT COUNT(*) FROM attach_event_earlier_ids", &[]).await)
+                .await
+                .unwrap();
+            rows[0].int(0).unwrap()
+        };
+        assert_eq!(earlier_ids().await, 5);
+        assert_eq!(store.write(async |tx| prune(tx, 2500).await).await.unwrap(), 3);
+        assert_eq!(earlier_ids().await, 2, "the ids of the two events at 3000 stay, nothing else");
+        let kept = &chains[1][1];
+        let found = store.read(async |tx| get(tx, &kept.id, Scope::All).await).await.unwrap();
+        assert_eq!(found.as_ref(), Some(kept));
+        assert_eq!(verify(&store).await, (2, 4));
     }
 
     #[tokio::test]
