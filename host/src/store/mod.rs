@@ -1,9 +1,10 @@
 //! The store: all SQL, one file per table. SQLite (the embedded default) and PostgreSQL run the
-//! same statements. Rows are read into the domain's records (`domain/model.rs`, statuses
-//! from `domain/state.rs`, parsed when read) and written from them. Every state change is a
-//! conditional update whose `WHERE` comes from a row of the state machine's transition table,
-//! and returns what it wrote; partial unique indexes back them up. Nothing here knows HTTP or
-//! decides which transitions are legal.
+//! same statements, but for two on PostgreSQL alone: the row lock that holds a volume
+//! (`volumes::hold_row`) and an event appended in one round trip (`events::append`). Rows are
+//! read into the domain's records (`domain/model.rs`, statuses from `domain/state.rs`, parsed
+//! when read) and written from them. Every state change is a conditional update whose `WHERE`
+//! comes from a row of the state machine's transition table, and returns what it wrote; partial
+//! unique indexes back them up. Nothing here knows HTTP or decides which transitions are legal.
 //!
 //! A transaction is a closure over [`sql::Sql`] ([`Store::write`], [`Store::read`]) that runs in
 //! one go (see `sql.rs` for why). A write transaction first updates the volume row it concerns,
