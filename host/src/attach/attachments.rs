@@ -69,23 +69,24 @@ impl Attachments<'_> {
     ) -> Result<Attachment, AttachError> {
         let volume = self.volume(caller, &req.volume_id).await?;
         let Some(c) = &req.connector else {
-            return self.reserve(&volume, &req, None).await;
+            return Ok(self.reserve(&volume, &req, None).await?.0);
         };
         let validated =
             self.validated(&volume, &AttachMode::from_request(req.mode).driver_connector(c)).await?;
         let _held = self.hold(&volume.id).await?;
-        self.create_locked(caller, req, validated).await
+        self.create_locked(&volume, req, validated).await
     }
 
     /// A create with a connector; the caller holds the volume ([`Service::hold`]) and has
-    /// validated the connector (in the instance it hands over, if it kept one).
+    /// validated the connector (in the instance it hands over, if it kept one). `volume` is the
+    /// caller's read of it, made before the lock: only what never changes of a volume (its id,
+    /// project and multiattach) is taken from it; the reservation locks the row as it is now.
     pub(super) async fn create_locked(
         &self,
-        caller: &Caller,
+        volume: &Volume,
         req: NewAttachment,
         validated: Option<KeptInstance>,
     ) -> Result<Attachment, AttachError> {
-        let volume = self.volume(caller, &req.volume_id).await?;
         self.reconcile().reconciled_first(&volume.id).await?;
         let connector = req.connector.clone().expect("a create that connects has a connector");
         let id = uuid::Uuid::new_v4().to_string();
@@ -97,20 +98,21 @@ impl Attachments<'_> {
                 Some(&connector),
             )
             .handed(validated);
-        let row = self.reserve(&volume, &req, Some((&id, &op))).await?;
+        let (row, volume) = self.reserve(volume, &req, Some((&id, &op))).await?;
         failpoint::hit("attach.create.intent");
-        self.connect(&op, row, &connector, ConnectOrigin::Create, Vec::new()).await
+        self.connect(&op, volume, row, &connector, ConnectOrigin::Create, Vec::new()).await
     }
 
     /// Reserves a new attachment (`Event::Reserve`, or `ReserveForMigration` for a second
     /// attachment of a non-multiattach volume's instance). With a connector, the same
-    /// transaction stores it and begins the connect's operation.
+    /// transaction stores it and begins the connect's operation. Returns the reservation and its
+    /// volume as the reservation left it.
     async fn reserve(
         &self,
         volume: &Volume,
         req: &NewAttachment,
         connect: Option<(&str, &Op<'_>)>,
-    ) -> Result<Attachment, AttachError> {
+    ) -> Result<(Attachment, Volume), AttachError> {
         let now = now_micros();
         let row = Attachment {
             id: connect.map(|(id, _)| id.to_string()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
@@ -145,11 +147,11 @@ impl Attachments<'_> {
                 rows::put_connector(tx, &row.id, req.connector.as_ref()).await?;
                 op.begin(tx).await?;
             }
-            conclude(tx, &locked, t).await?;
+            let concluded = conclude(tx, &locked, t).await?;
             let change =
                 Change { connector: req.connector.as_ref(), ..Change::of(t.event, Access::None, &row) };
             self.record(tx, &locked, change).await?;
-            Ok(Some(row))
+            Ok(Some((row, concluded)))
         };
         // With a connect, the reservation is its operation's intent; alone, it is the answer.
         let reserved = match connect {
@@ -157,7 +159,7 @@ impl Attachments<'_> {
             None => self.store.write(reserve).await?,
         };
         match reserved {
-            Some(row) => Ok(row),
+            Some(reservation) => Ok(reservation),
             None => Err(self.refusal(volume).await),
         }
     }
@@ -240,16 +242,22 @@ impl Attachments<'_> {
             )
             .handed(validated);
         let refresh = transition(Event::Refresh);
-        op.write_intent(async |tx| {
-            // The volume row first, as every write does (an `os-complete` that looks for a
-            // connector waits for this one).
-            volumes::lock(tx, &row.volume_id, refresh, None).await?;
-            rows::put_connector(tx, id, Some(&connector)).await?;
-            op.begin(tx).await
-        })
-        .await?;
+        let locked = op
+            .write_intent(async |tx| {
+                // The volume row first, as every write does (an `os-complete` that looks for a
+                // connector waits for this one).
+                let locked = volumes::lock(tx, &row.volume_id, refresh, None).await?;
+                rows::put_connector(tx, id, Some(&connector)).await?;
+                op.begin(tx).await?;
+                Ok::<_, AttachError>(locked)
+            })
+            .await?;
         failpoint::hit("attach.update.intent");
-        self.connect(&op, row, &connector, origin, replaced.into_iter().collect()).await
+        let volume = match locked {
+            Some(volume) => volume,
+            None => self.fresh_volume(&row.volume_id).await?,
+        };
+        self.connect(&op, volume, row, &connector, origin, replaced.into_iter().collect()).await
     }
 
     /// The volume's live attachments other than `except`, as the driver sees them.

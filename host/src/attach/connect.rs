@@ -40,16 +40,16 @@ impl Attachments<'_> {
 
     /// Connects an attachment whose connector and operation are recorded: revokes the connectors
     /// it replaces (`revoke`), exports, initializes, and records the connection. The caller holds
-    /// the volume's lock.
+    /// the volume's lock; `volume` is as the write that recorded the operation left it.
     pub(super) async fn connect(
         &self,
         op: &Op<'_>,
+        volume: Volume,
         row: Attachment,
         connector: &Connector,
         origin: ConnectOrigin,
         revoke: Vec<Connector>,
     ) -> Result<Attachment, AttachError> {
-        let volume = self.fresh_volume(&row.volume_id).await?;
         let backend = self.backend(&volume)?;
         let mut calls = op.calls(&backend.driver).for_owner(&volume.project_id);
         let conn = row.driver_connector(connector);

@@ -27,10 +27,10 @@ impl Attachments<'_> {
         id: &str,
         then: AfterDisconnect,
     ) -> Result<Vec<Attachment>, AttachError> {
-        let row = self.attachment(caller, id).await?;
         let (volume, live) = self
             .store
             .read(async |tx| {
+                let row = rows::get(tx, id, caller.scope()).await?.ok_or_else(|| attachment_not_found(id))?;
                 let volume = volumes::get(tx, &row.volume_id, Scope::All)
                     .await?
                     .ok_or_else(|| volume_not_found(&row.volume_id))?;

@@ -157,7 +157,7 @@ impl Legacy<'_> {
                     legacy: true,
                     ..Default::default()
                 };
-                self.attachments().create_locked(caller, request, validated).await?
+                self.attachments().create_locked(&found, request, validated).await?
             }
         };
         connection_info(&row)
