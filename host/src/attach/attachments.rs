@@ -184,25 +184,29 @@ impl Attachments<'_> {
         }
         let validated = self.validated(&volume, &row.driver_connector(&connector)).await?;
         let _held = self.hold(&volume.id).await?;
-        self.update_locked(caller, id, connector, validated).await
+        self.update_locked(caller, &volume.id, id, connector, validated).await
     }
 
-    /// Gives an attachment a (validated) connector and connects it; the caller holds the volume's
-    /// lock. An attachment holds access for one connector at most: a different one replaces the
-    /// old, whose access is revoked first (Cinder leaves it, and the old host keeps the LUN).
+    /// Gives an attachment of volume `volume_id` a (validated) connector and connects it; the
+    /// caller holds the volume's lock. An attachment holds access for one connector at most: a
+    /// different one replaces the old, whose access is revoked first (Cinder leaves it, and the
+    /// old host keeps the LUN).
     pub(super) async fn update_locked(
         &self,
         caller: &Caller,
+        volume_id: &str,
         id: &str,
         connector: Connector,
         validated: Option<KeptInstance>,
     ) -> Result<Attachment, AttachError> {
-        let row = self.attachment(caller, id).await?;
-        self.reconcile().reconciled_first(&row.volume_id).await?;
+        self.reconcile().reconciled_first(volume_id).await?;
         let (row, stored) = self
             .store
             .read(async |tx| {
-                let row = rows::get(tx, id, caller.scope()).await?.ok_or_else(|| attachment_not_found(id))?;
+                let row = rows::get(tx, id, caller.scope())
+                    .await?
+                    .filter(|row| row.volume_id == volume_id)
+                    .ok_or_else(|| attachment_not_found(id))?;
                 let stored = rows::connectors(tx, &[id]).await?.remove(id);
                 Ok::<_, AttachError>((row, stored))
             })

@@ -149,7 +149,9 @@ impl Legacy<'_> {
             .find(|l| is_pending(&l.attachment) && l.connector.is_none())
             .map(|l| l.attachment.id.clone());
         let row = match reserved {
-            Some(id) => self.attachments().update_locked(caller, &id, connector, validated).await?,
+            Some(id) => {
+                self.attachments().update_locked(caller, volume_id, &id, connector, validated).await?
+            }
             None => {
                 let request = NewAttachment {
                     volume_id: volume_id.to_string(),
