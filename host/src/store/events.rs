@@ -83,19 +83,8 @@ pub async fn append(tx: &mut Tx, fields: NewEvent) -> Result<AttachEvent, StoreE
     if let Some((seq, prev)) = guessed_head(&fields.volume_id) {
         let event = AttachEvent::link(event_id(fields.at), seq + 1, prev, fields);
         let appended = match tx.kind() {
-            DbKind::Postgres => {
-                tx.execute(
-                    &format!(
-                        "WITH moved AS (UPDATE volumes SET history_seq = $2, history_hash = $22 \
-                         WHERE id = $3 AND history_seq = $2 - 1 AND history_hash = $21 RETURNING id) \
-                         INSERT INTO attach_events ({COLUMNS}) SELECT {VALUES} FROM moved"
-                    ),
-                    &row(&event),
-                )
-                .await?
-                    == 1
-            }
-            _ => {
+            DbKind::Postgres => tx.execute(&APPEND_AFTER_HEAD, &row(&event)).await? == 1,
+            DbKind::Sqlite => {
                 let moved = tx
                     .execute(
                         "UPDATE volumes SET history_seq = $2, history_hash = $3 \
@@ -196,8 +185,22 @@ fn row(event: &AttachEvent) -> Vec<Param> {
 const VALUES: &str = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
      $19, $20, $21, $22";
 
+/// An event's insert (made once: it runs for every event).
+static INSERT: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("INSERT INTO attach_events ({COLUMNS}) VALUES ({VALUES})"));
+
+/// PostgreSQL's [`append`] of a guessed head: the head moved on and the event inserted by one
+/// statement, or neither when the guess is stale.
+static APPEND_AFTER_HEAD: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH moved AS (UPDATE volumes SET history_seq = $2, history_hash = $22 \
+         WHERE id = $3 AND history_seq = $2 - 1 AND history_hash = $21 RETURNING id) \
+         INSERT INTO attach_events ({COLUMNS}) SELECT {VALUES} FROM moved"
+    )
+});
+
 async fn insert(tx: &mut Tx, event: &AttachEvent) -> Result<(), StoreError> {
-    tx.execute(&format!("INSERT INTO attach_events ({COLUMNS}) VALUES ({VALUES})"), &row(event)).await?;
+    tx.execute(&INSERT, &row(event)).await?;
     Ok(())
 }
 

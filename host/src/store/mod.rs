@@ -547,8 +547,8 @@ pub(crate) fn placeholders(first: usize, n: usize) -> String {
 }
 
 /// The rows among `ids` of `table` (called `alias`) that still meet `purgeable` (about the
-/// alias; `$1`: the time before which they were deleted), as a subquery
-/// with its parameters: what a purge deletes, checked again inside its own write.
+/// alias; `$1`: the time before which they were deleted), as a subquery with its parameters:
+/// what a purge deletes, checked again inside its own write.
 pub(crate) fn still_purgeable(
     table: &str,
     alias: &str,
