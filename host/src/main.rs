@@ -170,15 +170,25 @@ enum HistoryCommand {
     List {
         #[command(flatten)]
         db: DatabaseArgs,
+        /// A volume's events (its hash chain).
         #[arg(long)]
         volume: Option<String>,
+        /// An attachment's events.
         #[arg(long)]
         attachment: Option<String>,
+        /// The events of attachments to this instance (server) UUID.
         #[arg(long)]
         instance: Option<String>,
         /// The connector's host name or initiator.
         #[arg(long)]
         host: Option<String>,
+        /// The status the change left (reserved, attaching, attached, detached, ...) or what befell
+        /// the connection (replaced, revoked, failed).
+        #[arg(long)]
+        outcome: Option<String>,
+        /// What it did to a host's access.
+        #[arg(long, value_parser = ["granted", "revoked", "none"])]
+        access: Option<String>,
         /// From this ISO 8601 time (UTC without an offset).
         #[arg(long)]
         since: Option<String>,
@@ -504,12 +514,26 @@ fn history(command: HistoryCommand) -> ExitCode {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     let outcome: Result<ExitCode, String> = runtime.block_on(async {
         match command {
-            HistoryCommand::List { db, volume, attachment, instance, host, since, until, limit, json } => {
+            HistoryCommand::List {
+                db,
+                volume,
+                attachment,
+                instance,
+                host,
+                outcome,
+                access,
+                since,
+                until,
+                limit,
+                json,
+            } => {
                 let filter = EventFilter {
                     volume_id: volume,
                     attachment_id: attachment,
                     instance_uuid: instance,
                     host,
+                    outcome,
+                    access: access.as_deref().and_then(berth::domain::history::Access::parse),
                     since: since.map(|t| history_time("since", &t)).transpose()?,
                     until: until.map(|t| history_time("until", &t)).transpose()?,
                     ..EventFilter::default()

@@ -474,6 +474,16 @@ async fn the_history_command_lists_verifies_and_names_what_was_edited() {
         "{table}"
     );
     assert!(lines[4].contains("detach") && lines[4].contains("revoked"), "{table}");
+    // The API's filters on what a change did: who was given access, and what it left.
+    let (code, granted) = berth(&["list", "--volume", &volume, "--access", "granted"]);
+    assert_eq!(code, Some(0), "{granted}");
+    assert!(granted.lines().count() == 2 && granted.lines().nth(1).unwrap().contains("connect"), "{granted}");
+    let (code, detached) = berth(&["list", "--outcome", "detached"]);
+    assert_eq!(code, Some(0), "{detached}");
+    assert!(
+        detached.lines().count() == 2 && detached.lines().nth(1).unwrap().contains("detach"),
+        "{detached}"
+    );
     let (code, out) = berth(&["verify"]);
     assert_eq!((code, out.trim()), (Some(0), "verified 4 events in 1 chains: 0 broken"));
 
