@@ -553,6 +553,12 @@ fn history(command: HistoryCommand) -> ExitCode {
                 } else {
                     print!("{}", history_table(&events));
                 }
+                if events.len() as i64 == limit {
+                    eprintln!(
+                        "berth: {limit} events shown, the --limit; more may follow (narrow with the filters, \
+                         --since and --until, or raise --limit)"
+                    );
+                }
                 Ok(ExitCode::SUCCESS)
             }
             HistoryCommand::Verify { file: Some(path), .. } => {

@@ -484,6 +484,13 @@ async fn the_history_command_lists_verifies_and_names_what_was_edited() {
         detached.lines().count() == 2 && detached.lines().nth(1).unwrap().contains("detach"),
         "{detached}"
     );
+    let limited = std::process::Command::new(berth_tests::process::berth_binary())
+        .args(["history", "list", "--limit", "2", "--database-url", &url])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&limited.stderr);
+    assert_eq!(String::from_utf8_lossy(&limited.stdout).lines().count(), 3);
+    assert!(said.contains("2 events shown, the --limit; more may follow"), "{said}");
     let (code, out) = berth(&["verify"]);
     assert_eq!((code, out.trim()), (Some(0), "verified 4 events in 1 chains: 0 broken"));
 
