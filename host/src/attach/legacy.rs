@@ -33,7 +33,9 @@ use super::list::Scope;
 use super::model::{AfterDisconnect, AttachMode, Attachment, Connector, Live, OpKind};
 use super::ops::ChangesBy;
 use super::state::{AttachStatus, Event, transition};
-use super::{AttachError, Caller, Service, attachment_not_found, conclude, names, record_fields};
+use super::{
+    AttachError, Caller, Service, attachment_not_found, conclude, names, record_fields, volume_not_found,
+};
 use crate::domain::history::Access;
 use crate::failpoint;
 use crate::runtime::Call;
@@ -444,8 +446,17 @@ impl Legacy<'_> {
     ) -> Result<(), AttachError> {
         self.fresh_volume(volume_id).await?;
         let _held = self.hold(volume_id).await?;
-        let volume = self.fresh_volume(volume_id).await?;
-        let live = self.legacy_volume(volume_id).await?;
+        let (volume, live) = self
+            .store
+            .read(async |tx| {
+                let volume = volumes::get(tx, volume_id, Scope::All).await?;
+                Ok::<_, AttachError>((
+                    volume.ok_or_else(|| volume_not_found(volume_id))?,
+                    rows::live(tx, volume_id).await?,
+                ))
+            })
+            .await?;
+        let live = Volume { live };
         let targets: Vec<&Attachment> = match (attachment_id, &connector) {
             (Some(id), _) => match live.live.iter().find(|l| l.attachment.id == id) {
                 Some(l) => vec![&l.attachment],
