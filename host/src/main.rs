@@ -536,7 +536,6 @@ fn history(command: HistoryCommand) -> ExitCode {
                     access: access.as_deref().and_then(berth::domain::history::Access::parse),
                     since: since.map(|t| history_time("since", &t)).transpose()?,
                     until: until.map(|t| history_time("until", &t)).transpose()?,
-                    ..EventFilter::default()
                 };
                 let store = db.open().await?;
                 let events = store
