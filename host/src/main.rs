@@ -195,7 +195,8 @@ enum HistoryCommand {
         /// Up to this ISO 8601 time.
         #[arg(long)]
         until: Option<String>,
-        #[arg(long, default_value_t = 1000)]
+        /// At most this many events (1 or more).
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
         limit: i64,
         /// One JSON object per line, with every field.
         #[arg(long)]
@@ -599,9 +600,15 @@ fn history(command: HistoryCommand) -> ExitCode {
             HistoryCommand::Export { db, until } => {
                 let until = until.map(|t| history_time("until", &t)).transpose()?;
                 let store = db.open().await?;
-                for e in history::export(&store, until).await.map_err(|e| e.to_string())? {
-                    println!("{}", serde_json::to_string(&e).expect("an event serialises"));
-                }
+                use std::io::Write;
+                let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+                history::export(&store, until, |e| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+                    serde_json::to_writer(&mut out, e)?;
+                    Ok(out.write_all(b"\n")?)
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
                 Ok(ExitCode::SUCCESS)
             }
             HistoryCommand::Prune { db, before } => {

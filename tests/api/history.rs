@@ -310,7 +310,13 @@ both_databases! {
 
         // Export, prune and verify the archived segment: what is left still verifies from
         // where it now starts (the broken chains aside).
-        let segment = berth::attach::history::export(store, None).await.unwrap();
+        let mut segment = Vec::new();
+        berth::attach::history::export(store, None, |e| {
+            segment.push(e.clone());
+            Ok::<_, berth::store::StoreError>(())
+        })
+        .await
+        .unwrap();
         assert_eq!(segment.len(), 14);
         let fourth: Vec<AttachEvent> = segment.iter().filter(|e| e.fields.volume_id == volumes[3]).cloned().collect();
         assert_eq!(berth::domain::history::verify_segment(&fourth), Ok(1));

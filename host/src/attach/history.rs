@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::domain::history::{Access, AttachEvent, Break, ChainCheck, EventFilter, Head, NewEvent};
 use crate::store::sql::Tx;
-use crate::store::{Store, attachments, events, now_micros, volumes};
+use crate::store::{Store, StoreError, attachments, events, now_micros, volumes};
 
 tokio::task_local! {
     /// The caller of the operation this task runs.
@@ -188,11 +188,11 @@ pub struct Verified {
 /// events in pages of [`VERIFY_PAGE`] in chain order: one query per page, not per volume, and
 /// never more than a page in memory.
 pub async fn verify(store: &Store) -> Result<Verified, AttachError> {
-    verify_in_pages(store, VERIFY_PAGE).await
+    verify_in_pages(store, PAGE).await
 }
 
-/// Events read per query by [`verify`].
-const VERIFY_PAGE: i64 = 500;
+/// Events read per query by [`verify`] and [`export`].
+const PAGE: i64 = 500;
 
 async fn verify_in_pages(store: &Store, page: i64) -> Result<Verified, AttachError> {
     store
@@ -206,7 +206,8 @@ async fn verify_in_pages(store: &Store, page: i64) -> Result<Verified, AttachErr
             let mut after: Option<(String, i64)> = None;
             loop {
                 let batch =
-                    events::chains_after(tx, after.as_ref().map(|(v, s)| (v.as_str(), *s)), page).await?;
+                    events::chains_after(tx, after.as_ref().map(|(v, s)| (v.as_str(), *s)), None, page)
+                        .await?;
                 for e in &batch {
                     out.events += 1;
                     if current.as_ref().is_none_or(|(v, _)| *v != e.fields.volume_id) {
@@ -255,9 +256,45 @@ async fn verify_in_pages(store: &Store, page: i64) -> Result<Verified, AttachErr
         .await
 }
 
-/// The events recorded before `until` (all: `None`), chain by chain: a segment to archive.
-pub async fn export(store: &Store, until: Option<i64>) -> Result<Vec<AttachEvent>, AttachError> {
-    Ok(store.read(async |tx| events::segment(tx, until).await).await?)
+/// The events recorded before `until` (all: `None`), chain by chain, each handed to `sink`: a
+/// segment to archive before [`prune`] (which takes the same bound). Read in one snapshot of the
+/// database, in pages of [`PAGE`]: never more than a page in memory, however long the history.
+/// Returns how many events were handed over; stops at the first error of `sink`.
+pub async fn export<E: From<StoreError>>(
+    store: &Store,
+    until: Option<i64>,
+    sink: impl FnMut(&AttachEvent) -> Result<(), E>,
+) -> Result<usize, E> {
+    export_in_pages(store, until, PAGE, sink).await
+}
+
+async fn export_in_pages<E: From<StoreError>>(
+    store: &Store,
+    until: Option<i64>,
+    page: i64,
+    mut sink: impl FnMut(&AttachEvent) -> Result<(), E>,
+) -> Result<usize, E> {
+    store
+        .read(async |tx| {
+            let mut after: Option<(String, i64)> = None;
+            let mut handed = 0;
+            loop {
+                let batch =
+                    events::chains_after(tx, after.as_ref().map(|(v, s)| (v.as_str(), *s)), until, page)
+                        .await?;
+                for e in &batch {
+                    sink(e)?;
+                }
+                handed += batch.len();
+                match batch.last() {
+                    Some(last) if batch.len() as i64 == page => {
+                        after = Some((last.fields.volume_id.clone(), last.seq));
+                    }
+                    _ => return Ok(handed),
+                }
+            }
+        })
+        .await
 }
 
 /// Deletes the events recorded before `before`; the rest of each chain still verifies.
@@ -369,6 +406,37 @@ mod verify_tests {
     }
 
     #[tokio::test]
+    async fn export_hands_over_the_segment_before_its_bound_in_pages_and_stops_at_a_sink_error() {
+        // Events at 1_000_000 + k: before 1_000_002, each chain's first two.
+        let (_dir, store, chains) = store_with_chains(&[3, 1, 5, 0, 4]).await;
+        let ids = |lengths: &[(usize, usize)]| -> Vec<String> {
+            lengths.iter().flat_map(|&(c, n)| chains[c][..n].iter().map(|e| e.id.clone())).collect()
+        };
+        for page in [1, 2, 3, 1000] {
+            let mut all = Vec::new();
+            let n = export_in_pages(&store, None, page, |e| Ok::<_, StoreError>(all.push(e.id.clone())))
+                .await
+                .unwrap();
+            assert_eq!((n, &all), (13, &ids(&[(0, 3), (1, 1), (2, 5), (4, 4)])), "page {page}");
+            let mut before: Vec<AttachEvent> = Vec::new();
+            export_in_pages(&store, Some(1_000_002), page, |e| Ok::<_, StoreError>(before.push(e.clone())))
+                .await
+                .unwrap();
+            let got: Vec<String> = before.iter().map(|e| e.id.clone()).collect();
+            assert_eq!(got, ids(&[(0, 2), (1, 1), (2, 2), (4, 2)]), "page {page}");
+            // What was handed over is a segment that verifies on its own, chain by chain.
+            assert_eq!(crate::domain::history::verify_segment(&before), Ok(4), "page {page}");
+        }
+        let mut seen = 0;
+        let stopped = export_in_pages(&store, None, 2, |_| {
+            seen += 1;
+            if seen == 3 { Err(StoreError::Finished) } else { Ok(()) }
+        })
+        .await;
+        assert!(matches!(stopped, Err(StoreError::Finished)) && seen == 3, "{stopped:?}");
+    }
+
+    #[tokio::test]
     async fn verify_reads_the_history_in_pages_and_finds_each_break_across_their_edges() {
         let (_dir, store, chains) = store_with_chains(&[3, 1, 5, 0, 4]).await;
         for page in [1, 2, 3, 1000] {
@@ -380,8 +448,8 @@ mod verify_tests {
                 let rows = tx
                     .query(
                         "EXPLAIN QUERY PLAN SELECT id FROM attach_events WHERE (volume_id, seq) > ($1, $2) \
-                         ORDER BY volume_id, seq LIMIT 5",
-                        &params!["volume-1", 1],
+                         AND at < $3 ORDER BY volume_id, seq LIMIT 5",
+                        &params!["volume-1", 1, i64::MAX],
                     )
                     .await?;
                 rows.iter().map(|r| r.text(3)).collect::<Result<Vec<_>, _>>()

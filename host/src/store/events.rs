@@ -328,28 +328,33 @@ pub async fn chain(
     )
 }
 
-/// Every volume's events in chain order (volume, then seq), after the place `after`, at most
-/// `limit`: the whole history in pages, through the chain's index.
+/// Every volume's events in chain order (volume, then seq), after the place `after`, recorded
+/// before `until` (all: `None`), at most `limit`: the whole history, or a segment of it, in pages,
+/// through the chain's index.
 pub async fn chains_after(
     tx: &mut Tx,
     after: Option<(&str, i64)>,
+    until: Option<i64>,
     limit: i64,
 ) -> Result<Vec<AttachEvent>, StoreError> {
+    let until = until.unwrap_or(i64::MAX);
     let rows = match after {
         None => {
             tx.query(
-                &format!("SELECT {COLUMNS} FROM attach_events ORDER BY volume_id, seq LIMIT $1"),
-                &params![limit],
+                &format!(
+                    "SELECT {COLUMNS} FROM attach_events WHERE at < $1 ORDER BY volume_id, seq LIMIT $2"
+                ),
+                &params![until, limit],
             )
             .await?
         }
         Some((volume_id, seq)) => {
             tx.query(
                 &format!(
-                    "SELECT {COLUMNS} FROM attach_events WHERE (volume_id, seq) > ($1, $2) \
-                     ORDER BY volume_id, seq LIMIT $3"
+                    "SELECT {COLUMNS} FROM attach_events WHERE (volume_id, seq) > ($1, $2) AND at < $3 \
+                     ORDER BY volume_id, seq LIMIT $4"
                 ),
-                &params![volume_id, seq, limit],
+                &params![volume_id, seq, until, limit],
             )
             .await?
         }
@@ -424,19 +429,6 @@ pub async fn prune(tx: &mut Tx, before: i64) -> Result<u64, StoreError> {
         .await?;
     }
     Ok(deleted)
-}
-
-/// Every event recorded before `until` (all: `None`), chain by chain, in order: a segment to
-/// archive before [`prune`].
-pub async fn segment(tx: &mut Tx, until: Option<i64>) -> Result<Vec<AttachEvent>, StoreError> {
-    let until = until.unwrap_or(i64::MAX);
-    events(
-        tx.query(
-            &format!("SELECT {COLUMNS} FROM attach_events WHERE at < $1 ORDER BY volume_id, seq"),
-            &params![until],
-        )
-        .await?,
-    )
 }
 
 /// What the history's tests share: a database of their own, a volume row for a chain's head,
