@@ -195,6 +195,9 @@ enum HistoryCommand {
         /// Up to this ISO 8601 time.
         #[arg(long)]
         until: Option<String>,
+        /// The events after this one (its id: the last one a list showed).
+        #[arg(long)]
+        marker: Option<String>,
         /// At most this many events (1 or more).
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
         limit: i64,
@@ -525,6 +528,7 @@ fn history(command: HistoryCommand) -> ExitCode {
                 access,
                 since,
                 until,
+                marker,
                 limit,
                 json,
             } => {
@@ -539,13 +543,10 @@ fn history(command: HistoryCommand) -> ExitCode {
                     until: until.map(|t| history_time("until", &t)).transpose()?,
                 };
                 let store = db.open().await?;
-                let events = store
-                    .read(async |tx| {
-                        berth::store::events::list(tx, berth::domain::list::Scope::All, &filter, None, limit)
-                            .await
-                    })
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let events =
+                    history::list(&store, berth::domain::list::Scope::All, &filter, marker.as_deref(), limit)
+                        .await
+                        .map_err(|e| e.to_string())?;
                 if json {
                     for e in &events {
                         println!("{}", serde_json::to_string(e).expect("an event serialises"));
@@ -553,10 +554,10 @@ fn history(command: HistoryCommand) -> ExitCode {
                 } else {
                     print!("{}", history_table(&events));
                 }
-                if events.len() as i64 == limit {
+                if let Some(last) = events.last().filter(|_| events.len() as i64 == limit) {
                     eprintln!(
-                        "berth: {limit} events shown, the --limit; more may follow (narrow with the filters, \
-                         --since and --until, or raise --limit)"
+                        "berth: {limit} events shown, the --limit; more may follow: --marker {}",
+                        last.id
                     );
                 }
                 Ok(ExitCode::SUCCESS)

@@ -490,13 +490,23 @@ async fn the_history_command_lists_verifies_and_names_what_was_edited() {
         detached.lines().count() == 2 && detached.lines().nth(1).unwrap().contains("detach"),
         "{detached}"
     );
-    let limited = std::process::Command::new(berth_tests::process::berth_binary())
-        .args(["history", "list", "--limit", "2", "--database-url", &url])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&limited.stderr);
-    assert_eq!(String::from_utf8_lossy(&limited.stdout).lines().count(), 3);
-    assert!(said.contains("2 events shown, the --limit; more may follow"), "{said}");
+    // A list cut at its --limit says so, and names the marker the rest follows.
+    let page = |extra: &[&str]| {
+        let out = std::process::Command::new(berth_tests::process::berth_binary())
+            .args(["history", "list", "--limit", "3", "--database-url", &url])
+            .args(extra)
+            .output()
+            .unwrap();
+        (String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (first, said) = page(&[]);
+    assert_eq!(first.lines().count(), 4, "{first}");
+    let marker =
+        said.split("--marker ").nth(1).map(str::trim).unwrap_or_else(|| panic!("{said}")).to_string();
+    assert!(said.contains("3 events shown, the --limit; more may follow"), "{said}");
+    let (rest, said) = page(&["--marker", &marker]);
+    assert_eq!(rest.lines().count(), 2, "{rest}");
+    assert!(rest.lines().nth(1).unwrap().contains("detach") && said.is_empty(), "{rest}{said}");
     let (code, out) = berth(&["verify"]);
     assert_eq!((code, out.trim()), (Some(0), "verified 4 events in 1 chains: 0 broken"));
 

@@ -157,18 +157,31 @@ impl Service {
         limit: i64,
     ) -> Result<Vec<AttachEvent>, AttachError> {
         let scope = if all && caller.is_admin() { Scope::All } else { caller.own_project() };
-        self.store
-            .read(async |tx| {
-                let marker = match marker {
+        list(&self.store, scope, filter, marker, limit).await
+    }
+}
+
+/// The events in `scope` that `filter` selects, oldest first, after the event `marker` names (by
+/// its id), at most `limit`: the API's list and `berth history list`.
+pub async fn list(
+    store: &Store,
+    scope: Scope<'_>,
+    filter: &EventFilter,
+    marker: Option<&str>,
+    limit: i64,
+) -> Result<Vec<AttachEvent>, AttachError> {
+    store
+        .read(async |tx| {
+            let marker =
+                match marker {
                     Some(m) => Some(events::get(tx, m, scope).await?.ok_or_else(|| {
                         AttachError::NotFound(format!("Marker event {m} could not be found."))
                     })?),
                     None => None,
                 };
-                Ok(events::list(tx, scope, filter, marker.as_ref(), limit).await?)
-            })
-            .await
-    }
+            Ok(events::list(tx, scope, filter, marker.as_ref(), limit).await?)
+        })
+        .await
 }
 
 /// How many of a volume's grants [`Service::host_of_digest`] looks at.
