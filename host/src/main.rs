@@ -167,44 +167,7 @@ impl DatabaseArgs {
 #[derive(Subcommand)]
 enum HistoryCommand {
     /// Print events, oldest first, as a table (or JSON lines).
-    List {
-        #[command(flatten)]
-        db: DatabaseArgs,
-        /// A volume's events (its hash chain).
-        #[arg(long)]
-        volume: Option<String>,
-        /// An attachment's events.
-        #[arg(long)]
-        attachment: Option<String>,
-        /// The events of attachments to this instance (server) UUID.
-        #[arg(long)]
-        instance: Option<String>,
-        /// The connector's host name or initiator.
-        #[arg(long)]
-        host: Option<String>,
-        /// The status the change left (reserved, attaching, attached, detached, ...) or what befell
-        /// the connection (replaced, revoked, failed).
-        #[arg(long)]
-        outcome: Option<String>,
-        /// What it did to a host's access.
-        #[arg(long, value_parser = ["granted", "revoked", "none"])]
-        access: Option<String>,
-        /// From this ISO 8601 time (UTC without an offset).
-        #[arg(long)]
-        since: Option<String>,
-        /// Up to this ISO 8601 time.
-        #[arg(long)]
-        until: Option<String>,
-        /// The events after this one (its id: the last one a list showed).
-        #[arg(long)]
-        marker: Option<String>,
-        /// At most this many events (1 or more).
-        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
-        limit: i64,
-        /// One JSON object per line, with every field.
-        #[arg(long)]
-        json: bool,
-    },
+    List(Box<HistoryList>),
     /// Check every volume's hash chain (or, with --file, an exported segment). Exit status 1 and
     /// the first broken event of each chain when one does not verify.
     Verify {
@@ -230,6 +193,47 @@ enum HistoryCommand {
         #[arg(long)]
         before: String,
     },
+}
+
+/// `berth history list`'s filters and paging: the API's.
+#[derive(clap::Args)]
+struct HistoryList {
+    #[command(flatten)]
+    db: DatabaseArgs,
+    /// A volume's events (its hash chain).
+    #[arg(long)]
+    volume: Option<String>,
+    /// An attachment's events.
+    #[arg(long)]
+    attachment: Option<String>,
+    /// The events of attachments to this instance (server) UUID.
+    #[arg(long)]
+    instance: Option<String>,
+    /// The connector's host name or initiator.
+    #[arg(long)]
+    host: Option<String>,
+    /// The status the change left (reserved, attaching, attached, detached, ...) or what befell
+    /// the connection (replaced, revoked, failed).
+    #[arg(long)]
+    outcome: Option<String>,
+    /// What it did to a host's access.
+    #[arg(long, value_parser = ["granted", "revoked", "none"])]
+    access: Option<String>,
+    /// From this ISO 8601 time (UTC without an offset).
+    #[arg(long)]
+    since: Option<String>,
+    /// Up to this ISO 8601 time.
+    #[arg(long)]
+    until: Option<String>,
+    /// The events after this one (its id: the last one a list showed).
+    #[arg(long)]
+    marker: Option<String>,
+    /// At most this many events (1 or more).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
+    limit: i64,
+    /// One JSON object per line, with every field.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -518,20 +522,21 @@ fn history(command: HistoryCommand) -> ExitCode {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     let outcome: Result<ExitCode, String> = runtime.block_on(async {
         match command {
-            HistoryCommand::List {
-                db,
-                volume,
-                attachment,
-                instance,
-                host,
-                outcome,
-                access,
-                since,
-                until,
-                marker,
-                limit,
-                json,
-            } => {
+            HistoryCommand::List(list) => {
+                let HistoryList {
+                    db,
+                    volume,
+                    attachment,
+                    instance,
+                    host,
+                    outcome,
+                    access,
+                    since,
+                    until,
+                    marker,
+                    limit,
+                    json,
+                } = *list;
                 let filter = EventFilter {
                     volume_id: volume,
                     attachment_id: attachment,

@@ -427,14 +427,20 @@ mod verify_tests {
         };
         for page in [1, 2, 3, 1000] {
             let mut all = Vec::new();
-            let n = export_in_pages(&store, None, page, |e| Ok::<_, StoreError>(all.push(e.id.clone())))
-                .await
-                .unwrap();
+            let n = export_in_pages(&store, None, page, |e| {
+                all.push(e.id.clone());
+                Ok::<_, StoreError>(())
+            })
+            .await
+            .unwrap();
             assert_eq!((n, &all), (13, &ids(&[(0, 3), (1, 1), (2, 5), (4, 4)])), "page {page}");
             let mut before: Vec<AttachEvent> = Vec::new();
-            export_in_pages(&store, Some(1_000_002), page, |e| Ok::<_, StoreError>(before.push(e.clone())))
-                .await
-                .unwrap();
+            export_in_pages(&store, Some(1_000_002), page, |e| {
+                before.push(e.clone());
+                Ok::<_, StoreError>(())
+            })
+            .await
+            .unwrap();
             let got: Vec<String> = before.iter().map(|e| e.id.clone()).collect();
             assert_eq!(got, ids(&[(0, 2), (1, 1), (2, 2), (4, 2)]), "page {page}");
             // What was handed over is a segment that verifies on its own, chain by chain.
