@@ -198,7 +198,7 @@ pub struct Verified {
 
 /// Checks every volume's chain against its recorded head (`domain::history::ChainCheck`), in
 /// one snapshot of the database (events recorded meanwhile are not half-seen), reading the
-/// events in pages of [`VERIFY_PAGE`] in chain order: one query per page, not per volume, and
+/// events in pages of [`PAGE`] in chain order: one query per page, not per volume, and
 /// never more than a page in memory.
 pub async fn verify(store: &Store) -> Result<Verified, AttachError> {
     verify_in_pages(store, PAGE).await
@@ -216,42 +216,31 @@ async fn verify_in_pages(store: &Store, page: i64) -> Result<Verified, AttachErr
             let mut seen: HashSet<&str> = HashSet::new();
             // The chain being read: its check, or `None` once it broke.
             let mut current: Option<(&str, Option<ChainCheck<'_>>)> = None;
-            let mut after: Option<(String, i64)> = None;
-            loop {
-                let batch =
-                    events::chains_after(tx, after.as_ref().map(|(v, s)| (v.as_str(), *s)), None, page)
-                        .await?;
-                for e in &batch {
-                    out.events += 1;
-                    if current.as_ref().is_none_or(|(v, _)| *v != e.fields.volume_id) {
-                        if let Some((_, Some(check))) = current.take()
-                            && let Err(b) = check.finish()
-                        {
-                            out.breaks.push(b);
-                        }
-                        let Some((volume, head)) = by_volume.get_key_value(e.fields.volume_id.as_str())
-                        else {
-                            // Recorded after the heads were read: not in this snapshot's chains.
-                            continue;
-                        };
-                        seen.insert(volume);
-                        current = Some((volume, Some(ChainCheck::new(head))));
-                    }
-                    if let Some((_, slot)) = &mut current
-                        && let Some(check) = slot
-                        && let Err(b) = check.next(e)
+            in_chain_order(tx, None, page, |e| {
+                out.events += 1;
+                if current.as_ref().is_none_or(|(v, _)| *v != e.fields.volume_id) {
+                    if let Some((_, Some(check))) = current.take()
+                        && let Err(b) = check.finish()
                     {
                         out.breaks.push(b);
-                        *slot = None;
                     }
+                    let Some((volume, head)) = by_volume.get_key_value(e.fields.volume_id.as_str()) else {
+                        // Recorded after the heads were read: not in this snapshot's chains.
+                        return Ok::<_, AttachError>(());
+                    };
+                    seen.insert(volume);
+                    current = Some((volume, Some(ChainCheck::new(head))));
                 }
-                match batch.last() {
-                    Some(last) if batch.len() as i64 == page => {
-                        after = Some((last.fields.volume_id.clone(), last.seq));
-                    }
-                    _ => break,
+                if let Some((_, slot)) = &mut current
+                    && let Some(check) = slot
+                    && let Err(b) = check.next(e)
+                {
+                    out.breaks.push(b);
+                    *slot = None;
                 }
-            }
+                Ok(())
+            })
+            .await?;
             if let Some((_, Some(check))) = current.take()
                 && let Err(b) = check.finish()
             {
@@ -285,29 +274,36 @@ async fn export_in_pages<E: From<StoreError>>(
     store: &Store,
     until: Option<i64>,
     page: i64,
-    mut sink: impl FnMut(&AttachEvent) -> Result<(), E>,
+    sink: impl FnMut(&AttachEvent) -> Result<(), E>,
 ) -> Result<usize, E> {
-    store
-        .read(async |tx| {
-            let mut after: Option<(String, i64)> = None;
-            let mut handed = 0;
-            loop {
-                let batch =
-                    events::chains_after(tx, after.as_ref().map(|(v, s)| (v.as_str(), *s)), until, page)
-                        .await?;
-                for e in &batch {
-                    sink(e)?;
-                }
-                handed += batch.len();
-                match batch.last() {
-                    Some(last) if batch.len() as i64 == page => {
-                        after = Some((last.fields.volume_id.clone(), last.seq));
-                    }
-                    _ => return Ok(handed),
-                }
+    store.read(async |tx| in_chain_order(tx, until, page, sink).await).await
+}
+
+/// Hands every event recorded before `until` (all: `None`) to `each`, volume by volume and in
+/// each chain's order, reading them in pages of `page` in the caller's transaction; returns how
+/// many. Stops at the first error of `each`.
+async fn in_chain_order<E: From<StoreError>>(
+    tx: &mut Tx,
+    until: Option<i64>,
+    page: i64,
+    mut each: impl FnMut(&AttachEvent) -> Result<(), E>,
+) -> Result<usize, E> {
+    let mut after: Option<(String, i64)> = None;
+    let mut handed = 0;
+    loop {
+        let batch =
+            events::chains_after(tx, after.as_ref().map(|(v, s)| (v.as_str(), *s)), until, page).await?;
+        for e in &batch {
+            each(e)?;
+        }
+        handed += batch.len();
+        match batch.last() {
+            Some(last) if batch.len() as i64 == page => {
+                after = Some((last.fields.volume_id.clone(), last.seq))
             }
-        })
-        .await
+            _ => return Ok(handed),
+        }
+    }
 }
 
 /// Deletes the events recorded before `before`; the rest of each chain still verifies.
