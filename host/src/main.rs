@@ -608,13 +608,19 @@ fn history(command: HistoryCommand) -> ExitCode {
                 let store = db.open().await?;
                 use std::io::Write;
                 let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-                history::export(&store, until, |e| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-                    serde_json::to_writer(&mut out, e)?;
-                    Ok(out.write_all(b"\n")?)
-                })
+                let exported = history::export(
+                    &store,
+                    until,
+                    |e| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+                        serde_json::to_writer(&mut out, e)?;
+                        Ok(out.write_all(b"\n")?)
+                    },
+                )
                 .await
                 .map_err(|e| e.to_string())?;
                 out.flush().map_err(|e| e.to_string())?;
+                // On stderr, to compare with what `prune` says it deleted.
+                eprintln!("berth: exported {exported} events");
                 Ok(ExitCode::SUCCESS)
             }
             HistoryCommand::Prune { db, before } => {

@@ -512,6 +512,11 @@ async fn the_history_command_lists_verifies_and_names_what_was_edited() {
 
     let (code, exported) = berth(&["export"]);
     assert_eq!(code, Some(0));
+    let counted = std::process::Command::new(berth_tests::process::berth_binary())
+        .args(["history", "export", "--database-url", &url])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&counted.stderr).trim(), "berth: exported 4 events");
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), &exported).unwrap();
     let path = file.path().to_str().unwrap().to_string();
