@@ -5,7 +5,8 @@
 //! its fuel, the next call of an operation in the instance the first left, each call of an attach
 //! and a detach on the in-memory target model (time, and fuel: instructions, which do not move
 //! from run to run), and an attachment create over HTTP with all three served by one `berth serve`
-//! (release build) on a real tgtd.
+//! (release build) on a real tgtd, the drivers in turn (`BERTH_BENCH_CREATES` measured each, 200 by
+//! default, after 10 not measured).
 //!
 //! Run after `bash .ci/test` (or the two driver builds it runs):
 //! `cargo bench -p berth-tests --bench languages` (`BERTH_BENCH_KEEP_RESIDENT_MIB` sets
@@ -36,6 +37,14 @@ fn apply(volume: &mut berth::runtime::contract::Volume, update: &berth::runtime:
 /// (default: the configuration's), to compare memory kept resident between instances with none.
 fn keep_resident_mib() -> Option<usize> {
     std::env::var("BERTH_BENCH_KEEP_RESIDENT_MIB").ok().and_then(|v| v.parse().ok())
+}
+
+/// Attachment creates over HTTP not measured, per driver, before those measured.
+const WARM_UP: usize = 10;
+
+/// `BERTH_BENCH_CREATES`: attachment creates measured per driver over HTTP (default 200).
+fn creates_measured() -> usize {
+    std::env::var("BERTH_BENCH_CREATES").ok().and_then(|v| v.parse().ok()).unwrap_or(200)
 }
 
 fn main() {
@@ -227,22 +236,31 @@ async fn run() {
     let c = Client::for_base(&berth.base, "bench").at("3.54");
     let (mut rust_p50, mut same_work_p50) = (Duration::ZERO, Duration::ZERO);
     let same_work = ("Rust", "tgt-iscsi", "tgtx");
-    for (language, name, backend) in std::iter::once(same_work).chain(DRIVERS) {
-        let volume = c.create_volume(json!({"size": 1, "volume_type": backend})).await;
-        let (mut creates, mut deletes) = (Vec::new(), Vec::new());
-        for i in 0..60 {
-            let initiator = format!("iqn.1993-08.org.debian:01:bench{i}");
+    let servers: Vec<_> = std::iter::once(same_work).chain(DRIVERS).collect();
+    let mut volumes = Vec::new();
+    for (_, _, backend) in &servers {
+        volumes.push(c.create_volume(json!({"size": 1, "volume_type": backend})).await);
+    }
+    // The drivers in turn, one create and delete each per round, so that what the machine does
+    // meanwhile (its disk, the other tenants of a VM) weighs on all of them alike.
+    let measured = creates_measured();
+    let mut times = vec![(Vec::new(), Vec::new()); servers.len()];
+    for i in 0..WARM_UP + measured {
+        let initiator = format!("iqn.1993-08.org.debian:01:bench{i}");
+        for (volume, (creates, deletes)) in volumes.iter().zip(&mut times) {
             let started = Instant::now();
-            let r = c.attach(&volume, Some(api_connector(&initiator, "bench"))).await.expect(200);
+            let r = c.attach(volume, Some(api_connector(&initiator, "bench"))).await.expect(200);
             let created = started.elapsed();
             let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
             let started = Instant::now();
             c.delete(&format!("/attachments/{id}")).await.expect(200);
-            if i >= 10 {
+            if i >= WARM_UP {
                 creates.push(created);
                 deletes.push(started.elapsed());
             }
         }
+    }
+    for ((language, name, backend), (mut creates, mut deletes)) in servers.into_iter().zip(times) {
         let create = Summary::of(&mut creates);
         match backend {
             "tgt" => rust_p50 = create.p50,
