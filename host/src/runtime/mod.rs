@@ -127,6 +127,36 @@ impl Default for RuntimeOptions {
     }
 }
 
+/// What a slot of the instance pool keeps of its memory when its instance is dropped.
+#[derive(Debug, PartialEq, Eq)]
+enum KeptResident {
+    /// Up to this many bytes of the pages the instance wrote, put back as the image has them.
+    Pages(usize),
+    /// Nothing: every page goes back to the kernel.
+    Nothing,
+    /// Nothing, although `[runtime] keep_resident_mib` asks for some: the kernel swaps.
+    NotWhileSwapping,
+}
+
+/// What a slot keeps (`wanted`: `[runtime] keep_resident_mib` in bytes; `pagemap_scan`: whether
+/// the kernel can list the pages an instance wrote; `swaps`: `/proc/swaps`, a header line and a
+/// line per swap area in use).
+///
+/// wasmtime 48's scan lists the pages an instance wrote *and that are present*: a page written
+/// and then swapped out before its instance was dropped is neither put back nor returned to the
+/// kernel, and the next instance in the slot, of any driver (a slot switching drivers maps the
+/// new image over the old image's pages only), would read what the last one wrote there, a CHAP
+/// secret say. wasmtime 50 lists swapped pages too, but needs a newer toolchain than Berth's.
+/// Returning every page to the kernel (`madvise(MADV_DONTNEED)`) drops swapped ones as well.
+fn kept_resident(wanted: usize, pagemap_scan: bool, swaps: &str) -> KeptResident {
+    let swapping = swaps.lines().skip(1).any(|area| !area.trim().is_empty());
+    match (wanted, pagemap_scan) {
+        (0, _) | (_, false) => KeptResident::Nothing,
+        _ if swapping => KeptResident::NotWhileSwapping,
+        (bytes, true) => KeptResident::Pages(bytes),
+    }
+}
+
 /// A wasmtime engine configured for drivers, with its linker and artifact cache.
 #[derive(Clone)]
 pub struct Runtime {
@@ -191,11 +221,23 @@ impl Runtime {
         // writes: some 200 for a Python or JavaScript driver's first call. Where the kernel
         // can list the pages an instance wrote (PAGEMAP_SCAN), those are put back as the image
         // has them instead and stay resident; without it, keeping memory resident would mean
-        // resetting all of it, which costs more than the faults.
-        if options.keep_resident > 0 && wasmtime::PoolingAllocationConfig::is_pagemap_scan_available() {
-            pool.linear_memory_keep_resident(options.keep_resident)
-                .table_keep_resident(1 << 20)
-                .pagemap_scan(wasmtime::Enabled::Yes);
+        // resetting all of it, which costs more than the faults. Not while the kernel swaps
+        // (`kept_resident`).
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        let pagemap_scan = wasmtime::PoolingAllocationConfig::is_pagemap_scan_available();
+        match kept_resident(options.keep_resident, pagemap_scan, &swaps) {
+            KeptResident::Pages(bytes) => {
+                pool.linear_memory_keep_resident(bytes)
+                    .table_keep_resident(1 << 20)
+                    .pagemap_scan(wasmtime::Enabled::Yes);
+            }
+            KeptResident::NotWhileSwapping => tracing::warn!(
+                "the kernel swaps (/proc/swaps): no driver memory is kept resident between \
+                 instances ([runtime] keep_resident_mib ignored), since a page an instance wrote \
+                 and the kernel swapped out would outlive it; calls of the interpreted drivers \
+                 cost more (docs/security.md)"
+            ),
+            KeptResident::Nothing => {}
         }
         let mut pooled = config.clone();
         pooled.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
@@ -291,4 +333,32 @@ fn start_ticker(engine: &Engine, tick: Duration) {
             }
         })
         .expect("cannot start the epoch ticker thread");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{KeptResident, kept_resident};
+
+    const NO_SWAP: &str = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n";
+    const SWAP: &str = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
+                        /swapfile                               file\t\t2097148\t\t0\t\t-2\n";
+
+    #[test]
+    fn a_slot_keeps_what_it_wrote_only_where_the_kernel_lists_it_and_swaps_nothing() {
+        assert_eq!(kept_resident(32 << 20, true, NO_SWAP), KeptResident::Pages(32 << 20));
+        assert_eq!(
+            kept_resident(32 << 20, true, ""),
+            KeptResident::Pages(32 << 20),
+            "no /proc/swaps: no swap"
+        );
+        assert_eq!(kept_resident(32 << 20, false, NO_SWAP), KeptResident::Nothing, "no PAGEMAP_SCAN");
+        assert_eq!(kept_resident(0, true, NO_SWAP), KeptResident::Nothing, "keep_resident_mib = 0");
+    }
+
+    #[test]
+    fn while_the_kernel_swaps_every_page_an_instance_wrote_goes_back_to_the_kernel() {
+        assert_eq!(kept_resident(32 << 20, true, SWAP), KeptResident::NotWhileSwapping);
+        assert_eq!(kept_resident(0, true, SWAP), KeptResident::Nothing);
+        assert_eq!(kept_resident(32 << 20, false, SWAP), KeptResident::Nothing);
+    }
 }
