@@ -351,6 +351,9 @@ pub struct RuntimeConfig {
     /// without page faults on them. wasmtime keeps at most 32 runs of written pages this way and
     /// returns the pages past the last (a Python driver writes more runs than that). Costs
     /// memory: what drivers wrote, up to this much per slot used. 0: every page is returned.
+    /// Ignored, with a warning, where the kernel swaps (`/proc/swaps` lists a swap area when
+    /// `berth serve` starts): wasmtime 48 would leave a swapped-out page an instance wrote for
+    /// the next instance to read (docs/security.md).
     pub keep_resident_mib: u32,
 }
 
