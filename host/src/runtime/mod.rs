@@ -149,12 +149,51 @@ enum KeptResident {
 /// secret say. wasmtime 50 lists swapped pages too, but needs a newer toolchain than Berth's.
 /// Returning every page to the kernel (`madvise(MADV_DONTNEED)`) drops swapped ones as well.
 fn kept_resident(wanted: usize, pagemap_scan: bool, swaps: &str) -> KeptResident {
-    let swapping = swaps.lines().skip(1).any(|area| !area.trim().is_empty());
     match (wanted, pagemap_scan) {
         (0, _) | (_, false) => KeptResident::Nothing,
-        _ if swapping => KeptResident::NotWhileSwapping,
+        _ if swapping(swaps) => KeptResident::NotWhileSwapping,
         (bytes, true) => KeptResident::Pages(bytes),
     }
+}
+
+/// Whether `/proc/swaps` (`swaps`) lists a swap area in use.
+fn swapping(swaps: &str) -> bool {
+    swaps.lines().skip(1).any(|area| !area.trim().is_empty())
+}
+
+/// `/proc/swaps`, or nothing where it cannot be read.
+fn proc_swaps() -> String {
+    std::fs::read_to_string("/proc/swaps").unwrap_or_default()
+}
+
+/// How often a runtime that keeps driver memory resident looks whether the kernel began to swap.
+const SWAP_WATCH: Duration = Duration::from_secs(60);
+
+/// Says, once, that the kernel began to swap after this runtime chose to keep driver memory
+/// resident between instances ([`kept_resident`]): the choice holds until the process restarts.
+/// Stops with the engine.
+fn watch_swap(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("berth-swap-watch".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(SWAP_WATCH);
+                if weak.upgrade().is_none() {
+                    return;
+                }
+                if swapping(&proc_swaps()) {
+                    tracing::error!(
+                        "the kernel began to swap after berth started, and driver memory is still \
+                         kept resident between instances: a page an instance wrote and the kernel \
+                         swapped out could outlive it; restart berth to stop keeping it \
+                         (docs/security.md)"
+                    );
+                    return;
+                }
+            }
+        })
+        .expect("cannot start the swap watch thread");
 }
 
 /// A wasmtime engine configured for drivers, with its linker and artifact cache.
@@ -223,9 +262,10 @@ impl Runtime {
         // has them instead and stay resident; without it, keeping memory resident would mean
         // resetting all of it, which costs more than the faults. Not while the kernel swaps
         // (`kept_resident`).
-        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
         let pagemap_scan = wasmtime::PoolingAllocationConfig::is_pagemap_scan_available();
-        match kept_resident(options.keep_resident, pagemap_scan, &swaps) {
+        let kept = kept_resident(options.keep_resident, pagemap_scan, &proc_swaps());
+        let keeps = matches!(kept, KeptResident::Pages(_));
+        match kept {
             KeptResident::Pages(bytes) => {
                 pool.linear_memory_keep_resident(bytes)
                     .table_keep_resident(1 << 20)
@@ -245,7 +285,12 @@ impl Runtime {
         // `ulimit -v`): then instances are allocated on demand, which costs a few microseconds
         // per call more.
         let engine = match Engine::new(&pooled) {
-            Ok(engine) => engine,
+            Ok(engine) => {
+                if keeps {
+                    watch_swap(&engine);
+                }
+                engine
+            }
             Err(e) => {
                 tracing::warn!("pooling allocator unavailable ({e:#}); allocating instances on demand");
                 Engine::new(&config).map_err(|e| LoadError::Engine(format!("{e:#}")))?
