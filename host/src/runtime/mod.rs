@@ -28,6 +28,7 @@ pub(crate) mod state;
 mod store;
 mod version;
 
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -173,27 +174,17 @@ const SWAP_WATCH: Duration = Duration::from_secs(60);
 /// resident between instances ([`kept_resident`]): the choice holds until the process restarts.
 /// Stops with the engine.
 fn watch_swap(engine: &Engine) {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("berth-swap-watch".into())
-        .spawn(move || {
-            loop {
-                std::thread::sleep(SWAP_WATCH);
-                if weak.upgrade().is_none() {
-                    return;
-                }
-                if swapping(&proc_swaps()) {
-                    tracing::error!(
-                        "the kernel began to swap after berth started, and driver memory is still \
-                         kept resident between instances: a page an instance wrote and the kernel \
-                         swapped out could outlive it; restart berth to stop keeping it \
-                         (docs/security.md)"
-                    );
-                    return;
-                }
-            }
-        })
-        .expect("cannot start the swap watch thread");
+    every(engine, "berth-swap-watch", SWAP_WATCH, |_| {
+        if !swapping(&proc_swaps()) {
+            return ControlFlow::Continue(());
+        }
+        tracing::error!(
+            "the kernel began to swap after berth started, and driver memory is still kept \
+             resident between instances: a page an instance wrote and the kernel swapped out \
+             could outlive it; restart berth to stop keeping it (docs/security.md)"
+        );
+        ControlFlow::Break(())
+    });
 }
 
 /// A wasmtime engine configured for drivers, with its linker and artifact cache.
@@ -365,19 +356,33 @@ impl Runtime {
 
 /// Advances the engine's epoch every `tick` until the engine is dropped.
 fn start_ticker(engine: &Engine, tick: Duration) {
+    every(engine, "berth-epoch", tick, |engine| {
+        engine.increment_epoch();
+        ControlFlow::Continue(())
+    });
+}
+
+/// Runs `each` every `period` on a thread of its own, for as long as the engine lives and `each`
+/// goes on.
+fn every(
+    engine: &Engine,
+    name: &str,
+    period: Duration,
+    mut each: impl FnMut(&Engine) -> ControlFlow<()> + Send + 'static,
+) {
     let weak = engine.weak();
     std::thread::Builder::new()
-        .name("berth-epoch".into())
+        .name(name.to_string())
         .spawn(move || {
             loop {
-                std::thread::sleep(tick);
-                match weak.upgrade() {
-                    Some(engine) => engine.increment_epoch(),
-                    None => return,
+                std::thread::sleep(period);
+                let Some(engine) = weak.upgrade() else { return };
+                if each(&engine).is_break() {
+                    return;
                 }
             }
         })
-        .expect("cannot start the epoch ticker thread");
+        .unwrap_or_else(|e| panic!("cannot start the {name} thread: {e}"));
 }
 
 #[cfg(test)]
