@@ -76,10 +76,12 @@ async fn run() {
             let workers = workers(&base, clients).await;
             let store = server.service.store().clone();
             let commits_before = store.commits();
+            let transactions_before = store.transactions();
             let syncs_before = store.syncs();
             let (mut latencies, elapsed) = closed_loop(workers).await;
             let cycles = latencies.len();
             let commits = (store.commits() - commits_before) as f64 / cycles as f64;
+            let transactions = (store.transactions() - transactions_before) as f64 / cycles as f64;
             let syncs = store.syncs();
             let (syncs, on_the_spot) = (syncs.0 - syncs_before.0, syncs.1 - syncs_before.1);
             let summary = Summary::of(&mut latencies);
@@ -89,6 +91,9 @@ async fn run() {
                 human(summary.p50),
                 human(summary.p99)
             );
+            if db == Db::Sqlite {
+                print!(" ({transactions:.2} commits of the database)");
+            }
             if synchronous == Synchronous::Full {
                 print!(
                     ", {:.2} syncs per cycle ({:.0} % on the spot)",

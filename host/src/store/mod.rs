@@ -11,9 +11,10 @@
 //! which locks it in PostgreSQL: statements after that see every change committed by earlier
 //! writers of the same volume, so a status derived from the attachments inside the transaction is
 //! never stale. SQLite has one writer connection, so writers queue instead of failing with
-//! `SQLITE_BUSY`, and runs in WAL mode with `synchronous=FULL` by default: a write returns once
-//! its commit is on disk, by a sync of the write-ahead log that the commits waiting at the same
-//! time share and that runs outside the writer's lock (group commit, [`WalSync`]). A write may
+//! `SQLITE_BUSY`, and those that queue together share one commit (`batch.rs`); it runs in WAL
+//! mode with `synchronous=FULL` by default: a write returns once its commit is on disk, by a sync
+//! of the write-ahead log that the commits waiting at the same time share and that runs outside
+//! the writer's lock (group commit, [`WalSync`]). A write may
 //! ask for less ([`Durability::Written`]: an operation's intent, made durable only before an
 //! effect that would outlive a power failure, [`Store::sync`]).
 
@@ -21,6 +22,7 @@
 #![allow(clippy::disallowed_methods)]
 
 pub mod attachments;
+mod batch;
 pub mod events;
 pub mod nodes;
 pub mod operations;
@@ -314,6 +316,8 @@ impl From<rusqlite::Error> for StoreError {
 enum Db {
     Sqlite {
         writer: Arc<Mutex<SqliteConn>>,
+        /// Writers waiting for `writer` (`batch.rs`).
+        waiting: Arc<AtomicUsize>,
         readers: Vec<Arc<Mutex<SqliteConn>>>,
         next: AtomicUsize,
         /// With `synchronous=FULL`: the write-ahead log's syncs, shared by the commits waiting.
@@ -327,12 +331,15 @@ enum Db {
 pub struct Store {
     db: Arc<Db>,
     commits: Arc<AtomicU64>,
+    /// Commits of the database: on SQLite a batch of writes commits once (`batch.rs`).
+    transactions: Arc<AtomicU64>,
 }
 
 impl Store {
     /// Opens (creating if needed) the database at `url` (`sqlite://path` or `postgres://...`)
     /// and applies pending migrations.
     pub async fn open(url: &str, options: &StoreOptions) -> Result<Store, StoreError> {
+        let transactions = Arc::new(AtomicU64::new(0));
         let db = if url.starts_with("sqlite:") {
             // sqlx creates the file and runs the migrations; the store's own connections follow.
             let connect = SqliteConnectOptions::from_str(url)?
@@ -349,21 +356,22 @@ impl Store {
             // lock and shared by every commit waiting (`WalSync`); SQLite itself then commits as
             // with NORMAL (the log written, not synced).
             let synchronous = "NORMAL";
-            let open = || -> Result<Arc<Mutex<SqliteConn>>, StoreError> {
+            let open = |group: Option<batch::Group>| -> Result<Arc<Mutex<SqliteConn>>, StoreError> {
                 let conn = rusqlite::Connection::open(&path)?;
                 conn.execute_batch(&format!(
                     "PRAGMA journal_mode = WAL; PRAGMA synchronous = {synchronous}; PRAGMA foreign_keys = ON;"
                 ))?;
                 conn.busy_timeout(Duration::from_secs(10))?;
                 conn.set_prepared_statement_cache_capacity(128);
-                Ok(Arc::new(Mutex::new(SqliteConn(conn))))
+                Ok(Arc::new(Mutex::new(SqliteConn(conn, group))))
             };
-            let writer = open()?;
+            let waiting = Arc::new(AtomicUsize::new(0));
+            let writer = open(Some(batch::Group::new(waiting.clone(), transactions.clone())))?;
             let readers =
-                (0..options.max_connections.clamp(1, 8)).map(|_| open()).collect::<Result<_, _>>()?;
+                (0..options.max_connections.clamp(1, 8)).map(|_| open(None)).collect::<Result<_, _>>()?;
             make_private(&path)?;
             let durable = (options.synchronous == Synchronous::Full).then(|| WalSync::new(&path));
-            Db::Sqlite { writer, readers, next: AtomicUsize::new(0), durable }
+            Db::Sqlite { writer, waiting, readers, next: AtomicUsize::new(0), durable }
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             let pool = PgPoolOptions::new()
                 .max_connections(options.max_connections.max(2))
@@ -378,7 +386,7 @@ impl Store {
                     .into(),
             )));
         };
-        Ok(Store { db: Arc::new(db), commits: Arc::default() })
+        Ok(Store { db: Arc::new(db), commits: Arc::default(), transactions })
     }
 
     pub fn kind(&self) -> DbKind {
@@ -389,7 +397,8 @@ impl Store {
     }
 
     /// Runs `f` as one write transaction: committed when it returns `Ok`, rolled back otherwise.
-    /// SQLite writers queue for the one writer connection.
+    /// SQLite writers queue for the one writer connection, and those that queue together share
+    /// its commit (`batch.rs`).
     pub async fn write<T, E>(&self, f: impl AsyncFnOnce(&mut Tx) -> Result<T, E>) -> Result<T, E>
     where
         E: From<StoreError>,
@@ -414,9 +423,25 @@ impl Store {
             }
             _ => None,
         };
-        let mut tx = self.begin(true).await.map_err(E::from)?;
-        let value = f(&mut tx).await?;
-        tx.commit().await.map_err(E::from)?;
+        let value = match &*self.db {
+            Db::Sqlite { writer, waiting, .. } => {
+                let mut tx = Tx::sqlite(batch::queue(writer, waiting).await, true).map_err(E::from)?;
+                let value = f(&mut tx).await?;
+                let finished = tx.finish_write();
+                drop(tx);
+                if let batch::Finished::Open(batch) = finished.map_err(E::from)? {
+                    batch.outcome().await.map_err(E::from)?;
+                }
+                value
+            }
+            Db::Postgres(_) => {
+                let mut tx = self.begin(true).await.map_err(E::from)?;
+                let value = f(&mut tx).await?;
+                tx.commit().await.map_err(E::from)?;
+                self.transactions.fetch_add(1, Ordering::Relaxed);
+                value
+            }
+        };
         match &*self.db {
             Db::Sqlite { .. } if durability == Durability::Written => {}
             Db::Sqlite { durable: Some(wal), .. } => {
@@ -461,10 +486,9 @@ impl Store {
 
     async fn begin(&self, write: bool) -> Result<Tx, StoreError> {
         match &*self.db {
-            Db::Sqlite { writer, readers, next, .. } => {
-                let conn = if write {
-                    writer.clone().lock_owned().await
-                } else {
+            Db::Sqlite { readers, next, .. } => {
+                debug_assert!(!write, "SQLite's writes take the writer in `write_with`");
+                let conn = {
                     // A free reader if there is one, else wait for the next in turn.
                     let start = next.fetch_add(1, Ordering::Relaxed);
                     let free = (0..readers.len())
@@ -474,7 +498,7 @@ impl Store {
                         None => readers[start % readers.len()].clone().lock_owned().await,
                     }
                 };
-                Tx::sqlite(conn, write)
+                Tx::sqlite(conn, false)
             }
             Db::Postgres(pool) => {
                 // `BEGIN` runs in a task of its own, so that a caller that is dropped while it
@@ -507,6 +531,12 @@ impl Store {
             }
             _ => (0, 0),
         }
+    }
+
+    /// Commits of the database since the store was opened: on SQLite, writes that waited for the
+    /// writer together share one (`batch.rs`).
+    pub fn transactions(&self) -> u64 {
+        self.transactions.load(Ordering::Relaxed)
     }
 
     /// Durable write transactions ([`Durability::Disk`]) committed since the store was opened.
@@ -714,6 +744,148 @@ mod tests {
     #[test]
     fn placeholders_count_from_the_first() {
         assert_eq!(placeholders(3, 3), "$3, $4, $5");
+    }
+
+    /// The writer connection, to hold it as a long write would.
+    fn writer(store: &Store) -> Arc<Mutex<SqliteConn>> {
+        match &*store.db {
+            Db::Sqlite { writer, .. } => writer.clone(),
+            Db::Postgres(_) => panic!("a SQLite store"),
+        }
+    }
+
+    fn waiting(store: &Store) -> usize {
+        match &*store.db {
+            Db::Sqlite { waiting, .. } => waiting.load(Ordering::Acquire),
+            Db::Postgres(_) => panic!("a SQLite store"),
+        }
+    }
+
+    /// A write of one node named `name`, failing after its insert when `fail`.
+    async fn write_node(store: &Store, name: &str, fail: bool) -> Result<(), StoreError> {
+        store
+            .write(async |tx| {
+                tx.execute(
+                    "INSERT INTO nodes (name, backends, version, started_at, heartbeat_at) VALUES ($1, '', '0', 0, 0)",
+                    &params![name],
+                )
+                .await?;
+                if fail { Err(StoreError::Corrupt("given up".into())) } else { Ok(()) }
+            })
+            .await
+    }
+
+    async fn node_names(store: &Store) -> Vec<String> {
+        let rows =
+            store.read(async |tx| tx.query("SELECT name FROM nodes ORDER BY name", &[]).await).await.unwrap();
+        rows.iter().map(|r| r.text(0).unwrap()).collect()
+    }
+
+    /// Starts `writes` (name, fails) while the writer is held, and lets it go once all wait.
+    async fn queued_behind_a_held_writer(
+        store: &Arc<Store>,
+        writes: &[(&str, bool)],
+    ) -> Vec<tokio::task::JoinHandle<Result<(), StoreError>>> {
+        let held = writer(store).lock_owned().await;
+        let mut handles = Vec::new();
+        for (name, fail) in writes {
+            let (writing, name, fail) = (store.clone(), name.to_string(), *fail);
+            handles.push(tokio::spawn(async move { write_node(&writing, &name, fail).await }));
+            // In the order started: the writer is handed on first come, first served.
+            while waiting(store) < handles.len() {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(held);
+        handles
+    }
+
+    #[tokio::test]
+    async fn writers_that_waited_for_the_writer_together_share_one_commit() {
+        let (_dir, store) = full_store().await;
+        let store = Arc::new(store);
+        let before = store.transactions();
+        let writes = queued_behind_a_held_writer(&store, &[("a", false), ("b", false), ("c", false)]).await;
+        for w in writes {
+            w.await.unwrap().unwrap();
+        }
+        assert_eq!(store.transactions() - before, 1, "one commit for the three");
+        assert_eq!(node_names(&store).await, ["a", "b", "c"]);
+        assert_eq!(store.commits(), 3, "each a durable write");
+        write_node(&store, "d", false).await.unwrap();
+        assert_eq!(store.transactions() - before, 2, "a write alone commits at once");
+    }
+
+    #[tokio::test]
+    async fn a_write_that_fails_in_a_shared_commit_takes_only_its_own_work_back() {
+        let (_dir, store) = full_store().await;
+        let store = Arc::new(store);
+        let before = store.transactions();
+        let writes =
+            queued_behind_a_held_writer(&store, &[("a", false), ("b", true), ("c", false), ("d", true)])
+                .await;
+        let outcomes: Vec<bool> =
+            futures_util::future::join_all(writes).await.into_iter().map(|w| w.unwrap().is_ok()).collect();
+        assert_eq!(outcomes, [true, false, true, false]);
+        assert_eq!(node_names(&store).await, ["a", "c"], "the failed writes' rows are gone, the others kept");
+        assert_eq!(store.transactions() - before, 1);
+    }
+
+    #[tokio::test]
+    async fn a_commit_left_open_for_a_writer_that_stopped_waiting_is_made_without_it() {
+        let (_dir, store) = full_store().await;
+        let store = Arc::new(store);
+        let held = writer(&store).lock_owned().await;
+        // The second writer's request goes away while the first writes (its task is aborted):
+        // the first, finding it waiting, leaves the commit to it.
+        let second: Arc<std::sync::OnceLock<tokio::task::AbortHandle>> = Arc::default();
+        let first = {
+            let (store, second) = (store.clone(), second.clone());
+            tokio::spawn(async move {
+                store
+                    .write(async |tx| {
+                        tx.execute("INSERT INTO nodes (name, backends, version, started_at, heartbeat_at) VALUES ('first', '', '0', 0, 0)", &[]).await?;
+                        second.get().expect("the second writer started").abort();
+                        Ok::<_, StoreError>(())
+                    })
+                    .await
+            })
+        };
+        while waiting(&store) < 1 {
+            tokio::task::yield_now().await;
+        }
+        let gone = {
+            let store = store.clone();
+            tokio::spawn(async move { write_node(&store, "gone", false).await })
+        };
+        second.set(gone.abort_handle()).unwrap();
+        while waiting(&store) < 2 {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        let first = tokio::time::timeout(Duration::from_secs(10), first).await;
+        first.expect("the open commit is made in the stopped writer's place").unwrap().unwrap();
+        assert!(gone.await.unwrap_err().is_cancelled());
+        assert_eq!(node_names(&store).await, ["first"]);
+        assert_eq!(waiting(&store), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_write_is_lost_when_many_share_commits() {
+        let (_dir, store) = full_store().await;
+        let store = Arc::new(store);
+        let writes: Vec<_> = (0..200)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move { write_node(&store, &format!("n{i:03}"), i % 7 == 0).await })
+            })
+            .collect();
+        let outcomes: Vec<bool> =
+            futures_util::future::join_all(writes).await.into_iter().map(|w| w.unwrap().is_ok()).collect();
+        let expected: Vec<String> = (0..200).filter(|i| i % 7 != 0).map(|i| format!("n{i:03}")).collect();
+        assert_eq!(outcomes.iter().filter(|ok| **ok).count(), expected.len());
+        assert_eq!(node_names(&store).await, expected);
+        assert!(store.transactions() <= expected.len() as u64);
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@ use sqlx::{Column, Postgres, Row as _, TypeInfo, ValueRef as _};
 use tokio::sync::OwnedMutexGuard;
 
 use super::StoreError;
+use super::batch::{Finished, Group};
 
 /// A statement parameter.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,8 +118,15 @@ impl Row {
     }
 }
 
-/// A SQLite connection owned by the store.
-pub(crate) struct SqliteConn(pub(crate) rusqlite::Connection);
+/// A SQLite connection owned by the store; the writer's with the writers sharing it
+/// (`batch.rs`).
+pub(crate) struct SqliteConn(pub(crate) rusqlite::Connection, pub(crate) Option<Group>);
+
+impl SqliteConn {
+    pub(super) fn group_mut(&mut self) -> &mut Group {
+        self.1.as_mut().expect("only the writer connection is written through")
+    }
+}
 
 // SAFETY: rusqlite's `Connection` is not `Sync` because of interior caches; the store only ever
 // reaches one through a `tokio::sync::Mutex`, so it is never used from two threads at once.
@@ -134,15 +142,42 @@ enum Inner {
     Sqlite {
         conn: OwnedMutexGuard<SqliteConn>,
         open: bool,
+        /// A write that joined an open batch: its work is a savepoint of the batch's transaction.
+        member: bool,
     },
     /// `None` once committed.
     Postgres(Option<sqlx::Transaction<'static, Postgres>>),
 }
 
 impl Tx {
-    pub(crate) fn sqlite(conn: OwnedMutexGuard<SqliteConn>, write: bool) -> Result<Tx, StoreError> {
-        control(&conn.0, if write { "BEGIN IMMEDIATE" } else { "BEGIN" }).map_err(sqlite_error)?;
-        Ok(Tx { inner: Inner::Sqlite { conn, open: true } })
+    pub(crate) fn sqlite(mut conn: OwnedMutexGuard<SqliteConn>, write: bool) -> Result<Tx, StoreError> {
+        let member = write && conn.group_mut().is_open();
+        let begin = match (write, member) {
+            (false, _) => "BEGIN",
+            (true, false) => "BEGIN IMMEDIATE",
+            (true, true) => "SAVEPOINT member",
+        };
+        if let Err(e) = control(&conn.0, begin) {
+            if write {
+                // An open batch is left to whoever holds the writer next, or committed now.
+                Group::settle(&mut conn);
+            }
+            return Err(sqlite_error(e));
+        }
+        Ok(Tx { inner: Inner::Sqlite { conn, open: true, member } })
+    }
+
+    /// Ends a SQLite write whose work succeeded: committed, or left in the open batch for the
+    /// writer waiting (`batch.rs`).
+    pub(crate) fn finish_write(&mut self) -> Result<Finished, StoreError> {
+        let Inner::Sqlite { conn, open, member } = &mut self.inner else {
+            return Err(StoreError::Finished);
+        };
+        if *member && let Err(e) = control(&conn.0, "RELEASE member") {
+            return Err(sqlite_error(e));
+        }
+        *open = false;
+        Group::finish(conn)
     }
 
     pub(crate) fn postgres(tx: sqlx::Transaction<'static, Postgres>) -> Tx {
@@ -189,7 +224,7 @@ impl Tx {
 
     pub(crate) async fn commit(mut self) -> Result<(), StoreError> {
         match &mut self.inner {
-            Inner::Sqlite { conn, open } => {
+            Inner::Sqlite { conn, open, .. } => {
                 *open = false;
                 if let Err(e) = control(&conn.0, "COMMIT") {
                     let _ = control(&conn.0, "ROLLBACK");
@@ -206,19 +241,27 @@ impl Tx {
 
 impl Drop for Tx {
     fn drop(&mut self) {
-        if let Inner::Sqlite { conn, open: true } = &mut self.inner {
-            let _ = control(&conn.0, "ROLLBACK");
+        if let Inner::Sqlite { conn, open: true, member } = &mut self.inner {
+            if *member {
+                let _ = control(&conn.0, "ROLLBACK TO member");
+                let _ = control(&conn.0, "RELEASE member");
+            } else {
+                let _ = control(&conn.0, "ROLLBACK");
+            }
+            if conn.1.is_some() {
+                Group::settle(conn);
+            }
         }
     }
 }
 
 /// Runs `BEGIN`, `COMMIT` or `ROLLBACK` through the connection's statement cache: parsed once per
 /// connection, not at every transaction (`execute_batch` parses its text each time).
-fn control(conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
+pub(super) fn control(conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.raw_execute().map(drop)
 }
 
-fn sqlite_error(e: rusqlite::Error) -> StoreError {
+pub(super) fn sqlite_error(e: rusqlite::Error) -> StoreError {
     StoreError::from_message(e.to_string())
 }
 
