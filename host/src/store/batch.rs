@@ -6,7 +6,7 @@
 //! the time, half of it committing. So a writer that finishes while others wait for the
 //! connection does not commit: it leaves the transaction open (a *batch*) and waits; the next
 //! writer runs inside it, in a savepoint of its own, and so on, until one finishes with nobody
-//! waiting (or the batch is [`MEMBERS`] long) and commits for all. Nobody is answered before that
+//! waiting (or the batch is `MEMBERS` long) and commits for all. Nobody is answered before that
 //! commit, so a kill leaves each write of a batch as it leaves a write alone: committed, or not
 //! (and with `synchronous=FULL` each then waits for a sync of the log that began after the
 //! commit, `WalSync`). A writer that fails rolls back its savepoint only; a failure that ends the
@@ -16,18 +16,18 @@
 //! Who commits an open batch: whoever holds the connection when nobody waits for it. A writer
 //! leaves a batch open only while another is waiting, so there is always a next holder; one that
 //! stops waiting (its request was dropped) before it got the connection hands the batch to a
-//! task that takes the connection and commits it.
+//! task that takes the connection and commits it (`sql::take_writer`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use tokio::sync::{Mutex, OwnedMutexGuard, watch};
+use rusqlite::Connection;
+use tokio::sync::watch;
 
 use super::StoreError;
-use super::sql::SqliteConn;
 
 /// The most writes one commit carries.
-pub(super) const MEMBERS: usize = 16;
+const MEMBERS: usize = 16;
 
 /// The writer connection's sharing: who waits for it, and the batch it holds open.
 pub(crate) struct Group {
@@ -53,7 +53,7 @@ pub(crate) enum Finished {
 }
 
 impl Group {
-    pub(super) fn new(waiting: Arc<AtomicUsize>, commits: Arc<AtomicU64>) -> Group {
+    pub(crate) fn new(waiting: Arc<AtomicUsize>, commits: Arc<AtomicU64>) -> Group {
         Group { waiting, open: None, commits }
     }
 
@@ -62,71 +62,90 @@ impl Group {
         self.open.is_some()
     }
 
+    /// Counts a writer as waiting for the connection until the returned guard is dropped.
+    pub(crate) fn waiting(waiting: &Arc<AtomicUsize>) -> Waiting {
+        waiting.fetch_add(1, Ordering::AcqRel);
+        Waiting(waiting.clone())
+    }
+
     /// After a writer's work succeeded (its savepoint released): commits, or leaves the
     /// transaction open for the writer waiting.
-    pub(super) fn finish(conn: &mut SqliteConn) -> Result<Finished, StoreError> {
-        if conn.0.is_autocommit() {
-            return Err(ended(conn));
+    pub(crate) fn finish(&mut self, conn: &Connection) -> Result<Finished, StoreError> {
+        if conn.is_autocommit() {
+            return Err(self.ended());
         }
-        let group = conn.group_mut();
-        let members = group.open.as_ref().map_or(0, |(_, n)| *n) + 1;
-        if group.waiting.load(Ordering::Acquire) > 0 && members < MEMBERS {
-            let batch = match group.open.take() {
+        let members = self.open.as_ref().map_or(0, |(_, n)| *n) + 1;
+        if self.waiting.load(Ordering::Acquire) > 0 && members < MEMBERS {
+            let batch = match self.open.take() {
                 Some((batch, _)) => batch,
                 None => Arc::new(Batch { outcome: watch::channel(None).0 }),
             };
-            group.open = Some((batch.clone(), members));
+            self.open = Some((batch.clone(), members));
             return Ok(Finished::Open(batch));
         }
-        commit(conn)?;
+        self.commit(conn)?;
         Ok(Finished::Committed)
     }
 
     /// Settles an open batch that the writer holding the connection leaves without finishing
     /// (its work rolled back, or it only took the connection to commit): fails it if SQLite ended
     /// its transaction, commits it if nobody waits to join it.
-    pub(crate) fn settle(conn: &mut SqliteConn) {
-        if conn.0.is_autocommit() {
-            ended(conn);
-        } else if conn.group_mut().open.is_some() && conn.group_mut().waiting.load(Ordering::Acquire) == 0 {
-            let _ = commit(conn);
+    pub(crate) fn settle(&mut self, conn: &Connection) {
+        if conn.is_autocommit() {
+            self.ended();
+        } else if self.open.is_some() && self.waiting.load(Ordering::Acquire) == 0 {
+            let _ = self.commit(conn);
+        }
+    }
+
+    /// SQLite ended the transaction itself (an I/O error, a full disk): the batch's writes are
+    /// lost.
+    fn ended(&mut self) -> StoreError {
+        // Worded as the I/O error it comes from, so that it is answered as one (503).
+        let why = "disk I/O error or full disk: SQLite rolled back the transaction".to_string();
+        self.fail(why.clone());
+        StoreError::Sqlite(why)
+    }
+
+    /// Commits the connection's transaction and tells the batch's writers.
+    fn commit(&mut self, conn: &Connection) -> Result<(), StoreError> {
+        if let Err(e) = run(conn, "COMMIT") {
+            let _ = run(conn, "ROLLBACK");
+            let e = StoreError::from(e);
+            self.fail(e.to_string());
+            return Err(e);
+        }
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        if let Some((batch, _)) = self.open.take() {
+            batch.outcome.send_replace(Some(Ok(())));
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, why: String) {
+        if let Some((batch, _)) = self.open.take() {
+            batch.outcome.send_replace(Some(Err(why)));
         }
     }
 }
 
-/// SQLite ended the transaction itself (an I/O error, a full disk): the batch's writes are lost.
-fn ended(conn: &mut SqliteConn) -> StoreError {
-    // Worded as the I/O error it comes from, so that it is answered as one (503).
-    let why = "disk I/O error or full disk: SQLite rolled back the transaction".to_string();
-    fail(conn, why.clone());
-    StoreError::Sqlite(why)
+/// A writer counted as waiting for the connection ([`Group::waiting`]).
+pub(crate) struct Waiting(Arc<AtomicUsize>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
-/// Commits the connection's transaction and tells the batch's writers.
-fn commit(conn: &mut SqliteConn) -> Result<(), StoreError> {
-    if let Err(e) = super::sql::control(&conn.0, "COMMIT") {
-        let _ = super::sql::control(&conn.0, "ROLLBACK");
-        let e = super::sql::sqlite_error(e);
-        fail(conn, e.to_string());
-        return Err(e);
-    }
-    let group = conn.group_mut();
-    group.commits.fetch_add(1, Ordering::Relaxed);
-    if let Some((batch, _)) = group.open.take() {
-        batch.outcome.send_replace(Some(Ok(())));
-    }
-    Ok(())
-}
-
-fn fail(conn: &mut SqliteConn, why: String) {
-    if let Some((batch, _)) = conn.group_mut().open.take() {
-        batch.outcome.send_replace(Some(Err(why)));
-    }
+/// `COMMIT` or `ROLLBACK`, parsed once per connection.
+fn run(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.raw_execute().map(drop)
 }
 
 impl Batch {
     /// Waits until the batch committed or failed.
-    pub(super) async fn outcome(&self) -> Result<(), StoreError> {
+    pub(crate) async fn outcome(&self) -> Result<(), StoreError> {
         let mut seen = self.outcome.subscribe();
         let outcome = seen.wait_for(Option::is_some).await.map_err(|_| StoreError::Finished)?;
         match outcome.as_ref() {
@@ -135,33 +154,4 @@ impl Batch {
             None => unreachable!("waited for an outcome"),
         }
     }
-}
-
-/// Takes the writer connection, counted as waiting for it meanwhile; if the caller stops waiting
-/// first, a task takes it in its place to commit a batch left open for it.
-pub(super) async fn queue(
-    writer: &Arc<Mutex<SqliteConn>>,
-    waiting: &Arc<AtomicUsize>,
-) -> OwnedMutexGuard<SqliteConn> {
-    struct Waiting<'a> {
-        writer: &'a Arc<Mutex<SqliteConn>>,
-        waiting: &'a Arc<AtomicUsize>,
-        got: bool,
-    }
-    impl Drop for Waiting<'_> {
-        fn drop(&mut self) {
-            self.waiting.fetch_sub(1, Ordering::AcqRel);
-            if !self.got
-                && let Ok(runtime) = tokio::runtime::Handle::try_current()
-            {
-                let writer = self.writer.clone();
-                runtime.spawn(async move { Group::settle(&mut *writer.lock_owned().await) });
-            }
-        }
-    }
-    waiting.fetch_add(1, Ordering::AcqRel);
-    let mut guard = Waiting { writer, waiting, got: false };
-    let conn = writer.clone().lock_owned().await;
-    guard.got = true;
-    conn
 }

@@ -425,7 +425,7 @@ impl Store {
         };
         let value = match &*self.db {
             Db::Sqlite { writer, waiting, .. } => {
-                let mut tx = Tx::sqlite(batch::queue(writer, waiting).await, true).map_err(E::from)?;
+                let mut tx = Tx::sqlite(sql::take_writer(writer, waiting).await, true).map_err(E::from)?;
                 let value = f(&mut tx).await?;
                 let finished = tx.finish_write();
                 drop(tx);

@@ -6,12 +6,15 @@
 //! small VM each of those hand-offs costs 40 to 120 µs, which made a short transaction hold the only
 //! writer for most of a millisecond. On PostgreSQL, statements go through sqlx as usual.
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
 use sqlx::postgres::PgRow;
 use sqlx::{Column, Postgres, Row as _, TypeInfo, ValueRef as _};
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::StoreError;
-use super::batch::{Finished, Group};
+use super::batch::{Finished, Group, Waiting};
 
 /// A statement parameter.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,9 +126,44 @@ impl Row {
 pub(crate) struct SqliteConn(pub(crate) rusqlite::Connection, pub(crate) Option<Group>);
 
 impl SqliteConn {
-    pub(super) fn group_mut(&mut self) -> &mut Group {
+    fn group_mut(&mut self) -> &mut Group {
         self.1.as_mut().expect("only the writer connection is written through")
     }
+
+    /// Settles an open batch this writer leaves (`Group::settle`).
+    fn settle(&mut self) {
+        if let SqliteConn(conn, Some(group)) = self {
+            group.settle(conn);
+        }
+    }
+}
+
+/// Takes the writer connection, counted as waiting for it meanwhile; if the caller stops waiting
+/// first, a task takes it in its place to settle a batch that may have been left open for it
+/// (`batch.rs`).
+pub(crate) async fn take_writer(
+    writer: &Arc<Mutex<SqliteConn>>,
+    waiting: &Arc<AtomicUsize>,
+) -> OwnedMutexGuard<SqliteConn> {
+    struct Queued<'a> {
+        writer: &'a Arc<Mutex<SqliteConn>>,
+        _waiting: Waiting,
+        got: bool,
+    }
+    impl Drop for Queued<'_> {
+        fn drop(&mut self) {
+            if !self.got
+                && let Ok(runtime) = tokio::runtime::Handle::try_current()
+            {
+                let writer = self.writer.clone();
+                runtime.spawn(async move { writer.lock_owned().await.settle() });
+            }
+        }
+    }
+    let mut queued = Queued { writer, _waiting: Group::waiting(waiting), got: false };
+    let conn = writer.clone().lock_owned().await;
+    queued.got = true;
+    conn
 }
 
 // SAFETY: rusqlite's `Connection` is not `Sync` because of interior caches; the store only ever
@@ -160,7 +198,7 @@ impl Tx {
         if let Err(e) = control(&conn.0, begin) {
             if write {
                 // An open batch is left to whoever holds the writer next, or committed now.
-                Group::settle(&mut conn);
+                conn.settle();
             }
             return Err(sqlite_error(e));
         }
@@ -177,7 +215,8 @@ impl Tx {
             return Err(sqlite_error(e));
         }
         *open = false;
-        Group::finish(conn)
+        let SqliteConn(db, group) = &mut **conn;
+        group.as_mut().ok_or(StoreError::Finished)?.finish(db)
     }
 
     pub(crate) fn postgres(tx: sqlx::Transaction<'static, Postgres>) -> Tx {
@@ -248,9 +287,7 @@ impl Drop for Tx {
             } else {
                 let _ = control(&conn.0, "ROLLBACK");
             }
-            if conn.1.is_some() {
-                Group::settle(conn);
-            }
+            conn.settle();
         }
     }
 }
