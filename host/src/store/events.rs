@@ -402,33 +402,79 @@ pub async fn heads(tx: &mut Tx) -> Result<Vec<Head>, StoreError> {
     Ok(out)
 }
 
-/// Deletes the events recorded before `before` (microseconds), and moves each chain's start to
-/// its first event left (so the rest still verifies). Returns how many were deleted.
-pub async fn prune(tx: &mut Tx, before: i64) -> Result<u64, StoreError> {
-    let deleted = tx.execute("DELETE FROM attach_events WHERE at < $1", &params![before]).await?;
-    if deleted > 0 {
-        tx.execute("DELETE FROM attach_event_starts", &[]).await?;
-        tx.execute(
+/// What one [`prune`] deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pruned {
+    pub events: u64,
+    /// When the last of them was recorded: where the next call may start.
+    pub through: i64,
+}
+
+/// Deletes the oldest events recorded from `since` to before `before` (microseconds), at most
+/// `limit` of them, and moves the start of each chain they were in to its first event left (so
+/// the rest still verifies). `None` once no such event is left.
+///
+/// Bounded so that retention is a series of short writes (`attach::history::prune`): one write of
+/// every old event held SQLite's only writer for seconds among a million. The events go in time
+/// order, a range of the time index from the first to the `limit`-th (`since`, the last time of
+/// the previous call, spares PostgreSQL's scans the index entries of the events it deleted, which
+/// stay until a vacuum). Their chains and ids are named in lists of `limit` parameters (the last
+/// repeated to fill them), so that each statement's text is the same at every call and PostgreSQL
+/// plans it as lookups by key whatever its statistics say of the range.
+pub async fn prune(tx: &mut Tx, since: i64, before: i64, limit: i64) -> Result<Option<Pruned>, StoreError> {
+    let limit = limit.max(1);
+    let oldest = tx
+        .query(
+            "SELECT at, id, volume_id FROM attach_events WHERE at >= $1 AND at < $2 ORDER BY at, id LIMIT $3",
+            &params![since, before, limit],
+        )
+        .await?;
+    let (Some(first), Some(last)) = (oldest.first(), oldest.last()) else { return Ok(None) };
+    let through = last.int(0)?;
+    let range = params![through, last.text(1)?, first.int(0)?];
+    const IN_RANGE: &str = "at >= $3 AND at <= $1 AND (at < $1 OR id <= $2)";
+    let padded = |mut values: Vec<String>| {
+        let fill = values.last().cloned().unwrap_or_default();
+        values.resize(limit as usize, fill);
+        values.into_iter().map(Param::from)
+    };
+    let ids: Vec<Param> = padded(oldest.iter().map(|r| r.text(1)).collect::<Result<_, _>>()?).collect();
+    let mut volumes = oldest.iter().map(|r| r.text(2)).collect::<Result<Vec<_>, _>>()?;
+    volumes.sort_unstable();
+    volumes.dedup();
+    let mut chains = Vec::from(range.clone());
+    chains.extend(padded(volumes));
+    // Where each chain the range cuts starts once it is gone: its first event after the range, or
+    // (none left) after its head. A chain that still starts at its first event has no row (a
+    // clock set back on some node can put a later event of a chain in the range, not its first).
+    tx.execute(
+        &format!(
             "INSERT INTO attach_event_starts (volume_id, first_seq, first_prev) \
-             SELECT v.id, \
-                 COALESCE((SELECT MIN(e.seq) FROM attach_events e WHERE e.volume_id = v.id), \
-                     v.history_seq + 1), \
+             SELECT id, first_seq, first_prev FROM (SELECT v.id, \
+                 COALESCE((SELECT MIN(e.seq) FROM attach_events e WHERE e.volume_id = v.id \
+                     AND NOT (e.{IN_RANGE})), v.history_seq + 1) AS first_seq, \
                  COALESCE((SELECT e.prev_hash FROM attach_events e WHERE e.volume_id = v.id \
-                     ORDER BY e.seq LIMIT 1), v.history_hash) \
-             FROM volumes v WHERE v.history_seq > 0",
-            &[],
-        )
-        .await?;
-        tx.execute("DELETE FROM attach_event_starts WHERE first_seq = 1", &[]).await?;
-        // The ids migration 0010 kept of the events recorded before it go with their events.
-        tx.execute(
-            "DELETE FROM attach_event_earlier_ids WHERE NOT EXISTS (SELECT 1 FROM attach_events e \
-             WHERE e.volume_id = attach_event_earlier_ids.volume_id AND e.seq = attach_event_earlier_ids.seq)",
-            &[],
-        )
-        .await?;
-    }
-    Ok(deleted)
+                     AND NOT (e.{IN_RANGE}) ORDER BY e.seq LIMIT 1), v.history_hash) AS first_prev \
+                 FROM volumes v WHERE v.id IN ({}) AND v.history_seq > 0) starts \
+             WHERE first_seq <> 1 \
+             ON CONFLICT (volume_id) DO UPDATE SET first_seq = excluded.first_seq, \
+                 first_prev = excluded.first_prev",
+            super::placeholders(4, limit as usize)
+        ),
+        &chains,
+    )
+    .await?;
+    // The ids migration 0010 kept of the events recorded before it go with their events.
+    tx.execute(
+        &format!(
+            "DELETE FROM attach_event_earlier_ids WHERE id IN ({})",
+            super::placeholders(1, limit as usize)
+        ),
+        &ids,
+    )
+    .await?;
+    let events = tx.execute(&format!("DELETE FROM attach_events WHERE {IN_RANGE}"), &range).await?;
+    Ok(Some(Pruned { events, through }))
 }
 
 /// What the history's tests share: a database of their own, a volume row for a chain's head,
@@ -571,6 +617,12 @@ mod tests {
     }
 
     /// Verifies every chain: how many chains and events.
+    /// Events one [`prune`] from the start deleted.
+    async fn prune_from_the_start(store: &Store, before: i64, limit: i64) -> u64 {
+        let pruned = store.write(async |tx| prune(tx, i64::MIN, before, limit).await).await.unwrap();
+        pruned.map_or(0, |p| p.events)
+    }
+
     async fn verify(store: &Store) -> (usize, usize) {
         let heads = store.read(async |tx| heads(tx).await).await.unwrap();
         let mut events = 0;
@@ -678,12 +730,68 @@ mod tests {
             rows[0].int(0).unwrap()
         };
         assert_eq!(earlier_ids().await, 5);
-        assert_eq!(store.write(async |tx| prune(tx, 2500).await).await.unwrap(), 3);
+        assert_eq!(prune_from_the_start(&store, 2500, 100).await, 3);
         assert_eq!(earlier_ids().await, 2, "the ids of the two events at 3000 stay, nothing else");
         let kept = &chains[1][1];
         let found = store.read(async |tx| get(tx, &kept.id, Scope::All).await).await.unwrap();
         assert_eq!(found.as_ref(), Some(kept));
         assert_eq!(verify(&store).await, (2, 4));
+    }
+
+    /// Retention in short writes: each deletes the oldest events up to its limit and leaves every
+    /// chain verifying, those it emptied included; later events and other chains are untouched.
+    #[tokio::test]
+    async fn pruning_deletes_the_oldest_events_a_limited_number_at_a_time_and_every_chain_still_verifies() {
+        let (_dir, store) = temp_store().await;
+        prunes_the_oldest_in_steps(&store).await;
+    }
+
+    #[tokio::test]
+    async fn pruning_in_steps_on_postgresql() {
+        match testing::postgres_store().await {
+            Some(store) => prunes_the_oldest_in_steps(&store).await,
+            None => eprintln!("skipped: BERTH_TEST_POSTGRES is not set"),
+        }
+    }
+
+    async fn prunes_the_oldest_in_steps(store: &Store) {
+        // Three chains of four events, interleaved in time: the k-th events of the first two at
+        // 10k (the same microsecond), the third's at 10k + 1.
+        let volumes: Vec<String> = (0..3).map(|_| uuid::Uuid::new_v4().to_string()).collect();
+        for v in &volumes {
+            store.write(async |tx| volume_row(tx, v).await).await.unwrap();
+        }
+        for k in 1..=4 {
+            for (i, v) in volumes.iter().enumerate() {
+                store.write(async |tx| append(tx, event(v, 10 * k + i as i64 / 2)).await).await.unwrap();
+            }
+        }
+        let times = async || {
+            let rows =
+                store.read(async |tx| tx.query("SELECT at FROM attach_events ORDER BY at", &[]).await).await;
+            rows.unwrap().iter().map(|r| r.int(0).unwrap()).collect::<Vec<_>>()
+        };
+        // Before 31: the eight events at 10 to 30 go, two a write, oldest first, each write going
+        // on from the time the last one ended at (a step may end between two events of one time).
+        let mut left = times().await;
+        let mut since = i64::MIN;
+        for step in 0..4 {
+            let pruned = store.write(async |tx| prune(tx, since, 31, 2).await).await.unwrap().unwrap();
+            assert_eq!(pruned.events, 2, "step {step}");
+            since = pruned.through;
+            left.drain(..2);
+            assert_eq!(times().await, left);
+            assert_eq!(verify(store).await, (3, left.len()));
+        }
+        assert_eq!(since, 30);
+        assert_eq!(store.write(async |tx| prune(tx, since, 31, 2).await).await.unwrap(), None);
+        assert_eq!(times().await, vec![31, 40, 40, 41]);
+        // A chain emptied by pruning goes on after its head.
+        assert_eq!(prune_from_the_start(store, 41, 10).await, 3, "31 and the two at 40");
+        assert_eq!(verify(store).await, (3, 1));
+        let next = store.write(async |tx| append(tx, event(&volumes[0], 50)).await).await.unwrap();
+        assert_eq!(next.seq, 5);
+        assert_eq!(verify(store).await, (3, 2));
     }
 
     #[tokio::test]
