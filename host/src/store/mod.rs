@@ -14,9 +14,9 @@
 //! `SQLITE_BUSY`, and those that queue together share one commit (`batch.rs`); it runs in WAL
 //! mode with `synchronous=FULL` by default: a write returns once its commit is on disk, by a sync
 //! of the write-ahead log that the commits waiting at the same time share and that runs outside
-//! the writer's lock (group commit, [`WalSync`]). A write may
-//! ask for less ([`Durability::Written`]: an operation's intent, made durable only before an
-//! effect that would outlive a power failure, [`Store::sync`]).
+//! the writer's lock (group commit, [`WalSync`]). A write may ask for less
+//! ([`Durability::Written`]: an operation's intent, made durable only before an effect that would
+//! outlive a power failure, [`Store::sync`]).
 
 // This room owns the SQL (host/clippy.toml).
 #![allow(clippy::disallowed_methods)]

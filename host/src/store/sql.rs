@@ -294,11 +294,11 @@ impl Drop for Tx {
 
 /// Runs `BEGIN`, `COMMIT` or `ROLLBACK` through the connection's statement cache: parsed once per
 /// connection, not at every transaction (`execute_batch` parses its text each time).
-pub(super) fn control(conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
+fn control(conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.raw_execute().map(drop)
 }
 
-pub(super) fn sqlite_error(e: rusqlite::Error) -> StoreError {
+fn sqlite_error(e: rusqlite::Error) -> StoreError {
     StoreError::from_message(e.to_string())
 }
 
