@@ -311,16 +311,21 @@ const PRUNE_BATCH: i64 = 1000;
 
 /// Deletes the events recorded before `before`, oldest first, in writes of [`PRUNE_BATCH`]: each
 /// holds the writer for milliseconds, so the service's own writes go on between them (all at once,
-/// 500,000 of 1,000,000 events held SQLite's writer for 3 s). After each write the rest of every
-/// chain verifies.
+/// 500,000 of 1,000,000 events held SQLite's writer for 3 s). After each write it waits as long as
+/// the write took, so that a long retention takes at most half of the writer's time. After each
+/// write the rest of every chain verifies.
 pub async fn prune(store: &Store, before: i64) -> Result<u64, AttachError> {
     let (mut pruned, mut since) = (0, i64::MIN);
-    while let Some(step) = store.write(async |tx| events::prune(tx, since, before, PRUNE_BATCH).await).await?
-    {
+    loop {
+        let began = std::time::Instant::now();
+        let Some(step) = store.write(async |tx| events::prune(tx, since, before, PRUNE_BATCH).await).await?
+        else {
+            return Ok(pruned);
+        };
         pruned += step.events;
         since = step.through;
+        tokio::time::sleep(began.elapsed()).await;
     }
-    Ok(pruned)
 }
 
 /// What the history's retention deleted ([`retain_since`]).
