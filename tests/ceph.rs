@@ -103,6 +103,9 @@ async fn a_volume_is_an_rbd_image_that_a_client_reaches_with_the_connection_info
     wait_status(&c, &volume, "available").await;
     // Detached, the host's key opens nothing: its identity is gone.
     assert!(!ceph.identities().contains(&format!("client.{user}")), "the identity outlived the detach");
+    // The monitor's audit says who made and removed it (the three-node test's diagnostics read it).
+    let audit = ceph.audit_of(&format!("client.{user}")).join("\n");
+    assert!(audit.contains("auth get-or-create") && audit.contains("auth del"), "{audit}");
     let after = ceph.write_and_read(&info, 0, b"after detach").expect_err("a detached host's key");
     assert!(!after.is_empty(), "refused with a reason");
     c.delete(&format!("/volumes/{other}")).await.expect(202);
@@ -337,6 +340,9 @@ async fn three_nodes_share_the_backend_and_a_killed_node_leaves_every_volume_att
                 text.lines().filter(|l| left.iter().any(|e| l.contains(volume_of_identity(e)))).collect();
             said += &format!("\n--- node {name}, its lines about those volumes (the last 80):\n");
             said += &lines[lines.len().saturating_sub(80)..].join("\n");
+        }
+        for entity in &left {
+            said += &format!("\n--- the monitor's audit of {entity}:\n{}", ceph.audit_of(entity).join("\n"));
         }
         panic!("identities outlived their attachments: {left:?}{said}");
     }

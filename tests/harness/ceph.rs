@@ -276,6 +276,17 @@ hosts = ["{d}"]
             .collect()
     }
 
+    /// The monitor's audit lines (which client asked for which command on `entity`, and when it
+    /// was dispatched and finished), from its log.
+    pub fn audit_of(&self, entity: &str) -> Vec<String> {
+        let log = std::fs::read_to_string(self.dir.join("log/mon.a.log")).unwrap_or_default();
+        let named = format!("\"{entity}\"");
+        log.lines()
+            .filter(|l| l.contains("log_channel(audit)") && l.contains(&named))
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Runs `ceph auth ARGS...` as the cluster's admin (an operator's hand, or a crash's leftover).
     pub fn auth(&self, args: &[&str]) {
         let out = self.admin("ceph").arg("auth").args(args).output().expect("ceph auth");
