@@ -355,6 +355,66 @@ async fn three_nodes_share_the_backend_and_a_killed_node_leaves_every_volume_att
     }
 }
 
+/// Two nodes of a shared backend detach at once the two attachments one host holds on a
+/// multiattach volume. The node that read the volume first begins its operation last: had it
+/// decided on what it read (the other attachment, gone by then, still holding the host's
+/// identity), the identity would outlive both attachments.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_nodes_detaching_one_hosts_two_attachments_at_once_leave_no_identity() {
+    let ceph = cluster();
+    let url = berth_tests::pg::fresh_database().await;
+    let config = format!(
+        "{}\n[[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"ceph\"\n\n\
+         [[volume_types]]\nname = \"multiattach\"\nbackend = \"ceph\"\n\
+         extra_specs = {{ multiattach = \"<is> True\" }}\n",
+        ceph.backend_toml("ceph", true)
+    );
+    let nodes: Vec<BerthProcess> = ["node-a", "node-c"]
+        .iter()
+        .map(|name| {
+            BerthProcess::start_full(&format!("node = \"{name}\"\ndatabase_url = \"{url}\""), &config)
+        })
+        .collect();
+    let (a, c) = (
+        Client::for_base(&nodes[0].base, "e2e").at("3.54"),
+        Client::for_base(&nodes[1].base, "e2e").at("3.54"),
+    );
+    let volume = a.create_volume(json!({"size": 1, "volume_type": "multiattach"})).await;
+    wait_status(&a, &volume, "available").await;
+    let host = connector("iqn.1993-08.org.debian:01:twice", "twice");
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let r = a.attach(&volume, Some(host.clone())).await.expect(200);
+        let id = r.body["attachment"]["id"].as_str().unwrap().to_string();
+        a.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+        ids.push(id);
+    }
+    let identity = format!("client.berth.ceph.{}.{}", image(&volume), ceph.host_digest("twice"));
+    assert!(ceph.identities().contains(&identity));
+
+    // Node a reads the volume for the first detach, and stalls before its operation begins;
+    // meanwhile node c detaches the second.
+    failpoints(&a, "arm", json!({"name": "attach.remove.read", "nth": 1, "action": "sleep", "millis": 3000}))
+        .await;
+    let slow = tokio::spawn({
+        let (a, id) = (a.clone(), ids[0].clone());
+        async move { a.delete(&format!("/attachments/{id}")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.delete(&format!("/attachments/{}", ids[1])).await.expect(200);
+    slow.await.unwrap().expect(200);
+    wait_status(&a, &volume, "available").await;
+    let left = ceph.identities().contains(&identity);
+    if left {
+        panic!(
+            "the host's identity outlived both its attachments; the monitor's audit:\n{}",
+            ceph.audit_of(&identity).join("\n")
+        );
+    }
+    c.delete(&format!("/volumes/{volume}")).await.expect(202);
+    wait_status(&a, &volume, "deleted").await;
+}
+
 /// A changing flow whose driver calls reach Ceph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flow {

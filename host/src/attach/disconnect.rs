@@ -5,7 +5,7 @@ use super::attachments::Attachments;
 use super::history::Change;
 use super::list::Scope;
 use super::model::{AfterDisconnect, Attachment, Live, OpKind, Volume};
-use super::ops::{ChangesBy, Op};
+use super::ops::{ChangesBy, Op, Subject};
 use super::state::{AttachStatus, Event, transition};
 use super::{AttachError, Caller, attachment_not_found, conclude, names, volume_not_found};
 use crate::domain::history::Access;
@@ -38,6 +38,7 @@ impl Attachments<'_> {
                 Ok::<_, AttachError>((volume, live))
             })
             .await?;
+        failpoint::hit("attach.remove.read");
         let this = live.iter().find(|l| l.attachment.id == id).ok_or_else(|| attachment_not_found(id))?;
         // OSSA-2023-003: an instance's connected attachment is the compute service's to end;
         // a user who ends it behind the compute service's back leaves a guest with a stale device.
@@ -64,7 +65,7 @@ impl Attachments<'_> {
         let op = self
             .begin_operation(
                 OpKind::Disconnect { then },
-                &volume.id,
+                Subject::AsRead(&volume),
                 Some(id),
                 Some(&connector),
                 ChangesBy::Driver,

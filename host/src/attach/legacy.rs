@@ -31,7 +31,7 @@ use super::disconnect::disconnect;
 use super::history::Change;
 use super::list::Scope;
 use super::model::{AfterDisconnect, AttachMode, Attachment, Connector, Live, OpKind};
-use super::ops::ChangesBy;
+use super::ops::{ChangesBy, Subject};
 use super::state::{AttachStatus, Event, transition};
 use super::{
     AttachError, Caller, Service, attachment_not_found, conclude, names, record_fields, volume_not_found,
@@ -174,7 +174,13 @@ impl Legacy<'_> {
         let volume = self.fresh_volume(&row.volume_id).await?;
         let backend = self.backend(&volume)?;
         let op = self
-            .begin_operation(OpKind::Reconnect, &volume.id, Some(&row.id), Some(connector), ChangesBy::Driver)
+            .begin_operation(
+                OpKind::Reconnect,
+                Subject::AsRead(&volume),
+                Some(&row.id),
+                Some(connector),
+                ChangesBy::Driver,
+            )
             .await?;
         failpoint::hit("legacy.reinitialize.intent");
         let mut calls = op.calls(&backend.driver).for_owner(&volume.project_id);
@@ -364,8 +370,9 @@ impl Legacy<'_> {
     ) -> Result<(), AttachError> {
         let volume = self.fresh_volume(volume_id).await?;
         let backend = self.backend(&volume)?;
-        let op =
-            self.begin_operation(OpKind::Revoke, volume_id, None, Some(connector), ChangesBy::Driver).await?;
+        let op = self
+            .begin_operation(OpKind::Revoke, Subject::Id(volume_id), None, Some(connector), ChangesBy::Driver)
+            .await?;
         failpoint::hit("attach.revoke.intent");
         let mut calls = op.calls(&backend.driver);
         let conn = AttachMode::Null.driver_connector(connector);
@@ -477,7 +484,7 @@ impl Legacy<'_> {
         let op = self
             .begin_operation(
                 OpKind::ForceDetach { attachments: ids.clone() },
-                volume_id,
+                Subject::AsRead(&volume),
                 ids.first().map(String::as_str),
                 given.as_ref(),
                 ChangesBy::Driver,

@@ -41,7 +41,7 @@ use tracing::Instrument;
 
 use tokio::sync::{Notify, OwnedMutexGuard};
 
-use super::model::{Connector, OpKind, Operation};
+use super::model::{Connector, OpKind, Operation, Volume};
 use super::nodes::Placement;
 use super::{AttachError, Caller, Service};
 use crate::runtime::{BeforeLasting, Driver, DriverCalls, KeptInstance};
@@ -194,6 +194,32 @@ pub(crate) struct Op<'s> {
     unsynced: Arc<AtomicBool>,
 }
 
+/// The volume an operation begins on ([`Service::begin_operation`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Subject<'a> {
+    /// As the flow read it, with the attachments it hands the driver: the operation begins only
+    /// if neither changed since.
+    AsRead(&'a Volume),
+    /// By id: the flow hands the driver nothing it read before (or reads it again inside).
+    Id(&'a str),
+}
+
+impl Subject<'_> {
+    fn id(&self) -> &str {
+        match self {
+            Subject::AsRead(v) => &v.id,
+            Subject::Id(id) => id,
+        }
+    }
+
+    fn read_at(&self) -> Option<i64> {
+        match self {
+            Subject::AsRead(v) => Some(v.updated_at),
+            Subject::Id(_) => None,
+        }
+    }
+}
+
 /// Where an operation's changes come from, which decides how its intent is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ChangesBy {
@@ -230,8 +256,18 @@ impl Op<'_> {
     /// (another node began one since `hold` looked) refuses it: [`AttachError::Busy`], and the
     /// transaction records nothing.
     pub(crate) async fn begin(&self, tx: &mut Tx) -> Result<(), AttachError> {
-        match operations::insert(tx, &self.record).await {
-            Ok(()) => Ok(()),
+        self.begin_as_read(tx, None).await
+    }
+
+    /// [`Op::begin`]; with `read_at` (the volume's `updated_at` as the flow read it with its
+    /// attachments), refused as [`AttachError::Busy`] too when the volume changed since: the
+    /// volume's lock is this node's alone, and on a backend the nodes share another node may have
+    /// run a whole operation between the read and this one, so what the flow would hand the
+    /// driver (the other attachments, which decide what a revoke keeps) may be gone.
+    async fn begin_as_read(&self, tx: &mut Tx, read_at: Option<i64>) -> Result<(), AttachError> {
+        match operations::insert(tx, &self.record, read_at).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(AttachError::Busy(self.record.volume_id.clone())),
             Err(e) if e.is_constraint(ONE_OPERATION_PER_VOLUME) => {
                 Err(AttachError::Busy(self.record.volume_id.clone()))
             }
@@ -440,15 +476,16 @@ impl Service {
     pub(crate) async fn begin_operation(
         &self,
         kind: OpKind,
-        volume_id: &str,
+        volume: Subject<'_>,
         attachment_id: Option<&str>,
         connector: Option<&Connector>,
         changes: ChangesBy,
     ) -> Result<Op<'_>, AttachError> {
-        let op = self.operation(kind, volume_id, attachment_id, connector);
+        let op = self.operation(kind, volume.id(), attachment_id, connector);
+        let read_at = volume.read_at();
         match changes {
-            ChangesBy::Driver => op.write_intent(async |tx| op.begin(tx).await).await?,
-            ChangesBy::Host => self.store.write(async |tx| op.begin(tx).await).await?,
+            ChangesBy::Driver => op.write_intent(async |tx| op.begin_as_read(tx, read_at).await).await?,
+            ChangesBy::Host => self.store.write(async |tx| op.begin_as_read(tx, read_at).await).await?,
         }
         Ok(op)
     }

@@ -40,31 +40,39 @@ fn operations(rows: Vec<Row>) -> Result<Vec<Operation>, StoreError> {
 }
 
 /// Records an operation. A volume that has one already refuses it
-/// ([`StoreError::Constraint`]`("one_operation_per_volume")`).
-pub async fn insert(tx: &mut Tx, op: &Operation) -> Result<(), StoreError> {
+/// ([`StoreError::Constraint`]`("one_operation_per_volume")`). With `read_at`, only while the
+/// volume's row is as the flow read it (`updated_at`, which every change of the volume and of its
+/// attachments moves on), in the same statement: false when it changed since (another node's
+/// operation ran meanwhile, on a backend the nodes share), and nothing was recorded.
+pub async fn insert(tx: &mut Tx, op: &Operation, read_at: Option<i64>) -> Result<bool, StoreError> {
     let detail = serde_json::to_string(&op.kind).expect("an operation kind serialises");
     let connector = op.connector.as_ref().map(|c| serde_json::Value::Object(c.json().clone()).to_string());
-    tx.execute(
-        &format!(
-            "INSERT INTO operations ({COLUMNS}, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $11)"
-        ),
-        &params![
-            &op.id,
-            op.kind.name(),
-            &op.volume_id,
-            &op.attachment_id,
-            connector,
-            detail,
-            &op.step,
-            &op.node,
-            &op.incarnation,
-            op.lease_until,
-            op.created_at,
-            op.generation,
-        ],
-    )
-    .await?;
-    Ok(())
+    let mut params = Vec::from(params![
+        &op.id,
+        op.kind.name(),
+        &op.volume_id,
+        &op.attachment_id,
+        connector,
+        detail,
+        &op.step,
+        &op.node,
+        &op.incarnation,
+        op.lease_until,
+        op.created_at,
+        op.generation,
+    ]);
+    let values = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $11";
+    let sql = match read_at {
+        None => format!("INSERT INTO operations ({COLUMNS}, updated_at) VALUES ({values})"),
+        Some(at) => {
+            params.push(at.into());
+            format!(
+                "INSERT INTO operations ({COLUMNS}, updated_at) SELECT {values} \
+                 WHERE EXISTS (SELECT 1 FROM volumes WHERE id = $3 AND updated_at = $13)"
+            )
+        }
+    };
+    Ok(tx.execute(&sql, &params).await? == 1)
 }
 
 /// Deletes a finished operation held at `generation`; false when it is not there at that

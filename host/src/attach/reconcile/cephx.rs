@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use super::{Options, Reconcile, Reconciled};
 use crate::attach::AttachError;
 use crate::attach::model::{Connector, Live, OpKind};
-use crate::attach::ops::ChangesBy;
+use crate::attach::ops::{ChangesBy, Subject};
 use crate::attach::state::VolumeStatus;
 use crate::failpoint;
 use crate::store::attachments as rows;
@@ -184,7 +184,9 @@ impl Reconcile<'_> {
             return Ok(false);
         };
         let backend = self.backend(&volume)?;
-        let op = self.begin_operation(OpKind::DeleteVolume, volume_id, None, None, ChangesBy::Host).await?;
+        let op = self
+            .begin_operation(OpKind::DeleteVolume, Subject::Id(volume_id), None, None, ChangesBy::Host)
+            .await?;
         tracing::warn!(volume = %volume_id, image = %what, "reconcile: deleting the image of a deleted volume");
         let mut calls = op.calls(&backend.driver);
         let deleted = calls.delete_volume(&volume.contract()).await;
@@ -253,7 +255,8 @@ impl Reconcile<'_> {
             return Ok(false);
         };
         let Some((pool, image, host, keyring)) = identity_of(current) else { return Ok(false) };
-        let op = self.begin_operation(OpKind::Repair, volume_id, None, None, ChangesBy::Host).await?;
+        let op =
+            self.begin_operation(OpKind::Repair, Subject::Id(volume_id), None, None, ChangesBy::Host).await?;
         tracing::warn!(
             volume = %volume_id, attachment = %live.attachment.id, identity = %cephx.entity(&image, &host),
             "reconcile: the cephx identity of a connected attachment may be missing; making it again with its key"
@@ -277,7 +280,10 @@ impl Reconcile<'_> {
         if live.iter().filter_map(holder).any(|(_, digest)| digest == identity.host_digest) {
             return Ok(false);
         }
-        let op = self.begin_operation(OpKind::Revoke, volume_id, None, None, ChangesBy::Host).await?;
+        // Begun only on the volume as read: on the backend the nodes share, another node may have
+        // connected a host meanwhile.
+        let subject = volume.as_ref().map_or(Subject::Id(volume_id), Subject::AsRead);
+        let op = self.begin_operation(OpKind::Revoke, subject, None, None, ChangesBy::Host).await?;
         failpoint::hit("reconcile.cephx.intent");
         tracing::warn!(volume = %volume_id, identity = %identity.entity, "reconcile: removing a cephx identity that no connected attachment holds");
         let removed = cephx.remove(identity).await;

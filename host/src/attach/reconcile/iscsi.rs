@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use super::{Options, REPAIRS_AT_ONCE, Reconcile, Reconciled};
 use crate::attach::history::Change;
 use crate::attach::model::{Connector, Live, OpKind};
-use crate::attach::ops::ChangesBy;
+use crate::attach::ops::{ChangesBy, Subject};
 use crate::attach::state::Event;
 use crate::attach::{AttachError, record_fields};
 use crate::capabilities::iscsi::{Iqn, TargetService, TargetState};
@@ -249,7 +249,8 @@ impl Reconcile<'_> {
             "reconcile: the export of connected attachments is incomplete (was the target service restarted?); re-creating it"
         );
         let backend = self.backend(&volume)?;
-        let op = self.begin_operation(OpKind::Repair, volume_id, None, None, ChangesBy::Host).await?;
+        let op =
+            self.begin_operation(OpKind::Repair, Subject::Id(volume_id), None, None, ChangesBy::Host).await?;
         failpoint::hit("reconcile.repair.intent");
         let mut calls = op.calls(&backend.driver).for_owner(&volume.project_id);
         let mut fields = volume.fields.clone();
@@ -332,7 +333,9 @@ impl Reconcile<'_> {
             "reconcile: removing a target that no connected attachment uses"
         );
         let backend = self.backend(&volume)?;
-        let op = self.begin_operation(OpKind::RemoveExport, volume_id, None, None, ChangesBy::Host).await?;
+        let op = self
+            .begin_operation(OpKind::RemoveExport, Subject::Id(volume_id), None, None, ChangesBy::Host)
+            .await?;
         failpoint::hit("reconcile.remove-export.intent");
         let mut calls = op.calls(&backend.driver);
         let mut fields = volume.fields.clone();
