@@ -331,8 +331,12 @@ async fn three_nodes_share_the_backend_and_a_killed_node_leaves_every_volume_att
         .filter(|e| volumes.iter().any(|(v, _)| e.starts_with(&format!("client.berth.ceph.{}.", image(v)))))
         .collect();
     if !left.is_empty() {
-        // Seen once in CI (2026-11-28) and not in the runs after it: what each node logged of
-        // those volumes goes with the failure, for whoever meets it next.
+        // Seen once in CI (2026-11-28) and not in the runs after it; a race that leaves exactly
+        // this (two nodes detaching one host's two attachments at once, each keeping the host's
+        // identity for the other) was found and closed since
+        // (`two_nodes_detaching_one_hosts_two_attachments_at_once_leave_no_identity`). What each
+        // node logged of those volumes, and the monitor's audit of the identities, go with the
+        // failure, for whoever meets it next.
         let mut said = String::new();
         for (node, name) in nodes.iter().zip(["a", "b (killed)", "c"]) {
             let text = node.log_text();
