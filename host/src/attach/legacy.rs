@@ -332,7 +332,18 @@ impl Legacy<'_> {
     ) -> Result<(), AttachError> {
         self.volume(caller, volume_id).await?;
         let _held = self.hold(volume_id).await?;
-        let volume = self.legacy_volume(volume_id).await?;
+        let (read, live) = self
+            .store
+            .read(async |tx| {
+                Ok::<_, AttachError>((
+                    volumes::get(tx, volume_id, Scope::All)
+                        .await?
+                        .ok_or_else(|| volume_not_found(volume_id))?,
+                    rows::live(tx, volume_id).await?,
+                ))
+            })
+            .await?;
+        let volume = Volume { live };
         let targets: Vec<(String, bool)> = match &connector {
             Some(c) => volume.matching(c).map(|a| (a.id.clone(), is_pending(a))).collect(),
             None => volume.connected().map(|a| (a.id.clone(), is_pending(a))).collect(),
@@ -345,7 +356,7 @@ impl Legacy<'_> {
         }
         if targets.is_empty() {
             return match connector {
-                Some(c) => self.revoke(volume_id, &c, &volume.except(&[]), None).await,
+                Some(c) => self.revoke(&read, &c, &volume.except(&[]), None).await,
                 None => Ok(()),
             };
         }
@@ -361,26 +372,33 @@ impl Legacy<'_> {
     /// Revokes a connector that no connected attachment holds (the driver may still grant it
     /// access); the caller holds the volume's lock. Recorded in the history as `revoke`, on
     /// `holder` (an attachment in error that had the connector) when there is one.
+    /// `volume` and `others` are as the caller read them together: the operation begins only on
+    /// the volume as read (`Subject::AsRead`).
     pub(super) async fn revoke(
         &self,
-        volume_id: &str,
+        volume: &super::model::Volume,
         connector: &Connector,
         others: &[DriverAttachment],
         holder: Option<&Attachment>,
     ) -> Result<(), AttachError> {
-        let volume = self.fresh_volume(volume_id).await?;
-        let backend = self.backend(&volume)?;
+        let backend = self.backend(volume)?;
         let op = self
-            .begin_operation(OpKind::Revoke, Subject::Id(volume_id), None, Some(connector), ChangesBy::Driver)
+            .begin_operation(
+                OpKind::Revoke,
+                Subject::AsRead(volume),
+                None,
+                Some(connector),
+                ChangesBy::Driver,
+            )
             .await?;
         failpoint::hit("attach.revoke.intent");
         let mut calls = op.calls(&backend.driver);
         let conn = AttachMode::Null.driver_connector(connector);
-        let revoked = disconnect(&mut calls, &volume, others, Some(&conn)).await;
+        let revoked = disconnect(&mut calls, volume, others, Some(&conn)).await;
         failpoint::hit("attach.revoke.commit");
         op.write(async |tx| {
             if let Ok(fields) = &revoked {
-                record_fields(tx, &volume, fields).await?;
+                record_fields(tx, volume, fields).await?;
                 let change = Change {
                     event: Event::Revoke,
                     access: Access::Revoked,
@@ -388,7 +406,7 @@ impl Legacy<'_> {
                     connector: Some(connector),
                     outcome: Some("revoked"),
                 };
-                self.record(tx, &volume, change).await?;
+                self.record(tx, volume, change).await?;
             }
             op.finish_with(tx, &volume.backend, &calls).await
         })

@@ -162,3 +162,74 @@ pub async fn take_over(
         .await?;
     Ok((changed == 1).then_some(generation + 1))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::model::OpKind;
+    use crate::store::Store;
+    use crate::store::events::testing::{postgres_store, temp_store, volume_row};
+
+    fn operation(volume_id: &str) -> Operation {
+        Operation {
+            id: uuid::Uuid::new_v4().to_string(),
+            kind: OpKind::Revoke,
+            volume_id: volume_id.to_string(),
+            attachment_id: None,
+            connector: None,
+            step: "intent".into(),
+            node: "n".into(),
+            incarnation: "i".into(),
+            lease_until: 0,
+            created_at: 0,
+            generation: 1,
+        }
+    }
+
+    async fn updated_at(store: &Store, v: &str) -> i64 {
+        store
+            .read(async |tx| {
+                tx.query("SELECT updated_at FROM volumes WHERE id = $1", &crate::params![v]).await?[0].int(0)
+            })
+            .await
+            .unwrap()
+    }
+
+    /// What a flow read of the volume (`updated_at`) decides whether its operation begins: after
+    /// another change of the volume, nothing is recorded.
+    async fn begins_only_on_the_volume_as_read(store: &Store) {
+        let v = uuid::Uuid::new_v4().to_string();
+        store.write(async |tx| volume_row(tx, &v).await).await.unwrap();
+        let seen = updated_at(store, &v).await;
+        // Another node's change of the volume, between the read and the operation.
+        store
+            .write(async |tx| {
+                tx.execute(
+                    "UPDATE volumes SET updated_at = updated_at + 1 WHERE id = $1",
+                    &crate::params![&v],
+                )
+                .await
+            })
+            .await
+            .unwrap();
+        let stale = store.write(async |tx| insert(tx, &operation(&v), Some(seen)).await).await.unwrap();
+        assert!(!stale, "begun on a volume that changed since it was read");
+        assert_eq!(store.read(async |tx| of_volume(tx, &v).await).await.unwrap(), None);
+        let seen = updated_at(store, &v).await;
+        let op = operation(&v);
+        assert!(store.write(async |tx| insert(tx, &op, Some(seen)).await).await.unwrap());
+        assert_eq!(store.read(async |tx| of_volume(tx, &v).await).await.unwrap().map(|o| o.id), Some(op.id));
+    }
+
+    #[tokio::test]
+    async fn an_operation_begins_only_on_the_volume_as_its_flow_read_it() {
+        let (_dir, store) = temp_store().await;
+        begins_only_on_the_volume_as_read(&store).await;
+    }
+
+    #[tokio::test]
+    async fn an_operation_begins_only_on_the_volume_as_read_on_postgresql() {
+        let Some(store) = postgres_store().await else { return };
+        begins_only_on_the_volume_as_read(&store).await;
+    }
+}

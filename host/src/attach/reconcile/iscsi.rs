@@ -289,7 +289,16 @@ impl Reconcile<'_> {
         service: &dyn TargetService,
     ) -> Result<bool, AttachError> {
         let _held = self.hold(volume_id).await?;
-        let live = self.store.read(async |tx| rows::live(tx, volume_id).await).await?;
+        let (volume, live) = self
+            .store
+            .read(async |tx| {
+                Ok::<_, AttachError>((
+                    volumes::get(tx, volume_id, crate::attach::list::Scope::All).await?,
+                    rows::live(tx, volume_id).await?,
+                ))
+            })
+            .await?;
+        let Some(volume) = volume else { return Ok(false) };
         let connected: Vec<&Live> = live.iter().filter(|l| l.is_connected()).collect();
         if connected.iter().any(|l| l.connector.as_ref().and_then(Connector::initiator) == Some(initiator)) {
             return Ok(false);
@@ -307,7 +316,7 @@ impl Reconcile<'_> {
             "reconcile: revoking an ACL entry that no connected attachment needs"
         );
         let others: Vec<_> = connected.iter().map(|l| l.contract()).collect();
-        self.legacy().revoke(volume_id, &connector, &others, holder.map(|l| &l.attachment)).await?;
+        self.legacy().revoke(&volume, &connector, &others, holder.map(|l| &l.attachment)).await?;
         Ok(true)
     }
 
