@@ -372,6 +372,7 @@ impl Legacy<'_> {
     /// Revokes a connector that no connected attachment holds (the driver may still grant it
     /// access); the caller holds the volume's lock. Recorded in the history as `revoke`, on
     /// `holder` (an attachment in error that had the connector) when there is one.
+    ///
     /// `volume` and `others` are as the caller read them together: the operation begins only on
     /// the volume as read (`Subject::AsRead`).
     pub(super) async fn revoke(

@@ -200,7 +200,8 @@ pub(crate) enum Subject<'a> {
     /// As the flow read it, with the attachments it hands the driver: the operation begins only
     /// if neither changed since.
     AsRead(&'a Volume),
-    /// By id: the flow hands the driver nothing it read before (or reads it again inside).
+    /// By id: a volume of which the flow read no row (the reconciler's, for what a volume it
+    /// does not know left behind).
     Id(&'a str),
 }
 

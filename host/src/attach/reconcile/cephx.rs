@@ -185,7 +185,7 @@ impl Reconcile<'_> {
         };
         let backend = self.backend(&volume)?;
         let op = self
-            .begin_operation(OpKind::DeleteVolume, Subject::Id(volume_id), None, None, ChangesBy::Host)
+            .begin_operation(OpKind::DeleteVolume, Subject::AsRead(&volume), None, None, ChangesBy::Host)
             .await?;
         tracing::warn!(volume = %volume_id, image = %what, "reconcile: deleting the image of a deleted volume");
         let mut calls = op.calls(&backend.driver);
@@ -249,14 +249,18 @@ impl Reconcile<'_> {
     ) -> Result<bool, AttachError> {
         let volume_id = &live.attachment.volume_id;
         let _held = self.hold(volume_id).await?;
-        let now = self.store.read(async |tx| rows::live(tx, volume_id).await).await?;
+        let (volume, now) = self.volume_and_live(volume_id).await?;
         let Some(current) = now.iter().find(|l| l.attachment.id == live.attachment.id && l.is_connected())
         else {
             return Ok(false);
         };
         let Some((pool, image, host, keyring)) = identity_of(current) else { return Ok(false) };
-        let op =
-            self.begin_operation(OpKind::Repair, Subject::Id(volume_id), None, None, ChangesBy::Host).await?;
+        let Some(volume) = volume else { return Ok(false) };
+        // Begun only on the volume as read: on the backend the nodes share, another node may have
+        // detached the attachment meanwhile, and its identity would be made again for nobody.
+        let op = self
+            .begin_operation(OpKind::Repair, Subject::AsRead(&volume), None, None, ChangesBy::Host)
+            .await?;
         tracing::warn!(
             volume = %volume_id, attachment = %live.attachment.id, identity = %cephx.entity(&image, &host),
             "reconcile: the cephx identity of a connected attachment may be missing; making it again with its key"

@@ -249,8 +249,9 @@ impl Reconcile<'_> {
             "reconcile: the export of connected attachments is incomplete (was the target service restarted?); re-creating it"
         );
         let backend = self.backend(&volume)?;
-        let op =
-            self.begin_operation(OpKind::Repair, Subject::Id(volume_id), None, None, ChangesBy::Host).await?;
+        let op = self
+            .begin_operation(OpKind::Repair, Subject::AsRead(&volume), None, None, ChangesBy::Host)
+            .await?;
         failpoint::hit("reconcile.repair.intent");
         let mut calls = op.calls(&backend.driver).for_owner(&volume.project_id);
         let mut fields = volume.fields.clone();
@@ -343,7 +344,7 @@ impl Reconcile<'_> {
         );
         let backend = self.backend(&volume)?;
         let op = self
-            .begin_operation(OpKind::RemoveExport, Subject::Id(volume_id), None, None, ChangesBy::Host)
+            .begin_operation(OpKind::RemoveExport, Subject::AsRead(&volume), None, None, ChangesBy::Host)
             .await?;
         failpoint::hit("reconcile.remove-export.intent");
         let mut calls = op.calls(&backend.driver);
