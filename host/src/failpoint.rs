@@ -11,6 +11,9 @@
 //! A few places where a disk can fail are points of another kind ([`fails`]): armed with `fail`,
 //! the operation there fails as a failing disk would (`store.wal.sync <path of the log>`: a
 //! sync of SQLite's write-ahead log). They are not step boundaries and are not traced.
+//! Places where a test makes a flow wait while another process acts ([`pause`]: armed with
+//! `sleep`; `attach.remove.read`, between a detach's read of the volume and its operation) are
+//! not step boundaries either: nothing was written there for a kill to test.
 //!
 //! Names are `<flow>.<step>` (`attach.connect.intent`, `volume.delete.commit`) and
 //! `capability.<interface>.<op>` for the end of a capability call. Every hit is traced (when
@@ -18,7 +21,7 @@
 //! kill the process at each of them.
 
 #[cfg(feature = "failpoints")]
-pub use active::{Action, arm, fails, hit, hits, reset};
+pub use active::{Action, arm, fails, hit, hits, pause, reset};
 
 /// Marks a failpoint (does nothing: this build has no failpoints).
 #[cfg(not(feature = "failpoints"))]
@@ -31,6 +34,10 @@ pub fn hit(_name: &str) {}
 pub fn fails(_name: &str) -> bool {
     false
 }
+/// Where a test makes a flow wait (never: this build has no failpoints).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn pause(_name: &str) {}
 
 #[cfg(feature = "failpoints")]
 mod active {
@@ -140,6 +147,26 @@ mod active {
             tracing::warn!(failpoint = name, "failpoint: failing");
         }
         fire
+    }
+
+    /// Passes the place `name` where a test makes the flow wait: sleeps when a `sleep` armed
+    /// there fires now. Not a step boundary: not traced.
+    pub fn pause(name: &str) {
+        from_environment();
+        let millis = {
+            let mut s = state();
+            let mut fire = None;
+            for a in s.armed.iter_mut().filter(|a| a.name == name && a.action == Action::Sleep) {
+                a.seen += 1;
+                if a.seen == a.nth {
+                    fire = Some(a.millis);
+                }
+            }
+            fire
+        };
+        if let Some(millis) = millis {
+            std::thread::sleep(Duration::from_millis(millis));
+        }
     }
 
     /// Arms `name` to act at its `nth` hit from now.

@@ -38,7 +38,7 @@ impl Attachments<'_> {
                 Ok::<_, AttachError>((volume, live))
             })
             .await?;
-        failpoint::hit("attach.remove.read");
+        failpoint::pause("attach.remove.read");
         let this = live.iter().find(|l| l.attachment.id == id).ok_or_else(|| attachment_not_found(id))?;
         // OSSA-2023-003: an instance's connected attachment is the compute service's to end;
         // a user who ends it behind the compute service's back leaves a guest with a stale device.
