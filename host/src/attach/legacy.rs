@@ -108,6 +108,21 @@ impl Legacy<'_> {
         Ok(Volume { live: self.store.read(async |tx| rows::live(tx, volume_id).await).await? })
     }
 
+    /// The volume's row and its live attachments, read together: what a flow hands the driver,
+    /// and the volume its operation begins on (`Subject::AsRead`).
+    async fn volume_with_live(&self, volume_id: &str) -> Result<(super::model::Volume, Volume), AttachError> {
+        self.store
+            .read(async |tx| {
+                Ok::<_, AttachError>((
+                    volumes::get(tx, volume_id, Scope::All)
+                        .await?
+                        .ok_or_else(|| volume_not_found(volume_id))?,
+                    Volume { live: rows::live(tx, volume_id).await? },
+                ))
+            })
+            .await
+    }
+
     /// `os-reserve`.
     pub(super) async fn reserve(&self, caller: &Caller, volume_id: &str) -> Result<(), AttachError> {
         let request = NewAttachment { volume_id: volume_id.to_string(), legacy: true, ..Default::default() };
@@ -332,18 +347,7 @@ impl Legacy<'_> {
     ) -> Result<(), AttachError> {
         self.volume(caller, volume_id).await?;
         let _held = self.hold(volume_id).await?;
-        let (read, live) = self
-            .store
-            .read(async |tx| {
-                Ok::<_, AttachError>((
-                    volumes::get(tx, volume_id, Scope::All)
-                        .await?
-                        .ok_or_else(|| volume_not_found(volume_id))?,
-                    rows::live(tx, volume_id).await?,
-                ))
-            })
-            .await?;
-        let volume = Volume { live };
+        let (read, volume) = self.volume_with_live(volume_id).await?;
         let targets: Vec<(String, bool)> = match &connector {
             Some(c) => volume.matching(c).map(|a| (a.id.clone(), is_pending(a))).collect(),
             None => volume.connected().map(|a| (a.id.clone(), is_pending(a))).collect(),
@@ -472,17 +476,7 @@ impl Legacy<'_> {
     ) -> Result<(), AttachError> {
         self.fresh_volume(volume_id).await?;
         let _held = self.hold(volume_id).await?;
-        let (volume, live) = self
-            .store
-            .read(async |tx| {
-                let volume = volumes::get(tx, volume_id, Scope::All).await?;
-                Ok::<_, AttachError>((
-                    volume.ok_or_else(|| volume_not_found(volume_id))?,
-                    rows::live(tx, volume_id).await?,
-                ))
-            })
-            .await?;
-        let live = Volume { live };
+        let (volume, live) = self.volume_with_live(volume_id).await?;
         let targets: Vec<&Attachment> = match (attachment_id, &connector) {
             (Some(id), _) => match live.live.iter().find(|l| l.attachment.id == id) {
                 Some(l) => vec![&l.attachment],

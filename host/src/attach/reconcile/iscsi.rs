@@ -290,16 +290,10 @@ impl Reconcile<'_> {
         service: &dyn TargetService,
     ) -> Result<bool, AttachError> {
         let _held = self.hold(volume_id).await?;
-        let (volume, live) = self
-            .store
-            .read(async |tx| {
-                Ok::<_, AttachError>((
-                    volumes::get(tx, volume_id, crate::attach::list::Scope::All).await?,
-                    rows::live(tx, volume_id).await?,
-                ))
-            })
-            .await?;
-        let Some(volume) = volume else { return Ok(false) };
+        let (volume, live) = self.volume_and_live(volume_id).await?;
+        let Some(volume) = volume.filter(|v| v.status != crate::attach::state::VolumeStatus::Deleted) else {
+            return Ok(false);
+        };
         let connected: Vec<&Live> = live.iter().filter(|l| l.is_connected()).collect();
         if connected.iter().any(|l| l.connector.as_ref().and_then(Connector::initiator) == Some(initiator)) {
             return Ok(false);
