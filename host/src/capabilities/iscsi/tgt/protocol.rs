@@ -302,45 +302,159 @@ pub(super) struct Control {
 impl Control {
     /// One exchange. With `daemon`, the request is sent only if that tgtd (by pid) answers.
     pub(super) async fn send(&self, request: &Request, daemon: Option<i32>) -> Result<Answer, Failure> {
-        let exchange = async {
-            let mut stream = tokio::net::UnixStream::connect(&self.socket)
-                .await
-                .map_err(|e| Failure::Other(format!("cannot connect to tgtd's control socket: {e}")))?;
-            let pid =
-                stream.peer_cred().ok().and_then(|c| c.pid()).ok_or_else(|| {
-                    Failure::Other("cannot tell which process answers on tgtd's socket".into())
-                })?;
-            if let Some(expected) = daemon
-                && expected != pid
-            {
-                return Err(Failure::Restarted { expected, found: pid });
-            }
-            stream
-                .write_all(&request.encode())
-                .await
-                .map_err(|e| Failure::Other(format!("write to tgtd: {e}")))?;
-            let mut rsp = [0u8; 8];
-            stream.read_exact(&mut rsp).await.map_err(|e| Failure::Other(format!("read from tgtd: {e}")))?;
-            let err = u32::from_ne_bytes(rsp[0..4].try_into().expect("4 bytes"));
-            let len = u32::from_ne_bytes(rsp[4..8].try_into().expect("4 bytes")) as usize;
-            if len > MAX_ANSWER {
-                return Err(Failure::Other(format!("tgtd's answer is too long ({len} bytes)")));
-            }
-            let mut rest = vec![0u8; len.saturating_sub(8)];
-            stream.read_exact(&mut rest).await.map_err(|e| Failure::Other(format!("read from tgtd: {e}")))?;
-            match err {
-                0 => Ok(Answer {
-                    text: String::from_utf8_lossy(&rest).trim_end_matches('\0').to_string(),
-                    daemon: pid,
-                }),
-                code => Err(Failure::classify(strerror(code))),
-            }
-        };
-        match tokio::time::timeout(self.timeout, exchange).await {
+        match tokio::time::timeout(self.timeout, self.exchange(&request.encode(), daemon)).await {
             Ok(result) => result,
             Err(_) => Err(Failure::Timeout),
         }
     }
+
+    /// The exchange is done at once, without the event loop, as far as the socket allows: the
+    /// connection is made and the request written without waiting, and tgtd has often answered
+    /// by the time it is read (woken by the request, it runs before its sender goes on). Only
+    /// where a step would wait is the connection handed to the event loop (a registration and a
+    /// wakeup of the task: two system calls and a switch more), and the exchange goes on there.
+    async fn exchange(&self, request: &[u8], daemon: Option<i32>) -> Result<Answer, Failure> {
+        let mut exchange = Exchange { written: 0, got: Vec::new(), pid: 0 };
+        let mut stream = match connect_at_once(&self.socket)? {
+            Some(plain) => {
+                exchange.pid = answering(peer_pid(&plain), daemon)?;
+                if exchange.advance(&plain, request)? {
+                    return exchange.answer();
+                }
+                tokio::net::UnixStream::from_std(plain)
+                    .map_err(|e| Failure::Other(format!("cannot wait for tgtd's answer: {e}")))?
+            }
+            // tgtd's queue of connections is full: wait for room.
+            None => {
+                let stream = tokio::net::UnixStream::connect(&self.socket).await.map_err(cannot_connect)?;
+                exchange.pid = answering(stream.peer_cred().ok().and_then(|c| c.pid()), daemon)?;
+                stream
+            }
+        };
+        stream
+            .write_all(&request[exchange.written..])
+            .await
+            .map_err(|e| Failure::Other(format!("write to tgtd: {e}")))?;
+        let mut chunk = vec![0u8; 64 << 10];
+        while !exchange.complete()? {
+            match stream.read(&mut chunk).await {
+                Ok(0) => return Err(closed_early()),
+                Ok(n) => exchange.got.extend_from_slice(&chunk[..n]),
+                Err(e) => return Err(Failure::Other(format!("read from tgtd: {e}"))),
+            }
+        }
+        exchange.answer()
+    }
+}
+
+/// How far an exchange with tgtd got: the request's bytes written, the answer's read.
+struct Exchange {
+    written: usize,
+    got: Vec<u8>,
+    /// The daemon that answers.
+    pid: i32,
+}
+
+impl Exchange {
+    /// Writes and reads what the socket takes and has now; whether the answer is complete.
+    fn advance(&mut self, stream: &std::os::unix::net::UnixStream, request: &[u8]) -> Result<bool, Failure> {
+        use std::io::{ErrorKind, Read, Write};
+        let mut stream = stream;
+        while self.written < request.len() {
+            match stream.write(&request[self.written..]) {
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Failure::Other(format!("write to tgtd: {e}"))),
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        while !self.complete()? {
+            match stream.read(&mut chunk) {
+                Ok(0) => return Err(closed_early()),
+                Ok(n) => self.got.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Failure::Other(format!("read from tgtd: {e}"))),
+            }
+        }
+        Ok(true)
+    }
+
+    /// The answer's length (its header included), once its header is read.
+    fn length(&self) -> Result<Option<usize>, Failure> {
+        let Some(header) = self.got.get(..8) else { return Ok(None) };
+        let len = u32::from_ne_bytes(header[4..8].try_into().expect("4 bytes")) as usize;
+        if len > MAX_ANSWER {
+            return Err(Failure::Other(format!("tgtd's answer is too long ({len} bytes)")));
+        }
+        Ok(Some(len.max(8)))
+    }
+
+    fn complete(&self) -> Result<bool, Failure> {
+        Ok(self.length()?.is_some_and(|len| self.got.len() >= len))
+    }
+
+    fn answer(self) -> Result<Answer, Failure> {
+        let len = self.length()?.expect("a complete answer has its header");
+        let err = u32::from_ne_bytes(self.got[0..4].try_into().expect("4 bytes"));
+        match err {
+            0 => Ok(Answer {
+                text: String::from_utf8_lossy(&self.got[8..len]).trim_end_matches('\0').to_string(),
+                daemon: self.pid,
+            }),
+            code => Err(Failure::classify(strerror(code))),
+        }
+    }
+}
+
+/// A connection to the socket at `path`, made without waiting; `None` when tgtd's queue of
+/// connections is full (the caller waits for room).
+fn connect_at_once(path: &std::path::Path) -> Result<Option<std::os::unix::net::UnixStream>, Failure> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let socket = Socket::new(Domain::UNIX, Type::STREAM.nonblocking(), None).map_err(cannot_connect)?;
+    match socket.connect(&SockAddr::unix(path).map_err(cannot_connect)?) {
+        Ok(()) => Ok(Some(socket.into())),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(cannot_connect(e)),
+    }
+}
+
+/// The pid of the process at the other end of a Unix socket (`SO_PEERCRED`).
+fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and the descriptor is
+    // open for the duration of the call (`stream` is borrowed).
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some(cred.pid)
+}
+
+/// The daemon that answers, if it is the one the request is meant for.
+fn answering(pid: Option<i32>, daemon: Option<i32>) -> Result<i32, Failure> {
+    let pid =
+        pid.ok_or_else(|| Failure::Other("cannot tell which process answers on tgtd's socket".into()))?;
+    match daemon {
+        Some(expected) if expected != pid => Err(Failure::Restarted { expected, found: pid }),
+        _ => Ok(pid),
+    }
+}
+
+fn cannot_connect(e: std::io::Error) -> Failure {
+    Failure::Other(format!("cannot connect to tgtd's control socket: {e}"))
+}
+
+fn closed_early() -> Failure {
+    Failure::Other("read from tgtd: the connection was closed before the whole answer".into())
 }
 
 /// Parses `tgtadm --lld iscsi --op show --mode target`.
@@ -554,5 +668,131 @@ Target 2: iqn.2010-10.org.openstack:volume-def
         assert_eq!(u64::from_ne_bytes(d[88..96].try_into().unwrap()), u64::MAX, "no LUN");
         let a = Request::new_account("u", "s").encode();
         assert_eq!(i32::from_ne_bytes(a[76..80].try_into().unwrap()), -1);
+    }
+
+    /// A stand-in for tgtd's control socket, framed as tgtd frames its answers (a header of the
+    /// error code and the answer's whole length, then the text), answering each connection as
+    /// `answer` says: with a pause before answering, or between its header and its text, to
+    /// reach both the exchange done at once and the one handed to the event loop.
+    mod control_socket {
+        use std::io::{Read, Write};
+        use std::os::unix::net::UnixListener;
+        use std::time::Duration;
+
+        pub(super) struct Answer {
+            pub(super) err: u32,
+            pub(super) text: &'static str,
+            pub(super) before: Duration,
+            pub(super) between: Option<Duration>,
+            /// Close after the header, the text never sent.
+            pub(super) truncated: bool,
+        }
+
+        pub(super) fn serve(dir: &tempfile::TempDir, answers: Vec<Answer>) -> std::path::PathBuf {
+            let path = dir.path().join("socket.0");
+            let listener = UnixListener::bind(&path).unwrap();
+            std::thread::spawn(move || {
+                for answer in answers {
+                    let (mut conn, _) = listener.accept().unwrap();
+                    let mut header = [0u8; super::super::REQ_SIZE];
+                    conn.read_exact(&mut header).unwrap();
+                    let len = u32::from_ne_bytes(header[72..76].try_into().unwrap()) as usize;
+                    let mut params = vec![0u8; len - super::super::REQ_SIZE];
+                    conn.read_exact(&mut params).unwrap();
+                    std::thread::sleep(answer.before);
+                    let mut body = answer.text.as_bytes().to_vec();
+                    body.push(0);
+                    let mut rsp = answer.err.to_ne_bytes().to_vec();
+                    rsp.extend_from_slice(&((8 + body.len()) as u32).to_ne_bytes());
+                    conn.write_all(&rsp).unwrap();
+                    if answer.truncated {
+                        continue;
+                    }
+                    if let Some(pause) = answer.between {
+                        std::thread::sleep(pause);
+                    }
+                    conn.write_all(&body).unwrap();
+                }
+            });
+            path
+        }
+    }
+
+    #[tokio::test]
+    async fn an_exchange_reads_tgtds_answer_whether_it_is_there_at_once_or_comes_later() {
+        use control_socket::{Answer, serve};
+        let at_once = Duration::ZERO;
+        let later = Duration::from_millis(50);
+        let dir = tempfile::tempdir().unwrap();
+        let long = "x".repeat(300_000).leak();
+        let answers = vec![
+            Answer { err: 0, text: "at once", before: at_once, between: None, truncated: false },
+            Answer { err: 0, text: "later", before: later, between: None, truncated: false },
+            Answer { err: 0, text: "in two parts", before: at_once, between: Some(later), truncated: false },
+            Answer { err: 0, text: long, before: at_once, between: None, truncated: false },
+            Answer { err: 9, text: "", before: at_once, between: None, truncated: false },
+            Answer { err: 9, text: "", before: later, between: None, truncated: false },
+            Answer { err: 0, text: "never whole", before: at_once, between: None, truncated: true },
+        ];
+        let control = Control { socket: serve(&dir, answers), timeout: Duration::from_secs(10) };
+        let me = std::process::id() as i32;
+        let show = Request::show_targets();
+        for expected in ["at once", "later", "in two parts", long] {
+            let answer = control.send(&show, Some(me)).await.unwrap();
+            assert_eq!((answer.text.as_str(), answer.daemon), (expected, me));
+        }
+        for _ in 0..2 {
+            assert_eq!(
+                control.send(&show, None).await,
+                Err(Failure::AlreadyExists("this target already exists".into())),
+                "tgtd's error code, read at once and later"
+            );
+        }
+        let Err(Failure::Other(m)) = control.send(&show, None).await else { panic!("a truncated answer") };
+        assert!(m.contains("closed before the whole answer"), "{m}");
+    }
+
+    #[test]
+    fn an_answer_already_there_is_read_without_waiting() {
+        use std::io::Write;
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let request = Request::show_targets().encode();
+        let mut exchange = Exchange { written: 0, got: Vec::new(), pid: 7 };
+        assert!(!exchange.advance(&ours, &request).unwrap(), "no answer yet: the exchange waits");
+        assert_eq!(exchange.written, request.len(), "the request is written at once");
+        let mut rsp = 0u32.to_ne_bytes().to_vec();
+        rsp.extend_from_slice(&(8u32 + 6).to_ne_bytes());
+        theirs.write_all(&rsp).unwrap();
+        assert!(!exchange.advance(&ours, &request).unwrap(), "a header alone is not an answer");
+        theirs.write_all(b"tid 1\0").unwrap();
+        assert!(exchange.advance(&ours, &request).unwrap(), "the whole answer is there");
+        assert_eq!(exchange.answer(), Ok(Answer { text: "tid 1".into(), daemon: 7 }));
+    }
+
+    #[tokio::test]
+    async fn a_request_meant_for_another_tgtd_is_not_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("socket.0");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let control = Control { socket: path, timeout: Duration::from_secs(10) };
+        let me = std::process::id() as i32;
+        let sent = control.send(&Request::delete_target(1), Some(me + 1)).await;
+        assert_eq!(sent, Err(Failure::Restarted { expected: me + 1, found: me }));
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut conn, &mut got).unwrap();
+        assert!(got.is_empty(), "nothing was written to the other daemon: {} bytes", got.len());
+    }
+
+    #[tokio::test]
+    async fn no_daemon_on_the_socket_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let control = Control { socket: dir.path().join("socket.0"), timeout: Duration::from_secs(10) };
+        let Err(Failure::Other(m)) = control.send(&Request::show_targets(), None).await else {
+            panic!("no socket")
+        };
+        assert!(m.starts_with("cannot connect to tgtd's control socket"), "{m}");
     }
 }

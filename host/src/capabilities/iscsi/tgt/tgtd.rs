@@ -191,6 +191,17 @@ impl Tgtd {
         }
     }
 
+    /// The daemon the model describes, without looking at the socket again: for a request,
+    /// whose caller decided on the model as [`Tgtd::fresh`] left it, and which reaches only that
+    /// daemon (its pid is checked on the connection, `protocol.rs`).
+    async fn described(&self) -> Result<i32, Failure> {
+        let daemon = guard(&self.model).daemon;
+        match daemon {
+            Some(d) => Ok(d.pid),
+            None => self.fresh().await,
+        }
+    }
+
     /// Loads the model from one listing of tgtd's targets.
     pub(super) async fn reload(&self) -> Result<i32, Failure> {
         let _one = self.reloading.lock().await;
@@ -281,7 +292,7 @@ impl Tgtd {
     /// Sends a change to the daemon the model describes. A restarted daemon gets nothing: the
     /// model is reloaded and the caller starts its operation again.
     pub(super) async fn change(&self, request: Request, iqn: &str) -> Result<Answer, Failure> {
-        let pid = self.fresh().await?;
+        let pid = self.described().await?;
         let answer = self.control.send(&request, Some(pid)).await;
         match &answer {
             Err(Failure::Restarted { .. }) => {
@@ -428,7 +439,7 @@ impl Tgtd {
 
     /// A read that must reach the daemon the model describes.
     pub(super) async fn change_read(&self, request: Request, iqn: &str) -> Result<Answer, Failure> {
-        let pid = self.fresh().await?;
+        let pid = self.described().await?;
         match self.control.send(&request, Some(pid)).await {
             Err(Failure::Restarted { .. }) => {
                 self.reload().await?;
