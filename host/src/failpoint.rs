@@ -71,6 +71,21 @@ mod active {
         trace: Option<Vec<String>>,
     }
 
+    impl State {
+        /// Counts a pass of `name` for each armed point there of the kinds `acts` takes; the one
+        /// whose `nth` pass this is fires (its action and sleep).
+        fn passed(&mut self, name: &str, acts: impl Fn(Action) -> bool) -> Option<(Action, u64)> {
+            let mut fire = None;
+            for a in self.armed.iter_mut().filter(|a| a.name == name && acts(a.action)) {
+                a.seen += 1;
+                if a.seen == a.nth {
+                    fire = Some((a.action, a.millis));
+                }
+            }
+            fire
+        }
+    }
+
     static STATE: Mutex<State> = Mutex::new(State { armed: Vec::new(), trace: None });
 
     const MAX_TRACE: usize = 100_000;
@@ -108,14 +123,7 @@ mod active {
             {
                 trace.push(name.to_string());
             }
-            let mut fire = None;
-            for a in s.armed.iter_mut().filter(|a| a.name == name && a.action != Action::Fail) {
-                a.seen += 1;
-                if a.seen == a.nth {
-                    fire = Some((a.action, a.millis));
-                }
-            }
-            fire
+            s.passed(name, |action| action != Action::Fail)
         };
         match fire {
             Some((Action::Kill, _)) => {
@@ -137,12 +145,7 @@ mod active {
     /// fires now. Not a step boundary: not traced, so the crash harness does not kill there.
     pub fn fails(name: &str) -> bool {
         from_environment();
-        let mut s = state();
-        let mut fire = false;
-        for a in s.armed.iter_mut().filter(|a| a.name == name && a.action == Action::Fail) {
-            a.seen += 1;
-            fire |= a.seen == a.nth;
-        }
+        let fire = state().passed(name, |action| action == Action::Fail).is_some();
         if fire {
             tracing::warn!(failpoint = name, "failpoint: failing");
         }
@@ -153,18 +156,8 @@ mod active {
     /// there fires now. Not a step boundary: not traced.
     pub fn pause(name: &str) {
         from_environment();
-        let millis = {
-            let mut s = state();
-            let mut fire = None;
-            for a in s.armed.iter_mut().filter(|a| a.name == name && a.action == Action::Sleep) {
-                a.seen += 1;
-                if a.seen == a.nth {
-                    fire = Some(a.millis);
-                }
-            }
-            fire
-        };
-        if let Some(millis) = millis {
+        let fire = state().passed(name, |action| action == Action::Sleep);
+        if let Some((_, millis)) = fire {
             std::thread::sleep(Duration::from_millis(millis));
         }
     }

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::Interest;
 
 use super::super::TargetState;
 
@@ -311,39 +311,35 @@ impl Control {
     /// The exchange is done at once, without the event loop, as far as the socket allows: the
     /// connection is made and the request written without waiting, and tgtd has often answered
     /// by the time it is read (woken by the request, it runs before its sender goes on). Only
-    /// where a step would wait is the connection handed to the event loop (a registration and a
-    /// wakeup of the task: two system calls and a switch more), and the exchange goes on there.
+    /// where a step would wait is the socket handed to the event loop (a registration and a
+    /// wakeup of the task: two system calls and a switch more), which says when to go on.
     async fn exchange(&self, request: &[u8], daemon: Option<i32>) -> Result<Answer, Failure> {
         let mut exchange = Exchange { written: 0, got: Vec::new(), pid: 0 };
-        let mut stream = match connect_at_once(&self.socket)? {
-            Some(plain) => {
-                exchange.pid = answering(peer_pid(&plain), daemon)?;
-                if exchange.advance(&plain, request)? {
-                    return exchange.answer();
-                }
-                tokio::net::UnixStream::from_std(plain)
-                    .map_err(|e| Failure::Other(format!("cannot wait for tgtd's answer: {e}")))?
-            }
+        let plain = match connect_at_once(&self.socket)? {
+            Some(plain) => plain,
             // tgtd's queue of connections is full: wait for room.
-            None => {
-                let stream = tokio::net::UnixStream::connect(&self.socket).await.map_err(cannot_connect)?;
-                exchange.pid = answering(stream.peer_cred().ok().and_then(|c| c.pid()), daemon)?;
-                stream
-            }
+            None => tokio::net::UnixStream::connect(&self.socket)
+                .await
+                .and_then(tokio::net::UnixStream::into_std)
+                .map_err(cannot_connect)?,
         };
-        stream
-            .write_all(&request[exchange.written..])
-            .await
-            .map_err(|e| Failure::Other(format!("write to tgtd: {e}")))?;
-        let mut chunk = vec![0u8; 64 << 10];
-        while !exchange.complete()? {
-            match stream.read(&mut chunk).await {
-                Ok(0) => return Err(closed_early()),
-                Ok(n) => exchange.got.extend_from_slice(&chunk[..n]),
-                Err(e) => return Err(Failure::Other(format!("read from tgtd: {e}"))),
+        exchange.pid = answering(peer_pid(&plain), daemon)?;
+        if exchange.advance_on(&plain, request)? {
+            return exchange.answer();
+        }
+        let waiting = tokio::net::UnixStream::from_std(plain)
+            .map_err(|e| Failure::Other(format!("cannot wait for tgtd: {e}")))?;
+        loop {
+            let interest =
+                if exchange.written < request.len() { Interest::WRITABLE } else { Interest::READABLE };
+            waiting
+                .ready(interest)
+                .await
+                .map_err(|e| Failure::Other(format!("cannot wait for tgtd: {e}")))?;
+            if exchange.advance(request, |b| waiting.try_write(b), |b| waiting.try_read(b))? {
+                return exchange.answer();
             }
         }
-        exchange.answer()
     }
 }
 
@@ -356,12 +352,17 @@ struct Exchange {
 }
 
 impl Exchange {
-    /// Writes and reads what the socket takes and has now; whether the answer is complete.
-    fn advance(&mut self, stream: &std::os::unix::net::UnixStream, request: &[u8]) -> Result<bool, Failure> {
-        use std::io::{ErrorKind, Read, Write};
-        let mut stream = stream;
+    /// Writes and reads what the socket takes and has now; whether the answer is complete
+    /// (`false`: the socket would wait).
+    fn advance(
+        &mut self,
+        request: &[u8],
+        mut write: impl FnMut(&[u8]) -> std::io::Result<usize>,
+        mut read: impl FnMut(&mut [u8]) -> std::io::Result<usize>,
+    ) -> Result<bool, Failure> {
+        use std::io::ErrorKind;
         while self.written < request.len() {
-            match stream.write(&request[self.written..]) {
+            match write(&request[self.written..]) {
                 Ok(n) => self.written += n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -370,7 +371,7 @@ impl Exchange {
         }
         let mut chunk = [0u8; 4096];
         while !self.complete()? {
-            match stream.read(&mut chunk) {
+            match read(&mut chunk) {
                 Ok(0) => return Err(closed_early()),
                 Ok(n) => self.got.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
@@ -379,6 +380,16 @@ impl Exchange {
             }
         }
         Ok(true)
+    }
+
+    /// [`Exchange::advance`] on a socket outside the event loop (nonblocking).
+    fn advance_on(
+        &mut self,
+        stream: &std::os::unix::net::UnixStream,
+        request: &[u8],
+    ) -> Result<bool, Failure> {
+        use std::io::{Read, Write};
+        self.advance(request, |b| (&*stream).write(b), |b| (&*stream).read(b))
     }
 
     /// The answer's length (its header included), once its header is read.
@@ -759,14 +770,14 @@ Target 2: iqn.2010-10.org.openstack:volume-def
         ours.set_nonblocking(true).unwrap();
         let request = Request::show_targets().encode();
         let mut exchange = Exchange { written: 0, got: Vec::new(), pid: 7 };
-        assert!(!exchange.advance(&ours, &request).unwrap(), "no answer yet: the exchange waits");
+        assert!(!exchange.advance_on(&ours, &request).unwrap(), "no answer yet: the exchange waits");
         assert_eq!(exchange.written, request.len(), "the request is written at once");
         let mut rsp = 0u32.to_ne_bytes().to_vec();
         rsp.extend_from_slice(&(8u32 + 6).to_ne_bytes());
         theirs.write_all(&rsp).unwrap();
-        assert!(!exchange.advance(&ours, &request).unwrap(), "a header alone is not an answer");
+        assert!(!exchange.advance_on(&ours, &request).unwrap(), "a header alone is not an answer");
         theirs.write_all(b"tid 1\0").unwrap();
-        assert!(exchange.advance(&ours, &request).unwrap(), "the whole answer is there");
+        assert!(exchange.advance_on(&ours, &request).unwrap(), "the whole answer is there");
         assert_eq!(exchange.answer(), Ok(Answer { text: "tid 1".into(), daemon: 7 }));
     }
 
