@@ -48,8 +48,8 @@ use sql::{SqliteConn, Tx};
 /// attachment's row and its indexes, the operation's intent, the history's event and its
 /// indexes: about 11 pages a commit of the attach cycle): with pages of 2 KiB instead of
 /// SQLite's 4 KiB, a commit writes, checksums and syncs about half the bytes (BENCHMARKS.md, "The
-/// attach history"). Smaller still (1 KiB) loses more to deeper trees and rows that overflow
-/// their page than it saves. A database keeps the page size it was created with.
+/// attach history", "pages of 2 KiB"). Smaller still (1 KiB) measured slower than either. A
+/// database keeps the page size it was created with (docs/operations.md says how to change it).
 const SQLITE_PAGE_SIZE: u32 = 2048;
 
 /// Which database the store runs on.
