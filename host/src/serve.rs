@@ -93,8 +93,13 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     for b in &config.backends {
         sources.push(match (&b.driver, &b.wasm) {
             (Some(name), None) => crate::shipped::driver(name).with_context(|| {
+                let file = if name.contains('/') || name.ends_with(".wasm") {
+                    format!("; a component file is named by `wasm = \"{name}\"`")
+                } else {
+                    String::new()
+                };
                 format!(
-                    "backend {}: no shipped driver named {name} (shipped: {})",
+                    "backend {}: no shipped driver named {name} (shipped: {}){file}",
                     b.name,
                     crate::shipped::names().collect::<Vec<_>>().join(", ")
                 )

@@ -183,15 +183,15 @@ impl From<AttachError> for ApiError {
 }
 
 /// A driver upgrade or rollback that did not happen: 404 for a backend this node does not
-/// serve, 400 for a file that is not a component, 409 for a driver refused (with why) or an
-/// upgrade already under way.
+/// serve, 400 for a file that is not a component, 409 for a driver refused (with why), an
+/// upgrade already under way or a rollback with nothing to go back to.
 impl From<crate::upgrade::UpgradeError> for ApiError {
     fn from(e: crate::upgrade::UpgradeError) -> Self {
         use crate::upgrade::UpgradeError as U;
         match e {
             U::NotFound(_) => ApiError::not_found(e.to_string()),
             U::Invalid(_) => ApiError::bad_request(e.to_string()),
-            U::Refused { .. } | U::Busy(_) | U::AlreadyRunning(_) => {
+            U::Refused { .. } | U::Busy(_) | U::AlreadyRunning(_) | U::NothingToRollBackTo(_) => {
                 ApiError::new(StatusCode::CONFLICT, e.to_string())
             }
             U::Internal(m) => ApiError::internal(m),

@@ -140,7 +140,8 @@ impl CallError {
 pub enum LoadError {
     #[error("driver {driver}: cannot read {path}: {message}")]
     Read { driver: String, path: String, message: String },
-    #[error("driver {driver}: not a valid WebAssembly component: {message}")]
+    /// Not a component (`message` says why, from its own start), or one wasmtime cannot compile.
+    #[error("driver {driver}: {message}")]
     Compile { driver: String, message: String },
     #[error(
         "driver {driver}: imports `{import}`, which is not granted to this driver \

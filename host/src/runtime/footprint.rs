@@ -22,7 +22,7 @@ impl Footprint {
     pub fn of(wasm: &[u8]) -> Result<Footprint, String> {
         let mut f = Footprint::default();
         for payload in Parser::new(0).parse_all(wasm) {
-            match payload.map_err(|e| format!("not a valid component: {e}"))? {
+            match payload.map_err(|e| super::inspect::malformed(e, wasm))? {
                 Payload::InstanceSection(s) => {
                     for instance in s {
                         if let wasmtime::wasmparser::Instance::Instantiate { .. } =

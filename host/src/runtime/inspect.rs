@@ -13,6 +13,25 @@ use super::cache::digest;
 use super::loader::{ImportVerdict, judge_import};
 use super::version::{CONTRACT, CONTRACTS, ContractVersion};
 
+/// Why bytes that did not parse are not a component, in one line. A file that is not WebAssembly at
+/// all is said to be so by its first bytes (wasmparser's own message lists the expected and the
+/// actual bytes over a dozen lines).
+pub(crate) fn malformed(error: impl std::fmt::Display, wasm: &[u8]) -> String {
+    const MAGIC: &[u8] = b"\0asm";
+    if wasm.is_empty() {
+        return "not a WebAssembly component: the file is empty".into();
+    }
+    if !wasm.starts_with(MAGIC) {
+        let start = wasm.get(..MAGIC.len()).unwrap_or(wasm);
+        return format!(
+            "not a WebAssembly component: the file begins with {:?}, not with WebAssembly's magic \"\\0asm\"",
+            String::from_utf8_lossy(start)
+        );
+    }
+    let error = error.to_string();
+    format!("not a valid WebAssembly component: {}", error.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
 /// One import and what the host makes of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Import {
@@ -45,7 +64,7 @@ impl Inspection {
         let (mut imports, mut exports) = (Vec::new(), Vec::new());
         let mut depth = 0usize;
         for payload in Parser::new(0).parse_all(wasm) {
-            match payload.map_err(|e| format!("not a valid WebAssembly component: {e}"))? {
+            match payload.map_err(|e| malformed(e, wasm))? {
                 Payload::Version { encoding: wasmtime::wasmparser::Encoding::Module, .. } if depth == 0 => {
                     return Err("a core WebAssembly module, not a component: build for wasm32-wasip2 \
                                 (or run `wasm-tools component new`)"
@@ -209,5 +228,17 @@ mod tests {
             i.imports
         );
         assert!(Inspection::of(b"\0asm\x01\0\0\0").unwrap_err().contains("not a component"));
+    }
+
+    #[test]
+    fn a_file_that_is_not_webassembly_is_said_to_be_so_in_one_line() {
+        let e = Inspection::of(b"junk\n").unwrap_err();
+        assert_eq!(
+            e,
+            "not a WebAssembly component: the file begins with \"junk\", not with WebAssembly's magic \"\\0asm\""
+        );
+        let e = Inspection::of(b"\0asm\x0d\0\x01\0\x07").unwrap_err();
+        assert!(e.starts_with("not a valid WebAssembly component: ") && !e.contains('\n'), "{e}");
+        assert_eq!(Footprint::of(b"").unwrap_err(), "not a WebAssembly component: the file is empty");
     }
 }

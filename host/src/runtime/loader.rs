@@ -181,7 +181,10 @@ impl Runtime {
         })
         .await
         .map_err(|e| LoadError::Engine(e.to_string()))?
-        .map_err(|e| LoadError::Compile { driver: backend.to_string(), message: format!("{e:#}") })?;
+        .map_err(|e| LoadError::Compile {
+            driver: backend.to_string(),
+            message: format!("not a valid WebAssembly component: {e:#}"),
+        })?;
         Ok((digest, component, provenance, footprint))
     }
 

@@ -14,6 +14,9 @@ pub enum UpgradeError {
     /// suite, when that is why).
     #[error("the new driver was refused: {why}")]
     Refused { why: String, report: Option<Json> },
+    /// A rollback of a backend that has run no other driver since this process started.
+    #[error("backend {0} has no previous driver to go back to")]
+    NothingToRollBackTo(String),
     /// The backend runs this very component already.
     #[error("the backend already runs this driver (sha256 {0})")]
     AlreadyRunning(String),

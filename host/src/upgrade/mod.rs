@@ -251,9 +251,10 @@ impl Upgrades {
         if from.is_some_and(|d| d != slot.current().digest()) {
             return Ok(None);
         }
-        let done = self.roll_back(service, backend, slot, from, why).await.ok_or_else(|| {
-            UpgradeError::refused(format!("backend {backend} has no previous driver to go back to"))
-        })?;
+        let done = self
+            .roll_back(service, backend, slot, from, why)
+            .await
+            .ok_or_else(|| UpgradeError::NothingToRollBackTo(backend.to_string()))?;
         Ok(Some(done))
     }
 
