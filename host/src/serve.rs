@@ -89,25 +89,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         format!("cannot open the database {}", crate::store::redact_url(&config.database_url()))
     })?;
 
-    let mut sources = Vec::new();
-    for b in &config.backends {
-        sources.push(match (&b.driver, &b.wasm) {
-            (Some(name), None) => crate::shipped::driver(name).with_context(|| {
-                let file = if name.contains('/') || name.ends_with(".wasm") {
-                    format!("; a component file is named by `wasm = \"{name}\"`")
-                } else {
-                    String::new()
-                };
-                format!(
-                    "backend {}: no shipped driver named {name} (shipped: {}){file}",
-                    b.name,
-                    crate::shipped::names().collect::<Vec<_>>().join(", ")
-                )
-            })?,
-            (None, Some(path)) => WasmSource::File(path.clone()),
-            _ => bail!("backend {}: set exactly one of driver or wasm", b.name),
-        });
-    }
+    let sources = config.backends.iter().map(source).collect::<anyhow::Result<Vec<_>>>()?;
     // The pool's call slots are sized by the largest driver configured.
     let mut slot = Footprint::BASELINE;
     for (b, source) in config.backends.iter().zip(&sources) {
@@ -391,6 +373,27 @@ pub async fn prune_history(service: Arc<crate::attach::Service>, days: u32) {
     }
 }
 
+/// Where a backend's driver comes from: a shipped driver named by `driver`, or a component file
+/// named by `wasm`.
+fn source(b: &crate::config::BackendConfig) -> anyhow::Result<WasmSource> {
+    Ok(match (&b.driver, &b.wasm) {
+        (Some(name), None) => crate::shipped::driver(name).with_context(|| {
+            let file = if name.contains('/') || name.ends_with(".wasm") {
+                format!("; a component file is named by `wasm = \"{name}\"`")
+            } else {
+                String::new()
+            };
+            format!(
+                "backend {}: no shipped driver named {name} (shipped: {}){file}",
+                b.name,
+                crate::shipped::names().collect::<Vec<_>>().join(", ")
+            )
+        })?,
+        (None, Some(path)) => WasmSource::File(path.clone()),
+        _ => bail!("backend {}: set exactly one of driver or wasm", b.name),
+    })
+}
+
 /// Reconciles at start-up and then every `interval`, in the background.
 async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
     let mut pass = 0u64;
@@ -608,6 +611,25 @@ async fn shutdown() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_driver_is_a_shipped_one_by_name_or_a_component_file() {
+        let backend = |toml: &str| -> crate::config::BackendConfig {
+            toml::from_str(&format!("name = \"b\"\n{toml}")).unwrap()
+        };
+        assert!(matches!(source(&backend("wasm = \"/opt/d.wasm\"")).unwrap(), WasmSource::File(_)));
+        assert!(source(&backend("driver = \"tgt-iscsi\"")).is_ok());
+        let e = source(&backend("driver = \"nope\"")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("backend b: no shipped driver named nope (shipped: tgt-iscsi")
+                && !e.contains("wasm ="),
+            "{e}"
+        );
+        let e = source(&backend("driver = \"/opt/d.wasm\"")).unwrap_err().to_string();
+        assert!(e.ends_with("; a component file is named by `wasm = \"/opt/d.wasm\"`"), "{e}");
+        let e = source(&backend("driver = \"fake\"\nwasm = \"/opt/d.wasm\"")).unwrap_err().to_string();
+        assert_eq!(e, "backend b: set exactly one of driver or wasm");
+    }
 
     #[test]
     fn long_listings_are_spaced_so_that_they_take_a_tenth_of_tgtds_time() {
