@@ -140,8 +140,8 @@ enum KeptResident {
 }
 
 /// What a slot keeps (`wanted`: `[runtime] keep_resident_mib` in bytes; `pagemap_scan`: whether
-/// the kernel can list the pages an instance wrote; `swaps`: `/proc/swaps`, a header line and a
-/// line per swap area in use).
+/// the kernel can list the pages an instance wrote; `may_swap`: whether the kernel may swap this
+/// process's pages out, [`Swap::may_swap_out`]).
 ///
 /// wasmtime 48's scan lists the pages an instance wrote *and that are present*: a page written
 /// and then swapped out before its instance was dropped is neither put back nor returned to the
@@ -149,39 +149,81 @@ enum KeptResident {
 /// new image over the old image's pages only), would read what the last one wrote there, a CHAP
 /// secret say. wasmtime 50 lists swapped pages too, but needs a newer toolchain than Berth's.
 /// Returning every page to the kernel (`madvise(MADV_DONTNEED)`) drops swapped ones as well.
-fn kept_resident(wanted: usize, pagemap_scan: bool, swaps: &str) -> KeptResident {
+fn kept_resident(wanted: usize, pagemap_scan: bool, may_swap: bool) -> KeptResident {
     match (wanted, pagemap_scan) {
         (0, _) | (_, false) => KeptResident::Nothing,
-        _ if swapping(swaps) => KeptResident::NotWhileSwapping,
+        _ if may_swap => KeptResident::NotWhileSwapping,
         (bytes, true) => KeptResident::Pages(bytes),
     }
 }
 
-/// Whether `/proc/swaps` (`swaps`) lists a swap area in use.
-fn swapping(swaps: &str) -> bool {
-    swaps.lines().skip(1).any(|area| !area.trim().is_empty())
+/// Whether the kernel may swap this process's pages out: it has a swap area, and no cgroup the
+/// process is in bars the process's memory from swap.
+#[derive(Debug, PartialEq, Eq)]
+enum Swap {
+    /// `/proc/swaps` lists no swap area.
+    None,
+    /// A swap area is in use, but this cgroup (v2) has `memory.swap.max` 0 (systemd's
+    /// `MemorySwapMax=0`, as `packaging/berth.service` sets): the kernel swaps none of the
+    /// process's pages out, in its own reclaim or the machine's.
+    Barred(PathBuf),
+    /// The kernel may swap the process's pages out.
+    Possible,
 }
 
-/// `/proc/swaps`, or nothing where it cannot be read.
-fn proc_swaps() -> String {
-    std::fs::read_to_string("/proc/swaps").unwrap_or_default()
+impl Swap {
+    /// As this machine has it now.
+    fn now() -> Swap {
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        Swap::of(&swaps, &cgroup, std::path::Path::new("/sys/fs/cgroup"))
+    }
+
+    /// From `/proc/swaps` (`swaps`: a header line and a line per swap area in use),
+    /// `/proc/self/cgroup` (`cgroup`; the unified hierarchy's line is `0::<path>`) and the
+    /// hierarchy mounted at `root`. A limit of 0 in any cgroup from the process's own up to the
+    /// root's children bars it (the kernel takes the lowest of them).
+    fn of(swaps: &str, cgroup: &str, root: &std::path::Path) -> Swap {
+        if !swaps.lines().skip(1).any(|area| !area.trim().is_empty()) {
+            return Swap::None;
+        }
+        // A path with `..` is outside this cgroup namespace's view: it cannot be read from here.
+        let Some(path) = cgroup.lines().find_map(|l| l.strip_prefix("0::")).filter(|p| !p.contains(".."))
+        else {
+            return Swap::Possible;
+        };
+        let mut dir = root.join(path.trim().trim_start_matches('/'));
+        while dir.starts_with(root) && dir != root {
+            let max = std::fs::read_to_string(dir.join("memory.swap.max")).unwrap_or_default();
+            if max.trim() == "0" {
+                return Swap::Barred(dir);
+            }
+            dir.pop();
+        }
+        Swap::Possible
+    }
+
+    fn may_swap_out(&self) -> bool {
+        *self == Swap::Possible
+    }
 }
 
 /// How often a runtime that keeps driver memory resident looks whether the kernel began to swap.
 const SWAP_WATCH: Duration = Duration::from_secs(60);
 
-/// Says, once, that the kernel began to swap after this runtime chose to keep driver memory
-/// resident between instances ([`kept_resident`]): the choice holds until the process restarts.
-/// Stops with the engine.
+/// Says, once, that the kernel may now swap this process's pages out, after this runtime chose to
+/// keep driver memory resident between instances ([`kept_resident`]): the choice holds until the
+/// process restarts. Stops with the engine.
 fn watch_swap(engine: &Engine) {
     every(engine, "berth-swap-watch", SWAP_WATCH, |_| {
-        if !swapping(&proc_swaps()) {
+        if !Swap::now().may_swap_out() {
             return ControlFlow::Continue(());
         }
         tracing::error!(
             "the kernel began to swap after berth started, and driver memory is still kept \
              resident between instances: a page an instance wrote and the kernel swapped out \
-             could outlive it; restart berth to stop keeping it (docs/security.md)"
+             could outlive it; restart berth to stop keeping it, or bar its memory from swap \
+             (systemd: MemorySwapMax=0; docs/security.md)"
         );
         ControlFlow::Break(())
     });
@@ -254,10 +296,18 @@ impl Runtime {
         // resetting all of it, which costs more than the faults. Not while the kernel swaps
         // (`kept_resident`).
         let pagemap_scan = wasmtime::PoolingAllocationConfig::is_pagemap_scan_available();
-        let kept = kept_resident(options.keep_resident, pagemap_scan, &proc_swaps());
+        let swap = Swap::now();
+        let kept = kept_resident(options.keep_resident, pagemap_scan, swap.may_swap_out());
         let keeps = matches!(kept, KeptResident::Pages(_));
         match kept {
             KeptResident::Pages(bytes) => {
+                if let Swap::Barred(cgroup) = &swap {
+                    tracing::info!(
+                        cgroup = %cgroup.display(),
+                        "the kernel swaps, but this process's cgroup bars its memory from swap \
+                         (memory.swap.max 0): driver memory is kept resident between instances"
+                    );
+                }
                 pool.linear_memory_keep_resident(bytes)
                     .table_keep_resident(1 << 20)
                     .pagemap_scan(wasmtime::Enabled::Yes);
@@ -266,7 +316,8 @@ impl Runtime {
                 "the kernel swaps (/proc/swaps): no driver memory is kept resident between \
                  instances ([runtime] keep_resident_mib ignored), since a page an instance wrote \
                  and the kernel swapped out would outlive it; calls of the interpreted drivers \
-                 cost more (docs/security.md)"
+                 cost more. A cgroup that bars berth's memory from swap (systemd: \
+                 MemorySwapMax=0, as packaging/berth.service sets) keeps them fast (docs/security.md)"
             ),
             KeptResident::Nothing => {}
         }
@@ -387,7 +438,7 @@ fn every(
 
 #[cfg(test)]
 mod tests {
-    use super::{KeptResident, kept_resident};
+    use super::{KeptResident, Swap, kept_resident};
 
     const NO_SWAP: &str = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n";
     const SWAP: &str = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
@@ -395,20 +446,65 @@ mod tests {
 
     #[test]
     fn a_slot_keeps_what_it_wrote_only_where_the_kernel_lists_it_and_swaps_nothing() {
-        assert_eq!(kept_resident(32 << 20, true, NO_SWAP), KeptResident::Pages(32 << 20));
-        assert_eq!(
-            kept_resident(32 << 20, true, ""),
-            KeptResident::Pages(32 << 20),
-            "no /proc/swaps: no swap"
-        );
-        assert_eq!(kept_resident(32 << 20, false, NO_SWAP), KeptResident::Nothing, "no PAGEMAP_SCAN");
-        assert_eq!(kept_resident(0, true, NO_SWAP), KeptResident::Nothing, "keep_resident_mib = 0");
+        assert_eq!(kept_resident(32 << 20, true, false), KeptResident::Pages(32 << 20));
+        assert_eq!(kept_resident(32 << 20, false, false), KeptResident::Nothing, "no PAGEMAP_SCAN");
+        assert_eq!(kept_resident(0, true, false), KeptResident::Nothing, "keep_resident_mib = 0");
     }
 
     #[test]
-    fn while_the_kernel_swaps_every_page_an_instance_wrote_goes_back_to_the_kernel() {
-        assert_eq!(kept_resident(32 << 20, true, SWAP), KeptResident::NotWhileSwapping);
-        assert_eq!(kept_resident(0, true, SWAP), KeptResident::Nothing);
-        assert_eq!(kept_resident(32 << 20, false, SWAP), KeptResident::Nothing);
+    fn while_the_kernel_may_swap_every_page_an_instance_wrote_goes_back_to_the_kernel() {
+        assert_eq!(kept_resident(32 << 20, true, true), KeptResident::NotWhileSwapping);
+        assert_eq!(kept_resident(0, true, true), KeptResident::Nothing);
+        assert_eq!(kept_resident(32 << 20, false, true), KeptResident::Nothing);
+    }
+
+    /// A cgroup hierarchy in a directory: `berth.service` under `system.slice`, each with the
+    /// `memory.swap.max` given (none: the file is absent, as where the memory controller is off).
+    fn hierarchy(slice: Option<&str>, service: Option<&str>) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("system.slice/berth.service");
+        std::fs::create_dir_all(&dir).unwrap();
+        for (dir, max) in [(dir.parent().unwrap(), slice), (dir.as_path(), service)] {
+            if let Some(max) = max {
+                std::fs::write(dir.join("memory.swap.max"), format!("{max}\n")).unwrap();
+            }
+        }
+        root
+    }
+
+    const IN_SERVICE: &str = "0::/system.slice/berth.service\n";
+
+    #[test]
+    fn the_kernel_may_swap_a_process_out_where_it_has_swap_and_no_cgroup_bars_it() {
+        let unlimited = hierarchy(Some("max"), Some("max"));
+        assert_eq!(Swap::of(NO_SWAP, IN_SERVICE, unlimited.path()), Swap::None);
+        assert_eq!(Swap::of("", IN_SERVICE, unlimited.path()), Swap::None, "no /proc/swaps: no swap");
+        assert_eq!(Swap::of(SWAP, IN_SERVICE, unlimited.path()), Swap::Possible);
+        let some = hierarchy(None, Some("1048576"));
+        assert_eq!(Swap::of(SWAP, IN_SERVICE, some.path()), Swap::Possible, "a limit that is not 0");
+        let off = hierarchy(None, None);
+        assert_eq!(Swap::of(SWAP, IN_SERVICE, off.path()), Swap::Possible, "no memory controller");
+        let v1 = "4:memory:/system.slice/berth.service\n1:name=systemd:/system.slice/berth.service\n";
+        assert_eq!(
+            Swap::of(SWAP, v1, hierarchy(Some("0"), Some("0")).path()),
+            Swap::Possible,
+            "cgroup v1 only"
+        );
+        let barred = hierarchy(Some("0"), Some("0"));
+        assert_eq!(Swap::of(SWAP, "0::/\n", barred.path()), Swap::Possible, "the root cgroup");
+        let outside = "0::/../system.slice/berth.service\n";
+        assert_eq!(Swap::of(SWAP, outside, barred.path()), Swap::Possible, "outside this cgroup namespace");
+    }
+
+    #[test]
+    fn a_cgroup_with_no_swap_allowed_bars_the_process_and_those_under_it() {
+        let own = hierarchy(Some("max"), Some("0"));
+        let service = own.path().join("system.slice/berth.service");
+        assert_eq!(Swap::of(SWAP, IN_SERVICE, own.path()), Swap::Barred(service));
+        let slice = hierarchy(Some("0"), Some("max"));
+        assert_eq!(Swap::of(SWAP, IN_SERVICE, slice.path()), Swap::Barred(slice.path().join("system.slice")));
+        assert!(!Swap::of(SWAP, IN_SERVICE, slice.path()).may_swap_out());
+        assert!(!Swap::of(NO_SWAP, IN_SERVICE, slice.path()).may_swap_out());
+        assert!(Swap::of(SWAP, IN_SERVICE, hierarchy(None, None).path()).may_swap_out());
     }
 }
