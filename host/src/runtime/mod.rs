@@ -220,10 +220,11 @@ fn watch_swap(engine: &Engine) {
             return ControlFlow::Continue(());
         }
         tracing::error!(
-            "the kernel began to swap after berth started, and driver memory is still kept \
-             resident between instances: a page an instance wrote and the kernel swapped out \
-             could outlive it; restart berth to stop keeping it, or bar its memory from swap \
-             (systemd: MemorySwapMax=0; docs/security.md)"
+            "the kernel may now swap berth's pages out (a swap area is in use, and no cgroup of \
+             berth bars it from swap), and driver memory is still kept resident between \
+             instances: a page an instance wrote and the kernel swapped out could outlive it; \
+             restart berth to stop keeping it, or bar its memory from swap (systemd: \
+             MemorySwapMax=0; docs/security.md)"
         );
         ControlFlow::Break(())
     });
