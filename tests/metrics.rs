@@ -108,6 +108,12 @@ async fn the_metrics_endpoint_is_valid_openmetrics_and_counts_what_happened() {
         assert!(parsed.contains_key(family), "no family {family}");
     }
     assert_eq!(parsed["berth_operations_in_flight"]["type"], "gauge");
+    // What a slot keeps between instances: the default 32 MiB, or nothing where the kernel may
+    // swap berth's pages out (this suite runs without swap; `.ci/test` turns it on for one test).
+    let swapping =
+        std::fs::read_to_string("/proc/swaps").unwrap().lines().skip(1).any(|l| !l.trim().is_empty());
+    let kept = samples("berth_runtime_kept_resident_bytes")[0][2].as_f64().unwrap();
+    assert_eq!(kept, if swapping { 0.0 } else { f64::from(32 << 20) }, "{text}");
     // No raw ids in labels.
     assert!(!text.contains(&volume) && !text.contains(&id));
 }

@@ -130,6 +130,7 @@ pub struct Metrics {
     pub outbound_seconds: Family<CallLabels, Histogram, fn() -> Histogram>,
     pub tgt_luns: Family<BackendLabels, Gauge>,
     pub tgt_lun_ceiling: Family<BackendLabels, Gauge>,
+    pub kept_resident_bytes: Gauge,
     lun_sources: Mutex<Vec<(String, LunSource)>>,
 }
 
@@ -159,6 +160,7 @@ impl Metrics {
             outbound_seconds: Family::new_with_constructor(seconds),
             tgt_luns: Family::default(),
             tgt_lun_ceiling: Family::default(),
+            kept_resident_bytes: Gauge::default(),
             lun_sources: Mutex::default(),
             registry: Registry::default(),
         };
@@ -238,6 +240,13 @@ impl Metrics {
             "tgt_lun_ceiling",
             "LUNs the backend's tgtd may hold on this machine: a new export beyond is refused (413)",
             m.tgt_lun_ceiling.clone(),
+        );
+        registry.register(
+            "runtime_kept_resident_bytes",
+            "Memory of an instance slot kept resident between driver instances ([runtime] \
+             keep_resident_mib); 0: every page goes back to the kernel (the setting 0, no PAGEMAP_SCAN, \
+             or swap that may take berth's pages)",
+            m.kept_resident_bytes.clone(),
         );
         Metrics { registry, ..m }
     }

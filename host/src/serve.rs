@@ -104,6 +104,9 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         slot,
         keep_resident: (config.runtime.keep_resident_mib as usize) << 20,
     })?;
+    crate::metrics::METRICS
+        .kept_resident_bytes
+        .set(i64::try_from(runtime.kept_resident()).unwrap_or(i64::MAX));
 
     // Each backend owns a directory of stores and a target prefix (`capabilities/namespace.rs`).
     let volumes = data_dir.join("volumes");

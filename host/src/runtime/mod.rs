@@ -244,6 +244,8 @@ pub struct Runtime {
     keeping: Arc<tokio::sync::Semaphore>,
     /// What each call slot of the instance pool holds.
     slot: Footprint,
+    /// What a slot keeps of its memory between instances, in bytes ([`kept_resident`]).
+    kept_resident: usize,
     /// Components already loaded, by source (see `loader.rs`).
     loaded: Arc<std::sync::Mutex<std::collections::HashMap<String, LoadedComponent>>>,
 }
@@ -300,6 +302,7 @@ impl Runtime {
         let swap = Swap::now();
         let kept = kept_resident(options.keep_resident, pagemap_scan, swap.may_swap_out());
         let keeps = matches!(kept, KeptResident::Pages(_));
+        let kept_resident = if let KeptResident::Pages(bytes) = kept { bytes } else { 0 };
         match kept {
             KeptResident::Pages(bytes) => {
                 if let Swap::Barred(cgroup) = &swap {
@@ -387,8 +390,15 @@ impl Runtime {
             slots: Arc::new(tokio::sync::Semaphore::new(slots as usize)),
             keeping: Arc::new(tokio::sync::Semaphore::new(slots as usize)),
             slot,
+            kept_resident,
             loaded: Default::default(),
         })
+    }
+
+    /// Bytes of a slot's memory kept resident between instances: `[runtime] keep_resident_mib`,
+    /// or 0 where it is not honoured (no `PAGEMAP_SCAN`, or swap that may take the pages).
+    pub fn kept_resident(&self) -> usize {
+        self.kept_resident
     }
 
     /// The epoch tick: CPU-time limits are enforced to within one tick.
