@@ -82,7 +82,11 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
 
     let store = Store::open(
         &config.database_url(),
-        &StoreOptions { synchronous: config.sqlite_synchronous, max_connections: config.max_connections },
+        &StoreOptions {
+            synchronous: config.sqlite_synchronous,
+            max_connections: config.max_connections,
+            create: true,
+        },
     )
     .await
     .with_context(|| {

@@ -532,6 +532,23 @@ async fn the_history_command_lists_verifies_and_names_what_was_edited() {
     let (code, out) = berth(&["verify"]);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains(&format!("BROKEN volume {volume}: event {third} (seq 3)")), "{out}");
+
+    // A directory the service never used: refused, and no database is made there (an empty one
+    // would have verified, with nothing in it).
+    let elsewhere = tempfile::tempdir().unwrap();
+    for command in [&["verify"][..], &["list"], &["export"], &["prune", "--before", "2026-01-01"]] {
+        let out = std::process::Command::new(berth_tests::process::berth_binary())
+            .args(["history"])
+            .args(command)
+            .args(["--data-dir", elsewhere.path().to_str().unwrap()])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command:?}: {said}");
+        let db = elsewhere.path().join("berth.db");
+        assert!(said.contains(&format!("no Berth database at {}", db.display())), "{command:?}: {said}");
+        assert!(std::fs::read_dir(elsewhere.path()).unwrap().next().is_none(), "{command:?} made a file");
+    }
 }
 
 /// `[history] keep_days`: the pruner deletes events older than that, and each volume's chain

@@ -87,11 +87,14 @@ pub struct StoreOptions {
     pub synchronous: Synchronous,
     /// Connections to PostgreSQL, or SQLite readers.
     pub max_connections: u32,
+    /// Whether a SQLite database that does not exist is made (`berth serve`), or refused
+    /// ([`StoreError::Missing`]: the tools that read what a service recorded).
+    pub create: bool,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { synchronous: Synchronous::Full, max_connections: 16 }
+        StoreOptions { synchronous: Synchronous::Full, max_connections: 16, create: true }
     }
 }
 
@@ -106,6 +109,12 @@ pub enum StoreError {
     Sqlite(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// No SQLite database at this path, and none was to be made.
+    #[error("no database at {0}")]
+    Missing(String),
+    /// The SQLite file could not be made.
+    #[error("cannot create the database {path}: {why}")]
+    Create { path: String, why: String },
     /// A statement on a transaction that was already committed (a bug).
     #[error("the transaction is finished")]
     Finished,
@@ -345,8 +354,8 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating if needed) the database at `url` (`sqlite://path` or `postgres://...`)
-    /// and applies pending migrations.
+    /// Opens the database at `url` (`sqlite://path` or `postgres://...`), making a SQLite one
+    /// that does not exist if `options.create` says so, and applies pending migrations.
     pub async fn open(url: &str, options: &StoreOptions) -> Result<Store, StoreError> {
         let transactions = Arc::new(AtomicU64::new(0));
         let db = if url.starts_with("sqlite:") {
@@ -356,6 +365,9 @@ impl Store {
                 .page_size(SQLITE_PAGE_SIZE)
                 .journal_mode(SqliteJournalMode::Wal);
             let path = PathBuf::from(connect.get_filename());
+            if !options.create && !path.exists() {
+                return Err(StoreError::Missing(path.display().to_string()));
+            }
             // The database holds every CHAP secret: it, its WAL and its shm are the service's
             // alone (0600), whatever the umask.
             create_private(&path)?;
@@ -612,7 +624,7 @@ fn create_private(path: &std::path::Path) -> Result<(), StoreError> {
     match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(StoreError::Corrupt(format!("cannot create {}: {e}", path.display()))),
+        Err(e) => Err(StoreError::Create { path: path.display().to_string(), why: e.to_string() }),
     }
 }
 
