@@ -159,8 +159,13 @@ impl DatabaseArgs {
         if self.database_url.is_some() {
             cfg.database_url = self.database_url.clone();
         }
-        // What a service recorded is read where it is, never in a database made for the purpose.
-        let options = berth::store::StoreOptions { max_connections: 2, create: false, ..Default::default() };
+        // What a service recorded is read where it is and as it is: never in a database made for
+        // the purpose, and never migrated under the service.
+        let options = berth::store::StoreOptions {
+            max_connections: 2,
+            opening: berth::store::Opening::Existing,
+            ..Default::default()
+        };
         berth::store::Store::open(&cfg.database_url(), &options).await.map_err(|e| match e {
             berth::store::StoreError::Missing(path) => format!(
                 "no Berth database at {path}: name the service's with --data-dir, --database-url or \

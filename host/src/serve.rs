@@ -85,7 +85,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         &StoreOptions {
             synchronous: config.sqlite_synchronous,
             max_connections: config.max_connections,
-            create: true,
+            opening: crate::store::Opening::Serve,
         },
     )
     .await

@@ -94,6 +94,32 @@ async fn sql(s: &TestServer, statement: &str, id: &str) {
 }
 
 both_databases! {
+    /// What `berth history` opens the database with: it must be there, at this build's schema,
+    /// and it is left as it is.
+    async fn a_tool_opens_the_database_only_as_it_is(s) {
+        use berth::store::{Opening, Store, StoreError, StoreOptions};
+        let url = s.config.database_url();
+        let existing = StoreOptions { max_connections: 2, opening: Opening::Existing, ..Default::default() };
+        Store::open(&url, &existing).await.expect("the service's own database opens");
+        let known = berth::store::schema_known();
+        s.service
+            .store()
+            .write(async |tx| tx.execute("DELETE FROM _sqlx_migrations WHERE version = $1", &params![known]).await)
+            .await
+            .unwrap();
+        match Store::open(&url, &existing).await {
+            Err(StoreError::SchemaBehind { applied, known: k }) => assert_eq!((applied, k), (known - 1, known)),
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        let left = s
+            .service
+            .store()
+            .read(async |tx| tx.query("SELECT COUNT(*) FROM _sqlx_migrations WHERE version = $1", &params![known]).await)
+            .await
+            .unwrap();
+        assert_eq!(left[0].int(0).unwrap(), 0, "migrated by a tool");
+    }
+
     async fn access_ended_where_no_attachment_held_it_is_recorded_as_revoke(s) {
         let c = s.client("p1").at("3.54");
         let volume = c.create_volume(json!({"size": 1})).await;
@@ -549,6 +575,58 @@ async fn the_history_command_lists_verifies_and_names_what_was_edited() {
         assert!(said.contains(&format!("no Berth database at {}", db.display())), "{command:?}: {said}");
         assert!(std::fs::read_dir(elsewhere.path()).unwrap().next().is_none(), "{command:?} made a file");
     }
+
+    // A database whose schema is not this build's is read by the berth that serves it: never
+    // migrated by a tool (which would leave an older service refusing every change).
+    let migrations = async || {
+        s.service
+            .store()
+            .read(async |tx| tx.query("SELECT version FROM _sqlx_migrations ORDER BY version", &[]).await)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.int(0).unwrap())
+            .collect::<Vec<i64>>()
+    };
+    let known = berth::store::schema_known();
+    let store = s.service.store();
+    store
+        .write(async |tx| {
+            tx.execute("DELETE FROM _sqlx_migrations WHERE version = $1", &params![known]).await
+        })
+        .await
+        .unwrap();
+    let before = migrations().await;
+    let out = std::process::Command::new(berth_tests::process::berth_binary())
+        .args(["history", "verify", "--database-url", &url])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(&format!("is at migration {}, older than this build of berth (at {known})", known - 1)),
+        "{said}"
+    );
+    assert_eq!(migrations().await, before, "a tool migrated the database");
+    let newer = known + 1;
+    store
+        .write(async |tx| {
+            tx.execute(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+                 VALUES ($1, 'a newer berth', TRUE, '', 0)",
+                &params![newer],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+    let (code, out) = berth(&["list"]);
+    assert_eq!(code, Some(1), "{out}");
+    let out = std::process::Command::new(berth_tests::process::berth_binary())
+        .args(["history", "list", "--database-url", &url])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("is at migration {newer}, newer than")));
 }
 
 /// `[history] keep_days`: the pruner deletes events older than that, and each volume's chain

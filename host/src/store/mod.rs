@@ -87,14 +87,26 @@ pub struct StoreOptions {
     pub synchronous: Synchronous,
     /// Connections to PostgreSQL, or SQLite readers.
     pub max_connections: u32,
-    /// Whether a SQLite database that does not exist is made (`berth serve`), or refused
-    /// ([`StoreError::Missing`]: the tools that read what a service recorded).
-    pub create: bool,
+    pub opening: Opening,
+}
+
+/// What [`Store::open`] may do to a database that is not yet what this build serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opening {
+    /// `berth serve`: a SQLite database that does not exist is made, and pending migrations are
+    /// applied.
+    Serve,
+    /// The tools that read or prune what a service recorded (`berth history`): the database must
+    /// exist ([`StoreError::Missing`]) and be at this build's schema ([`StoreError::SchemaBehind`],
+    /// [`StoreError::SchemaAhead`]); it is never made or migrated. A newer berth's tool would
+    /// otherwise upgrade the database of an older service running on it, which then refuses
+    /// every change.
+    Existing,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { synchronous: Synchronous::Full, max_connections: 16, create: true }
+        StoreOptions { synchronous: Synchronous::Full, max_connections: 16, opening: Opening::Serve }
     }
 }
 
@@ -124,6 +136,13 @@ pub enum StoreError {
          {known}): a newer berth has upgraded it; run that version or a later one"
     )]
     SchemaAhead { applied: i64, known: i64 },
+    /// The database's schema lacks migrations this build has, and was not to be migrated
+    /// ([`Opening::Existing`]).
+    #[error(
+        "the database's schema is at migration {applied}, older than this build of berth (at {known}): \
+         read it with the berth that serves it, or upgrade that service first"
+    )]
+    SchemaBehind { applied: i64, known: i64 },
 }
 
 /// This build's migrations (`migrations/`), applied by [`Store::open`].
@@ -139,6 +158,34 @@ pub fn schema_known() -> i64 {
 pub async fn schema_applied(tx: &mut Tx) -> Result<i64, StoreError> {
     let rows = tx.query("SELECT MAX(version) FROM _sqlx_migrations WHERE success", &[]).await?;
     Ok(rows.first().map(|r| r.opt_int(0)).transpose()?.flatten().unwrap_or(0))
+}
+
+/// Brings the database to this build's schema ([`Opening::Serve`]), or checks that it is there
+/// ([`Opening::Existing`]).
+async fn prepare<DB>(pool: &sqlx::Pool<DB>, opening: Opening) -> Result<(), StoreError>
+where
+    DB: sqlx::Database,
+    <DB as sqlx::Database>::Connection: sqlx::migrate::Migrate,
+    for<'c> &'c mut <DB as sqlx::Database>::Connection: sqlx::Executor<'c, Database = DB>,
+    i64: sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    usize: sqlx::ColumnIndex<<DB as sqlx::Database>::Row>,
+{
+    if opening == Opening::Serve {
+        return migrated(MIGRATOR.run(pool).await);
+    }
+    let applied: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| {
+            StoreError::Corrupt(format!("not a Berth database (no record of its migrations: {e})"))
+        })?;
+    let (applied, known) = (applied.unwrap_or(0), schema_known());
+    match applied.cmp(&known) {
+        std::cmp::Ordering::Equal => Ok(()),
+        std::cmp::Ordering::Less => Err(StoreError::SchemaBehind { applied, known }),
+        std::cmp::Ordering::Greater => Err(StoreError::SchemaAhead { applied, known }),
+    }
 }
 
 /// What applying the migrations came to: a migration this build does not know is a newer berth's.
@@ -360,20 +407,22 @@ impl Store {
         let transactions = Arc::new(AtomicU64::new(0));
         let db = if url.starts_with("sqlite:") {
             // sqlx creates the file and runs the migrations; the store's own connections follow.
+            let serve = options.opening == Opening::Serve;
             let connect = SqliteConnectOptions::from_str(url)?
-                .create_if_missing(true)
+                .create_if_missing(serve)
                 .page_size(SQLITE_PAGE_SIZE)
                 .journal_mode(SqliteJournalMode::Wal);
             let path = PathBuf::from(connect.get_filename());
-            if !options.create && !path.exists() {
+            if !serve && !path.exists() {
                 return Err(StoreError::Missing(path.display().to_string()));
             }
             // The database holds every CHAP secret: it, its WAL and its shm are the service's
             // alone (0600), whatever the umask.
             create_private(&path)?;
             let pool = SqlitePoolOptions::new().max_connections(1).connect_with(connect).await?;
-            migrated(MIGRATOR.run(&pool).await)?;
+            let ready = prepare(&pool, options.opening).await;
             pool.close().await;
+            ready?;
             // FULL is kept by syncing the write-ahead log after the commit, outside the writer's
             // lock and shared by every commit waiting (`WalSync`); SQLite itself then commits as
             // with NORMAL (the log written, not synced).
@@ -400,7 +449,7 @@ impl Store {
                 .acquire_timeout(Duration::from_secs(30))
                 .connect(url)
                 .await?;
-            migrated(MIGRATOR.run(&pool).await)?;
+            prepare(&pool, options.opening).await?;
             Db::Postgres(pool)
         } else {
             return Err(StoreError::Db(sqlx::Error::Configuration(
