@@ -351,9 +351,11 @@ pub struct RuntimeConfig {
     /// without page faults on them. wasmtime keeps at most 32 runs of written pages this way and
     /// returns the pages past the last (a Python driver writes more runs than that). Costs
     /// memory: what drivers wrote, up to this much per slot used. 0: every page is returned.
-    /// Ignored, with a warning, where the kernel swaps (`/proc/swaps` lists a swap area when
-    /// `berth serve` starts): wasmtime 48 would leave a swapped-out page an instance wrote for
-    /// the next instance to read (docs/security.md).
+    /// Ignored, with a warning, where the kernel may swap berth's pages out (`/proc/swaps` lists
+    /// a swap area when `berth serve` starts, and no cgroup v2 of the process has
+    /// `memory.swap.max` 0, as systemd's `MemorySwapMax=0` in `packaging/berth.service` sets):
+    /// wasmtime 48 would leave a swapped-out page an instance wrote for the next instance to read
+    /// (docs/security.md).
     pub keep_resident_mib: u32,
 }
 
