@@ -87,6 +87,7 @@ pub struct StoreOptions {
     pub synchronous: Synchronous,
     /// Connections to PostgreSQL, or SQLite readers.
     pub max_connections: u32,
+    /// What opening may do to the database.
     pub opening: Opening,
 }
 
@@ -401,12 +402,14 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens the database at `url` (`sqlite://path` or `postgres://...`), making a SQLite one
-    /// that does not exist if `options.create` says so, and applies pending migrations.
+    /// Opens the database at `url` (`sqlite://path` or `postgres://...`) as `options.opening`
+    /// allows: for `berth serve`, a SQLite one that does not exist is made and pending migrations
+    /// are applied; for the tools, it must exist at this build's schema.
     pub async fn open(url: &str, options: &StoreOptions) -> Result<Store, StoreError> {
         let transactions = Arc::new(AtomicU64::new(0));
         let db = if url.starts_with("sqlite:") {
-            // sqlx creates the file and runs the migrations; the store's own connections follow.
+            // sqlx creates the file and runs the migrations (`berth serve`); the store's own
+            // connections follow.
             let serve = options.opening == Opening::Serve;
             let connect = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(serve)
