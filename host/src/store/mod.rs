@@ -161,34 +161,6 @@ pub async fn schema_applied(tx: &mut Tx) -> Result<i64, StoreError> {
     Ok(rows.first().map(|r| r.opt_int(0)).transpose()?.flatten().unwrap_or(0))
 }
 
-/// Brings the database to this build's schema ([`Opening::Serve`]), or checks that it is there
-/// ([`Opening::Existing`]).
-async fn prepare<DB>(pool: &sqlx::Pool<DB>, opening: Opening) -> Result<(), StoreError>
-where
-    DB: sqlx::Database,
-    <DB as sqlx::Database>::Connection: sqlx::migrate::Migrate,
-    for<'c> &'c mut <DB as sqlx::Database>::Connection: sqlx::Executor<'c, Database = DB>,
-    i64: sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
-    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    usize: sqlx::ColumnIndex<<DB as sqlx::Database>::Row>,
-{
-    if opening == Opening::Serve {
-        return migrated(MIGRATOR.run(pool).await);
-    }
-    let applied: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success")
-        .fetch_one(pool)
-        .await
-        .map_err(|e| {
-            StoreError::Corrupt(format!("not a Berth database (no record of its migrations: {e})"))
-        })?;
-    let (applied, known) = (applied.unwrap_or(0), schema_known());
-    match applied.cmp(&known) {
-        std::cmp::Ordering::Equal => Ok(()),
-        std::cmp::Ordering::Less => Err(StoreError::SchemaBehind { applied, known }),
-        std::cmp::Ordering::Greater => Err(StoreError::SchemaAhead { applied, known }),
-    }
-}
-
 /// What applying the migrations came to: a migration this build does not know is a newer berth's.
 fn migrated(outcome: Result<(), sqlx::migrate::MigrateError>) -> Result<(), StoreError> {
     match outcome {
@@ -423,9 +395,9 @@ impl Store {
             // alone (0600), whatever the umask.
             create_private(&path)?;
             let pool = SqlitePoolOptions::new().max_connections(1).connect_with(connect).await?;
-            let ready = prepare(&pool, options.opening).await;
+            let migrations = if serve { migrated(MIGRATOR.run(&pool).await) } else { Ok(()) };
             pool.close().await;
-            ready?;
+            migrations?;
             // FULL is kept by syncing the write-ahead log after the commit, outside the writer's
             // lock and shared by every commit waiting (`WalSync`); SQLite itself then commits as
             // with NORMAL (the log written, not synced).
@@ -452,7 +424,9 @@ impl Store {
                 .acquire_timeout(Duration::from_secs(30))
                 .connect(url)
                 .await?;
-            prepare(&pool, options.opening).await?;
+            if options.opening == Opening::Serve {
+                migrated(MIGRATOR.run(&pool).await)?;
+            }
             Db::Postgres(pool)
         } else {
             return Err(StoreError::Db(sqlx::Error::Configuration(
@@ -460,7 +434,24 @@ impl Store {
                     .into(),
             )));
         };
-        Ok(Store { db: Arc::new(db), commits: Arc::default(), transactions })
+        let store = Store { db: Arc::new(db), commits: Arc::default(), transactions };
+        if options.opening == Opening::Existing {
+            store.at_this_schema().await?;
+        }
+        Ok(store)
+    }
+
+    /// Refuses a database whose schema is not this build's, for a tool that may not migrate it.
+    async fn at_this_schema(&self) -> Result<(), StoreError> {
+        let applied = self.read(async |tx| schema_applied(tx).await).await.map_err(|e| {
+            StoreError::Corrupt(format!("not a Berth database (no record of its migrations: {e})"))
+        })?;
+        let known = schema_known();
+        match applied.cmp(&known) {
+            std::cmp::Ordering::Equal => Ok(()),
+            std::cmp::Ordering::Less => Err(StoreError::SchemaBehind { applied, known }),
+            std::cmp::Ordering::Greater => Err(StoreError::SchemaAhead { applied, known }),
+        }
     }
 
     pub fn kind(&self) -> DbKind {
