@@ -21,6 +21,18 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert_eq!(created["status"], "available");
     assert_eq!(created["name"], "compat-vol");
 
+    // The volume commands around attaching: rename (`PUT /volumes/{id}`), metadata, zones.
+    cli(&["rename", &volume, "compat-renamed", "--description", "renamed by cinderclient"]);
+    cli(&["metadata", &volume, "set", "purpose=compat"]);
+    let shown = table(&cli(&["show", &volume]));
+    assert_eq!(
+        (shown["name"].as_str(), shown["description"].as_str()),
+        ("compat-renamed", "renamed by cinderclient")
+    );
+    assert!(shown["metadata"].contains("purpose"), "{shown:?}");
+    let zones = cli(&["availability-zone-list"]);
+    assert!(zones.contains("| nova | available |"), "{zones}");
+
     // attachment-create without --connect: a reservation.
     let reserved = table(&cli(&["attachment-create", &volume]));
     assert_eq!(reserved["status"], "reserved");

@@ -22,4 +22,5 @@ fn openstacksdk_walks_the_attachment_lifecycle_unchanged() {
     assert_eq!(lines[2], format!("listed ['{id}']"), "{out}");
     assert_eq!(lines[3], "completed attached in-use", "{out}");
     assert_eq!(lines[4], "deleted available []", "{out}");
+    assert_eq!(lines[5], "updated sdk-renamed True", "{out}");
 }

@@ -118,6 +118,64 @@ both_databases! {
         assert_eq!(c.get(&format!("/volumes/{id}/metadata")).await.expect(200).body, json!({"metadata": {}}));
     }
 
+    /// `PUT /volumes/{id}` (`cinder rename`, openstacksdk's `update_volume`) changes the fields
+    /// it names and keeps the others, in any status: `null` clears a name, white space around a
+    /// name is dropped, metadata is replaced whole; from 3.53 an update must name a field. Bad
+    /// input is a 400 that changes nothing; another project's volume is a 404, a reader's call a
+    /// 403.
+    async fn a_volumes_name_description_and_metadata_can_be_changed(s) {
+        let c = s.client("p1");
+        let id = c.create_volume(json!({"size": 1, "name": "data", "description": "d", "metadata": {"a": "1"}})).await;
+        let path = format!("/volumes/{id}");
+
+        let r = c.put(&path, json!({"volume": {"name": "  logs  "}})).await.expect(200);
+        let v = &r.body["volume"];
+        assert_eq!((v["name"].as_str(), v["description"].as_str(), &v["metadata"]), (Some("logs"), Some("d"), &json!({"a": "1"})));
+        let r = c.put(&path, json!({"volume": {"display_description": "old style", "metadata": {"b": "2"}}})).await.expect(200);
+        let v = &r.body["volume"];
+        assert_eq!((v["name"].as_str(), v["description"].as_str(), &v["metadata"]), (Some("logs"), Some("old style"), &json!({"b": "2"})));
+        let r = c.put(&path, json!({"volume": {"name": null}})).await.expect(200);
+        assert_eq!(r.body["volume"]["name"], json!(null));
+        let shown = c.get(&path).await.expect(200);
+        assert_eq!((&shown.body["volume"]["name"], &shown.body["volume"]["description"]), (&json!(null), &json!("old style")));
+
+        // Below 3.53 an empty update is a no-op, as in Cinder; from 3.53 it is refused.
+        c.at("3.52").put(&path, json!({"volume": {}})).await.expect(200);
+        c.at("3.53").put(&path, json!({"volume": {}})).await.fault(400, "badRequest");
+
+        // Bad input changes nothing.
+        let long = "x".repeat(256);
+        c.put(&path, json!({"volume": {"name": long}})).await.fault(400, "badRequest");
+        c.put(&path, json!({"volume": {"size": 2}})).await.fault(400, "badRequest");
+        c.put(&path, json!({"volume": {"metadata": {"": "v"}}})).await.fault(400, "badRequest");
+        let many: serde_json::Map<String, serde_json::Value> = (0..129).map(|i| (format!("k{i}"), json!("v"))).collect();
+        c.put(&path, json!({"volume": {"metadata": many}})).await.fault(400, "badRequest");
+        c.put(&path, json!({"name": "no volume key"})).await.fault(400, "badRequest");
+        let v = c.get(&path).await.expect(200).body["volume"].clone();
+        assert_eq!((&v["name"], &v["description"], &v["metadata"]), (&json!(null), &json!("old style"), &json!({"b": "2"})));
+
+        s.client("p2").with_roles("member").put(&path, json!({"volume": {"name": "theirs"}})).await.fault(404, "itemNotFound");
+        c.with_roles("reader").put(&path, json!({"volume": {"name": "read only"}})).await.fault(403, "forbidden");
+        c.put("/volumes/00000000-0000-0000-0000-000000000000", json!({"volume": {"name": "x"}})).await.fault(404, "itemNotFound");
+
+        // Any status: an attached volume is renamed and keeps its attachment.
+        let a = c.attach(&id, Some(connector("iqn.2004-10.com.example:rename", "rename-host"))).await.expect(200);
+        let att = a.body["attachment"]["id"].as_str().unwrap();
+        c.at("3.44").post(&format!("/attachments/{att}/action"), json!({"os-complete": null})).await.expect(204);
+        let r = c.put(&path, json!({"volume": {"name": "attached"}})).await.expect(200);
+        assert_eq!((r.body["volume"]["name"].as_str(), r.body["volume"]["status"].as_str()), (Some("attached"), Some("in-use")));
+        assert_eq!(r.body["volume"]["attachments"][0]["attachment_id"], json!(att));
+    }
+
+    /// The one availability zone, as `cinder availability-zone-list` reads it.
+    async fn the_availability_zone_list_names_the_zone_of_every_volume(s) {
+        let c = s.client("p1");
+        let zones = c.with_roles("reader").get("/os-availability-zone").await.expect(200);
+        assert_eq!(zones.body, json!({"availabilityZoneInfo": [{"zoneName": "nova", "zoneState": {"available": true}}]}));
+        let id = c.create_volume(json!({"size": 1})).await;
+        assert_eq!(c.get(&format!("/volumes/{id}")).await.expect(200).body["volume"]["availability_zone"], "nova");
+    }
+
     /// `os-extend` grows an available volume through its driver: the new size is shown once the
     /// driver grew it; a size that is not larger, an attached volume and a bad argument are
     /// refused with Cinder's 400s and change nothing; a driver that fails (or cannot grow

@@ -51,6 +51,8 @@ pub const RESOURCE_FILTER: Version = Version::new(3, 31);
 pub const NEW_ATTACH_COMPLETION: Version = Version::new(3, 44);
 pub const VOLUME_LIST_COUNT: Version = Version::new(3, 45);
 pub const SHARED_TARGETS: Version = Version::new(3, 48);
+/// A volume update must change something (Cinder's `SUPPORT_VOLUME_SCHEMA_CHANGES`).
+pub const VOLUME_SCHEMA_CHANGES: Version = Version::new(3, 53);
 pub const ATTACHMENT_CREATE_MODE: Version = Version::new(3, 54);
 pub const TIME_COMPARISON_FILTERS: Version = Version::new(3, 60);
 pub const CLUSTER_NAME: Version = Version::new(3, 61);

@@ -30,6 +30,7 @@ pub mod types;
 pub mod versions;
 pub mod views;
 pub mod volumes;
+pub mod zones;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -97,6 +98,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         types::endpoints(),
         services::endpoints(),
         drivers::endpoints(),
+        zones::endpoints(),
     ]
     .into_iter()
     .flatten()

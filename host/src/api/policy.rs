@@ -31,6 +31,7 @@ pub enum Rule {
     VolumeGet,
     VolumeGetAll,
     VolumeCreate,
+    VolumeUpdate,
     VolumeDelete,
     VolumeForceDelete,
     MetadataGet,
@@ -61,6 +62,7 @@ pub enum Rule {
     AttachmentEventGetAll,
     DriverGetAll,
     DriverUpgrade,
+    AvailabilityZoneList,
 }
 
 /// The least role a rule needs by default.
@@ -72,10 +74,11 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 33] = [
+    pub const ALL: [Rule; 35] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
+        Rule::VolumeUpdate,
         Rule::VolumeDelete,
         Rule::VolumeForceDelete,
         Rule::MetadataGet,
@@ -106,6 +109,7 @@ impl Rule {
         Rule::AttachmentEventGetAll,
         Rule::DriverGetAll,
         Rule::DriverUpgrade,
+        Rule::AvailabilityZoneList,
     ];
 
     /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
@@ -114,6 +118,7 @@ impl Rule {
             Rule::VolumeGet => "volume:get",
             Rule::VolumeGetAll => "volume:get_all",
             Rule::VolumeCreate => "volume:create",
+            Rule::VolumeUpdate => "volume:update",
             Rule::VolumeDelete => "volume:delete",
             Rule::VolumeForceDelete => "volume:force_delete",
             Rule::MetadataGet => "volume:get_volume_metadata",
@@ -147,6 +152,7 @@ impl Rule {
             // Berth's: the drivers each backend runs, their upgrades and rollbacks.
             Rule::DriverGetAll => "berth:driver:get_all",
             Rule::DriverUpgrade => "berth:driver:upgrade",
+            Rule::AvailabilityZoneList => "volume_extension:availability_zone_list",
         }
     }
 
@@ -159,7 +165,8 @@ impl Rule {
             | Rule::TypeGetAll
             | Rule::AttachmentGet
             | Rule::AttachmentGetAll
-            | Rule::AttachmentEventGetAll => Least::Reader,
+            | Rule::AttachmentEventGetAll
+            | Rule::AvailabilityZoneList => Least::Reader,
             Rule::VolumeForceDelete
             | Rule::ForceDetach
             | Rule::ExtendVolumeCompletion

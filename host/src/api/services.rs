@@ -91,7 +91,7 @@ async fn index(
         .map(|s| ServiceView {
             binary: s.binary.into(),
             host: s.host,
-            zone: "nova".into(),
+            zone: super::zones::ZONE.into(),
             status: "enabled".into(),
             state: if s.up { "up" } else { "down" }.into(),
             updated_at: timestamp(s.updated_at),

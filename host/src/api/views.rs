@@ -282,7 +282,7 @@ pub fn volume_detail(
         description: v.description.clone(),
         status: v.status.as_str().to_string(),
         size: v.size_gib,
-        availability_zone: "nova".into(),
+        availability_zone: super::zones::ZONE.into(),
         created_at: timestamp(v.created_at),
         updated_at: timestamp(v.updated_at),
         attachments: attached,

@@ -1,5 +1,6 @@
 //! `/v3/{project_id}/volumes`: as much of Cinder's volume API as attaching needs and users expect
-//! (create, show, list, list detail, delete). Create and delete go through the driver.
+//! (create, show, list, list detail, update, delete, metadata). Create and delete go through the
+//! driver.
 
 use std::collections::BTreeMap;
 
@@ -15,16 +16,18 @@ use super::AppState;
 use super::body::JsonBody;
 use super::error::ApiError;
 use super::microversion::{
-    CONSUMES_QUOTA, RESOURCE_FILTER, TIME_COMPARISON_FILTERS, VOLUME_LIST_COUNT, Version,
+    CONSUMES_QUOTA, RESOURCE_FILTER, TIME_COMPARISON_FILTERS, VOLUME_LIST_COUNT, VOLUME_SCHEMA_CHANGES,
+    Version,
 };
 use super::openapi::Endpoint;
 use super::path::VolumeId;
 use super::policy::Rule;
 use super::query::{ListSpec, parse};
 use super::views::{Links, VolumeBody, VolumeDetailList, VolumeList, volume_detail, volume_summary};
+use super::zones::ZONE;
 use crate::attach::Caller;
 use crate::attach::nodes::Hosts;
-use crate::attach::volumes::{MAX_SIZE_GIB, NewVolume};
+use crate::attach::volumes::{MAX_SIZE_GIB, NewVolume, VolumeChange};
 use crate::domain::list::{Compare, Scope, VOLUME_SORT_KEYS, VolumeFilter};
 
 pub fn endpoints() -> Vec<Endpoint> {
@@ -39,6 +42,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             .body::<CreateVolumeBody>()
             .answers::<VolumeBody>(StatusCode::ACCEPTED, "The volume")
             .link("show", "showVolume", "id", "/volume/id")
+            .link("update", "updateVolume", "id", "/volume/id")
             .link("delete", "deleteVolume", "id", "/volume/id")
             .link("metadata", "showVolumeMetadata", "id", "/volume/id")
             .link("metadataMerge", "mergeVolumeMetadata", "id", "/volume/id")
@@ -51,6 +55,10 @@ pub fn endpoints() -> Vec<Endpoint> {
             .answers::<VolumeDetailList>(StatusCode::OK, "The volumes"),
         Endpoint::get("/volumes/{id}", show, "showVolume")
             .summary(TAG, "Show a volume")
+            .answers::<VolumeBody>(StatusCode::OK, "The volume"),
+        Endpoint::put("/volumes/{id}", update, "updateVolume")
+            .summary(TAG, "Change a volume's name, description or metadata (any status)")
+            .body::<UpdateVolumeBody>()
             .answers::<VolumeBody>(StatusCode::OK, "The volume"),
         Endpoint::delete("/volumes/{id}", remove, "deleteVolume")
             .summary(TAG, "Delete a volume that has no attachment")
@@ -209,7 +217,7 @@ struct CreateVolume {
     metadata: Option<BTreeMap<String, String>>,
     /// `nova`, the only zone.
     #[serde(default)]
-    #[schemars(extend("enum" = ["nova", null]))]
+    #[schemars(extend("enum" = [ZONE, null]))]
     availability_zone: Option<String>,
     /// `true` only with a multiattach type (multiattach comes from the type).
     #[serde(default)]
@@ -242,6 +250,84 @@ struct CreateVolume {
     #[serde(default)]
     #[schemars(extend("type" = "null"))]
     source_replica: Option<Value>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct UpdateVolumeBody {
+    volume: UpdateVolume,
+}
+
+/// Cinder's update schema: each field present is changed (`null` clears a name or description),
+/// each absent one kept; from 3.53 at least one must be present. Names and descriptions lose
+/// the white space around them.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct UpdateVolume {
+    /// At most 255 characters.
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(length(max = 255))]
+    name: Option<Option<String>>,
+    /// At most 255 characters (`name` wins when both are given).
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(length(max = 255))]
+    display_name: Option<Option<String>>,
+    /// At most 255 characters.
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(length(max = 255))]
+    description: Option<Option<String>>,
+    /// At most 255 characters (`description` wins when both are given).
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(length(max = 255))]
+    display_description: Option<Option<String>>,
+    /// The whole new metadata (it replaces the old): at most 128 items; keys of 1 to 255
+    /// characters, values of at most 255.
+    #[serde(default)]
+    #[schemars(extend(
+        "propertyNames" = {"minLength": 1, "maxLength": 255},
+        "maxProperties" = 128,
+        "additionalProperties" = {"type": "string", "maxLength": 255}
+    ))]
+    metadata: Option<BTreeMap<String, String>>,
+}
+
+/// A field that is present, `null` or not: `Some(None)` for `null`, `None` (the default) when
+/// the field is absent.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
+}
+
+async fn update(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Extension(version): Extension<Version>,
+    headers: HeaderMap,
+    VolumeId(id): VolumeId,
+    JsonBody(body): JsonBody<UpdateVolumeBody>,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::VolumeUpdate)?;
+    let v = body.volume;
+    let change = VolumeChange {
+        name: v.name.or(v.display_name),
+        description: v.description.or(v.display_description),
+        metadata: v.metadata,
+    };
+    if version >= VOLUME_SCHEMA_CHANGES
+        && change.name.is_none()
+        && change.description.is_none()
+        && change.metadata.is_none()
+    {
+        return Err(ApiError::bad_request(
+            "Invalid input for field/attribute volume: name, description, display_name, display_description              or metadata is required",
+        ));
+    }
+    let view_caller = caller.clone();
+    state.service.commands().update_volume(caller, id.clone(), change).await?;
+    let (volume, attachments) = state.service.volumes().show(&view_caller, &id).await?;
+    let hosts = hosts(&state, &view_caller).await?;
+    let view =
+        volume_detail(&volume, &attachments, &view_caller, version, &links(&state, &headers), hosts.as_ref());
+    Ok(Json(VolumeBody { volume: view }).into_response())
 }
 
 fn size(value: Option<&Value>) -> Result<i64, ApiError> {
@@ -287,7 +373,7 @@ async fn create(
             )));
         }
     }
-    if let Some(zone) = v.availability_zone.as_deref().filter(|z| *z != "nova") {
+    if let Some(zone) = v.availability_zone.as_deref().filter(|z| *z != ZONE) {
         return Err(ApiError::bad_request(format!(
             "Invalid input received: Availability zone '{zone}' is invalid."
         )));

@@ -14,7 +14,7 @@ use serde_json::Value as Json;
 use super::attachments::NewAttachment;
 use super::legacy::LegacyAttach;
 use super::model::{Attachment, Connector, Volume};
-use super::volumes::NewVolume;
+use super::volumes::{NewVolume, VolumeChange};
 use super::{AttachError, Caller, Service};
 
 /// The changing entry points of one service (see the module notes).
@@ -75,6 +75,20 @@ impl Commands {
                     s.volumes().update_metadata(&c, &id, changes, replace, remove.as_deref()).await
                 },
             )
+            .await
+    }
+
+    /// `PUT /volumes/{id}`: its name, description or metadata.
+    pub async fn update_volume(
+        &self,
+        caller: Caller,
+        id: String,
+        change: VolumeChange,
+    ) -> Result<Volume, AttachError> {
+        self.0
+            .owned(caller.clone(), (caller, id, change), |s, (c, id, change)| async move {
+                s.volumes().update(&c, &id, change).await
+            })
             .await
     }
 

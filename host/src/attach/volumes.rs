@@ -80,6 +80,31 @@ pub struct NewVolume {
     pub metadata: BTreeMap<String, String>,
 }
 
+/// A change of a volume's own fields (`PUT /volumes/{id}`): `None` leaves a field as it is;
+/// `Some(None)` clears a name or description.
+#[derive(Debug, Clone, Default)]
+pub struct VolumeChange {
+    pub name: Option<Option<String>>,
+    pub description: Option<Option<String>>,
+    /// The whole new metadata.
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+impl VolumeChange {
+    /// Without the white space around its name and description.
+    fn cleaned(self) -> Self {
+        let trim = |text: Option<Option<String>>| text.map(|t| t.map(|t| t.trim().to_string()));
+        VolumeChange { name: trim(self.name), description: trim(self.description), metadata: self.metadata }
+    }
+}
+
+/// What a user may change of a volume.
+struct UserFields {
+    name: Option<String>,
+    description: Option<String>,
+    metadata: BTreeMap<String, String>,
+}
+
 /// Cinder's `_driver_shares_targets`: `false` when the driver says it does not share targets;
 /// `null` (consumers always lock) for NVMe-oF; `true` for iSCSI and iSER; `false` otherwise.
 fn shares_targets(info: &crate::runtime::contract::DriverInfo) -> Option<bool> {
@@ -388,25 +413,91 @@ impl Volumes<'_> {
         remove: Option<&str>,
     ) -> Result<BTreeMap<String, String>, AttachError> {
         bounds::items(&changes)?;
-        self.store
-            .write(async |tx| {
-                volumes::get(tx, id, caller.scope()).await?.ok_or_else(|| volume_not_found(id))?;
-                let locked = volumes::lock(tx, id, transition(Event::UpdateMetadata), None)
-                    .await?
-                    .ok_or_else(|| volume_not_found(id))?;
-                let mut metadata = locked.metadata.clone();
+        let remove = remove.map(str::to_string);
+        let updated = self
+            .update_user_fields(caller, id, move |fields| {
                 if replace {
-                    metadata.clear();
+                    fields.metadata.clear();
                 }
-                metadata.extend(changes);
+                fields.metadata.extend(changes);
                 if let Some(key) = remove
-                    && metadata.remove(key).is_none()
+                    && fields.metadata.remove(&key).is_none()
                 {
                     return Err(AttachError::NotFound(format!("Metadata item was not found: {key}")));
                 }
-                bounds::count(&metadata)?;
-                volumes::set_metadata(tx, id, &metadata).await?;
-                Ok(metadata)
+                Ok(())
+            })
+            .await?;
+        Ok(updated.metadata)
+    }
+
+    /// `PUT /volumes/{id}`: a new name, description or metadata (the metadata replaced whole, as
+    /// Cinder's update does). Names and descriptions lose their surrounding white space, as
+    /// Cinder's do. Any status: nothing a driver or an attachment sees changes.
+    pub(super) async fn update(
+        &self,
+        caller: &Caller,
+        id: &str,
+        change: VolumeChange,
+    ) -> Result<Volume, AttachError> {
+        let change = change.cleaned();
+        bounds::text("name", change.name.as_ref().and_then(Option::as_deref), bounds::MAX_NAME)?;
+        bounds::text(
+            "description",
+            change.description.as_ref().and_then(Option::as_deref),
+            bounds::MAX_DESCRIPTION,
+        )?;
+        if let Some(metadata) = &change.metadata {
+            bounds::items(metadata)?;
+        }
+        self.update_user_fields(caller, id, move |fields| {
+            if let Some(name) = change.name {
+                fields.name = name;
+            }
+            if let Some(description) = change.description {
+                fields.description = description;
+            }
+            if let Some(metadata) = change.metadata {
+                fields.metadata = metadata;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// The one way the user's fields of a volume change: in one transaction, the volume locked
+    /// for [`Event::Update`] (any status), `change` applied to what is stored, the whole
+    /// metadata's bound checked, the fields written. Answers the volume as it now is.
+    async fn update_user_fields(
+        &self,
+        caller: &Caller,
+        id: &str,
+        change: impl FnOnce(&mut UserFields) -> Result<(), AttachError>,
+    ) -> Result<Volume, AttachError> {
+        self.store
+            .write(async move |tx| {
+                volumes::get(tx, id, caller.scope()).await?.ok_or_else(|| volume_not_found(id))?;
+                let mut volume = volumes::lock(tx, id, transition(Event::Update), None)
+                    .await?
+                    .ok_or_else(|| volume_not_found(id))?;
+                let mut fields = UserFields {
+                    name: volume.name.take(),
+                    description: volume.description.take(),
+                    metadata: std::mem::take(&mut volume.metadata),
+                };
+                change(&mut fields)?;
+                bounds::count(&fields.metadata)?;
+                volumes::set_user_fields(
+                    tx,
+                    id,
+                    fields.name.as_deref(),
+                    fields.description.as_deref(),
+                    &fields.metadata,
+                )
+                .await?;
+                (volume.name, volume.description, volume.metadata) =
+                    (fields.name, fields.description, fields.metadata);
+                Ok(volume)
             })
             .await
     }

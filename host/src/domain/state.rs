@@ -195,8 +195,9 @@ pub enum Event {
     /// The driver's fields of a volume are written back after calls that change nothing else
     /// (a replayed connection, a repair).
     Refresh,
-    /// The user's metadata of a volume changes.
-    UpdateMetadata,
+    /// The user's fields of a volume change: its name, description or metadata
+    /// (`PUT /volumes/{id}`, the metadata calls). Nothing a driver or an attachment sees.
+    Update,
 }
 
 /// Which rows an event starts from.
@@ -373,7 +374,7 @@ pub const TRANSITIONS: &[Transition] = &[
     row!(RollDetaching, both(&[V::Detaching]), VolumeTo::Settle { keep_detaching: false }, None),
     row!(Revoke, both(VolumeStatus::ALL), VolumeTo::Unchanged, None),
     row!(Refresh, both(VolumeStatus::ALL), VolumeTo::Unchanged, None),
-    row!(UpdateMetadata, both(VolumeStatus::ALL), VolumeTo::Unchanged, None),
+    row!(Update, both(VolumeStatus::ALL), VolumeTo::Unchanged, None),
 ];
 
 /// The table's row for an event.
@@ -497,7 +498,7 @@ mod tests {
             RollDetaching,
             Revoke,
             Refresh,
-            UpdateMetadata,
+            Update,
         ] {
             assert_eq!(TRANSITIONS.iter().filter(|t| t.event == e).count(), 1, "{e:?}");
         }

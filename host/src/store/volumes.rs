@@ -261,15 +261,17 @@ pub async fn set_size(tx: &mut Tx, id: &str, size_gib: i64) -> Result<(), StoreE
     Ok(())
 }
 
-/// Replaces the user metadata of a locked volume.
-pub async fn set_metadata(
+/// Writes the user's fields of a locked volume: its name, description and metadata.
+pub async fn set_user_fields(
     tx: &mut Tx,
     id: &str,
+    name: Option<&str>,
+    description: Option<&str>,
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), StoreError> {
     tx.execute(
-        "UPDATE volumes SET metadata = $2, updated_at = $3 WHERE id = $1",
-        &params![id, map_text(metadata), now_micros()],
+        "UPDATE volumes SET name = $2, description = $3, metadata = $4, updated_at = $5 WHERE id = $1",
+        &params![id, name, description, map_text(metadata), now_micros()],
     )
     .await?;
     Ok(())
