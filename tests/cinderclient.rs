@@ -30,6 +30,8 @@ fn python_cinderclient_runs_every_attachment_command() {
         ("compat-renamed", "renamed by cinderclient")
     );
     assert!(shown["metadata"].contains("purpose"), "{shown:?}");
+    let sorted = list(&cli(&["list", "--sort", "name:asc"]));
+    assert_eq!(sorted[0][2], "compat-renamed", "{sorted:?}");
     let zones = cli(&["availability-zone-list"]);
     assert!(zones.contains("| nova | available |"), "{zones}");
 

@@ -82,6 +82,13 @@ both_databases! {
         assert_eq!(names(&page2), ["c", "d"]);
         let offset = c.get("/volumes?sort=name:desc&offset=3").await.expect(200);
         assert_eq!(names(&offset), ["b", "a"]);
+        // Cinder's names for the keys, as its clients send them (`cinder list --sort name`
+        // sends `display_name`).
+        assert_eq!(names(&c.get("/volumes?sort=display_name:asc").await.expect(200)), ["a", "b", "c", "d", "e"]);
+        assert_eq!(names(&c.get("/volumes?sort_key=display_name&sort_dir=desc").await.expect(200)), ["e", "d", "c", "b", "a"]);
+        let big = c.create_volume(json!({"size": 3, "name": "big"})).await;
+        assert_eq!(c.get("/volumes/detail?sort=size:desc&limit=1").await.expect(200).body["volumes"][0]["id"], json!(big));
+        c.delete(&format!("/volumes/{big}")).await.expect(202);
         assert_eq!(names(&c.get("/volumes?name=c").await.expect(200)), ["c"]);
         let counted = c.at("3.45").get("/volumes?with_count=true&limit=1").await.expect(200);
         assert_eq!((counted.body["count"].as_i64(), counted.body["volumes"].as_array().unwrap().len()), (Some(5), 1));

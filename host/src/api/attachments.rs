@@ -226,6 +226,7 @@ pub(super) fn connector(json: Map<String, Value>) -> Result<Connector, ApiError>
 
 const LIST: ListSpec = ListSpec {
     sort_keys: ATTACHMENT_SORT_KEYS,
+    sort_aliases: &[],
     filters: &[
         ("volume_id", "volume_id"),
         ("instance_id", "instance_uuid"),

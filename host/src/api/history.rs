@@ -35,6 +35,7 @@ pub fn endpoints() -> Vec<Endpoint> {
 
 const LIST: ListSpec = ListSpec {
     sort_keys: &[],
+    sort_aliases: &[],
     filters: &[
         ("volume_id", "volume_id"),
         ("attachment_id", "attachment_id"),

@@ -233,6 +233,8 @@ const VERSIONS: [Version; 6] = [
 
 fn list_parameters(spec: &ListSpec) -> Vec<Value> {
     let query = |name: &str, description: String, schema: Value| json!({"name": name, "in": "query", "required": false, "description": description, "schema": schema});
+    let sort_keys: Vec<&str> =
+        spec.sort_keys.iter().copied().chain(spec.sort_aliases.iter().map(|(alias, _)| *alias)).collect();
     let mut out = vec![
         query(
             "limit",
@@ -243,14 +245,10 @@ fn list_parameters(spec: &ListSpec) -> Vec<Value> {
         query("offset", "Items to skip.".into(), json!({"type": "integer", "minimum": 0})),
         query(
             "sort",
-            format!("`key[:asc|desc],...`; keys: {}.", spec.sort_keys.join(", ")),
+            format!("`key[:asc|desc],...`; keys: {}.", sort_keys.join(", ")),
             json!({"type": "string"}),
         ),
-        query(
-            "sort_key",
-            "Deprecated: one sort key.".into(),
-            json!({"type": "string", "enum": spec.sort_keys}),
-        ),
+        query("sort_key", "Deprecated: one sort key.".into(), json!({"type": "string", "enum": sort_keys})),
         query(
             "sort_dir",
             "Deprecated: `asc` or `desc`.".into(),

@@ -24,6 +24,9 @@ pub struct ListQuery {
 /// What one resource's list accepts.
 pub struct ListSpec {
     pub sort_keys: &'static [&'static str],
+    /// (query key, sort key) pairs: Cinder's other names of a sort key (its `display_name` for
+    /// `name`, `size` for Berth's `size_gib`), which its clients send.
+    pub sort_aliases: &'static [(&'static str, &'static str)],
     /// (query key, filter key) pairs; e.g. attachments rename `instance_id` to `instance_uuid`.
     pub filters: &'static [(&'static str, &'static str)],
     /// Keys accepted and handed back in `flags`.
@@ -85,6 +88,10 @@ pub fn parse(raw: Option<&str>, spec: &ListSpec, version: Version) -> Result<Lis
         (None, None) => Vec::new(),
     };
     for (key, dir) in items {
+        let key = match spec.sort_aliases.iter().find(|(alias, _)| *alias == key) {
+            Some((_, canonical)) => canonical.to_string(),
+            None => key,
+        };
         if !spec.sort_keys.contains(&key.as_str()) {
             return Err(ApiError::bad_request(format!("Invalid input received: Invalid sort key {key:?}")));
         }
@@ -116,6 +123,7 @@ mod tests {
 
     const SPEC: ListSpec = ListSpec {
         sort_keys: &["created_at", "id"],
+        sort_aliases: &[("date", "created_at")],
         filters: &[("volume_id", "volume_id"), ("instance_id", "instance_uuid")],
         flags: &["with_count"],
     };
@@ -131,6 +139,10 @@ mod tests {
         assert_eq!((q.page.limit, q.page.offset, q.page.marker.as_deref()), (Some(5), Some(2), Some("m")));
         assert_eq!(q.page.sort, vec![("id".to_string(), true), ("created_at".to_string(), false)]);
         assert_eq!(q.filters.get("instance_uuid").map(String::as_str), Some("i"));
+        let aliased = parse(Some("sort=date:asc"), &SPEC, Version::new(3, 44)).unwrap();
+        assert_eq!(aliased.page.sort, vec![("created_at".to_string(), true)], "an alias sorts by its key");
+        let legacy = parse(Some("sort_key=date&sort_dir=asc"), &SPEC, Version::new(3, 44)).unwrap();
+        assert_eq!(legacy.page.sort, vec![("created_at".to_string(), true)]);
     }
 
     #[test]
