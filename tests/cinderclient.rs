@@ -30,6 +30,12 @@ fn python_cinderclient_runs_every_attachment_command() {
         ("compat-renamed", "renamed by cinderclient")
     );
     assert!(shown["metadata"].contains("purpose"), "{shown:?}");
+    let tagged = list(&cli(&["list", "--metadata", "purpose=compat"]));
+    assert_eq!(tagged.len(), 1, "{tagged:?}");
+    assert!(list(&cli(&["list", "--metadata", "purpose=other"])).is_empty());
+    let theirs = list(&cli(&["list", "--all-tenants", "--tenant", "compat"]));
+    assert_eq!(theirs.len(), 1, "{theirs:?}");
+    assert!(list(&cli(&["list", "--all-tenants", "--tenant", "nobody"])).is_empty());
     let sorted = list(&cli(&["list", "--sort", "name:asc"]));
     assert_eq!(sorted[0][2], "compat-renamed", "{sorted:?}");
     let zones = cli(&["availability-zone-list"]);

@@ -99,6 +99,61 @@ both_databases! {
         c.at("3.31").get("/volumes?colour=red").await.fault(400, "badRequest");
     }
 
+    /// Cinder's other volume filters, as its clients send them: `metadata` (every item given,
+    /// a dictionary written as Python writes it, as `cinder list --metadata` sends it), `size`,
+    /// the fields every volume here has one value of (`bootable`, `availability_zone`,
+    /// `migration_status`, `group_id`), and an admin's `project_id`.
+    async fn volume_lists_filter_by_metadata_size_and_cinders_other_fields(s) {
+        let c = s.client("p1");
+        let tricky = "a \"quoted\": key";
+        let red = c.create_volume(json!({"size": 1, "name": "red", "metadata": {"colour": "red", "tier": "gold", tricky: "x"}})).await;
+        let blue = c.create_volume(json!({"size": 2, "name": "blue", "metadata": {"colour": "blue", "tier": "gold"}})).await;
+        let plain = c.create_volume(json!({"size": 2, "name": "plain", "metadata": {"note": "colour: red"}})).await;
+        let ids = |r: berth_tests::server::Resp| -> Vec<String> {
+            let mut ids: Vec<String> =
+                r.body["volumes"].as_array().unwrap().iter().map(|v| v["id"].as_str().unwrap().to_string()).collect();
+            ids.sort();
+            ids
+        };
+        let sorted = |mut v: Vec<&String>| -> Vec<String> {
+            v.sort();
+            v.into_iter().cloned().collect()
+        };
+        let query = |m: &str| format!("/volumes?metadata={}", urlencoding(m));
+        assert_eq!(ids(c.get(&query("{'colour': 'red'}")).await.expect(200)), vec![red.clone()]);
+        assert_eq!(ids(c.get(&query("{'tier': 'gold'}")).await.expect(200)), sorted(vec![&red, &blue]));
+        assert_eq!(ids(c.get(&query("{'tier': 'gold', 'colour': 'blue'}")).await.expect(200)), vec![blue.clone()]);
+        assert_eq!(ids(c.get(&query(r#"{"colour": "red"}"#)).await.expect(200)), vec![red.clone()], "JSON too");
+        assert_eq!(ids(c.get(&query(&format!("{{'{}': 'x'}}", tricky.replace('\'', "\\'")))).await.expect(200)), vec![red.clone()]);
+        assert!(ids(c.get(&query("{'colour': 'Red'}")).await.expect(200)).is_empty(), "values compare exactly");
+        assert!(ids(c.get(&query("{'colour': 're'}")).await.expect(200)).is_empty(), "whole values only");
+        assert!(ids(c.get(&query("{'olour': 'red'}")).await.expect(200)).is_empty(), "whole keys only");
+        assert_eq!(ids(c.get(&query("{'note': 'colour: red'}")).await.expect(200)), vec![plain.clone()]);
+        c.get(&query("colour=red")).await.fault(400, "badRequest");
+        let counted = c.at("3.45").get(&format!("{}&with_count=true", query("{'tier': 'gold'}"))).await.expect(200);
+        assert_eq!(counted.body["count"], 2);
+
+        assert_eq!(ids(c.get("/volumes?size=2").await.expect(200)), sorted(vec![&blue, &plain]));
+        c.get("/volumes?size=big").await.fault(400, "badRequest");
+        assert_eq!(c.get("/volumes?bootable=false").await.expect(200).body["volumes"].as_array().unwrap().len(), 3);
+        assert!(ids(c.get("/volumes?bootable=true").await.expect(200)).is_empty());
+        c.get("/volumes?bootable=perhaps").await.fault(400, "badRequest");
+        assert_eq!(c.get("/volumes?availability_zone=nova").await.expect(200).body["volumes"].as_array().unwrap().len(), 3);
+        assert!(ids(c.get("/volumes?availability_zone=elsewhere").await.expect(200)).is_empty());
+        assert!(ids(c.get("/volumes?migration_status=migrating").await.expect(200)).is_empty());
+        assert!(ids(c.at("3.10").get("/volumes?group_id=g").await.expect(200)).is_empty());
+        c.at("3.31").get("/volumes?group_id=g").await.expect(200);
+        c.at("3.9").get("/volumes?group_id=g").await.expect(200);
+
+        // `project_id`: an admin's, with every project's volumes; a member's is refused.
+        let other = s.client("p2").create_volume(json!({"size": 1})).await;
+        let admin = c.with_roles("admin");
+        assert_eq!(ids(admin.get("/volumes?all_tenants=1&project_id=p2").await.expect(200)), vec![other.clone()]);
+        assert_eq!(ids(admin.get("/volumes?all_tenants=1&project_id=p1&size=1").await.expect(200)), vec![red.clone()]);
+        assert!(ids(admin.get("/volumes?project_id=p2").await.expect(200)).is_empty(), "without all_tenants: its own project only");
+        c.with_roles("member").at("3.31").get("/volumes?project_id=p2").await.fault(400, "badRequest");
+    }
+
     async fn a_volume_with_attachments_cannot_be_deleted(s) {
         let c = s.client("p1");
         let id = c.create_volume(json!({"size": 1})).await;
@@ -229,4 +284,9 @@ both_databases! {
         let other = s.client("p2").at("3.54").with_roles("member");
         other.post(&format!("/volumes/{volume}/action"), extend(json!(9))).await.fault(404, "itemNotFound");
     }
+}
+
+/// A query parameter's value, percent-encoded.
+fn urlencoding(value: &str) -> String {
+    form_urlencoded::byte_serialize(value.as_bytes()).collect()
 }

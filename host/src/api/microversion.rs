@@ -46,6 +46,9 @@ pub const MIN: Version = Version::new(3, 0);
 pub const MAX: Version = Version::new(3, 71);
 
 /// Versions where behaviour changes.
+/// The `glance_metadata` and `group_id` volume filters (Berth's volumes have neither).
+pub const VOLUME_LIST_GLANCE_METADATA: Version = Version::new(3, 4);
+pub const VOLUME_LIST_GROUP: Version = Version::new(3, 10);
 pub const NEW_ATTACH: Version = Version::new(3, 27);
 pub const RESOURCE_FILTER: Version = Version::new(3, 31);
 pub const NEW_ATTACH_COMPLETION: Version = Version::new(3, 44);

@@ -266,6 +266,22 @@ fn list_parameters(spec: &ListSpec) -> Vec<Value> {
                  `lte`; only volumes whose `{flag}` compares so."
             ),
             "consumes_quota" => "From microversion 3.65: `true` or `false`.".into(),
+            "metadata" => {
+                "Only volumes with every item of this dictionary, written as Python or JSON writes it \
+                           (`{'key': 'value'}`)."
+                    .into()
+            }
+            "size" => "Only volumes of this size (GiB).".into(),
+            "bootable" => "`true` or `false` (no volume here is bootable).".into(),
+            "availability_zone" => "Only volumes in this zone (every volume is in `nova`).".into(),
+            "migration_status" => "Only volumes in this migration status (no volume here migrates).".into(),
+            "group_id" => {
+                "From microversion 3.10: only volumes of this group (no volume here is in one).".into()
+            }
+            "glance_metadata" => {
+                "From microversion 3.4: only volumes made from such an image (none here).".into()
+            }
+            "project_id" => "Admins: only this project's volumes (with `all_tenants`).".into(),
             _ => format!("`{flag}`."),
         };
         out.push(query(flag, description, json!({"type": "string"})));

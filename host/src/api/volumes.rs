@@ -16,8 +16,8 @@ use super::AppState;
 use super::body::JsonBody;
 use super::error::ApiError;
 use super::microversion::{
-    CONSUMES_QUOTA, RESOURCE_FILTER, TIME_COMPARISON_FILTERS, VOLUME_LIST_COUNT, VOLUME_SCHEMA_CHANGES,
-    Version,
+    CONSUMES_QUOTA, RESOURCE_FILTER, TIME_COMPARISON_FILTERS, VOLUME_LIST_COUNT, VOLUME_LIST_GLANCE_METADATA,
+    VOLUME_LIST_GROUP, VOLUME_SCHEMA_CHANGES, Version,
 };
 use super::openapi::Endpoint;
 use super::path::VolumeId;
@@ -440,9 +440,78 @@ const LIST: ListSpec = ListSpec {
         ("volume_type", "volume_type"),
         ("multiattach", "multiattach"),
     ],
-    // Filters that appear at a microversion (checked in `list`).
-    flags: &["with_count", "is_public", "created_at", "updated_at", "consumes_quota"],
+    // Filters that appear at a microversion, or that need parsing (checked in `list`).
+    flags: &[
+        "with_count",
+        "is_public",
+        "created_at",
+        "updated_at",
+        "consumes_quota",
+        "metadata",
+        "size",
+        "bootable",
+        "availability_zone",
+        "migration_status",
+        "group_id",
+        "glance_metadata",
+        "project_id",
+    ],
 };
+
+/// A boolean filter's value, as Cinder reads one from 3.2 on (`strutils.bool_from_string`, strict).
+fn boolean(key: &str, value: &str) -> Result<bool, ApiError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "t" | "true" | "on" | "y" | "yes" => Ok(true),
+        "0" | "f" | "false" | "off" | "n" | "no" => Ok(false),
+        _ => Err(ApiError::bad_request(format!("Invalid input received: {key}={value:?} is not a boolean"))),
+    }
+}
+
+/// The `metadata` filter's value: a dictionary of strings, as Python writes one (what
+/// cinderclient's `list --metadata k=v` sends: `{'k': 'v'}`, read by Cinder with
+/// `ast.literal_eval`) or as JSON; numbers stand for their decimal text.
+fn metadata_filter(value: &str) -> Result<BTreeMap<String, String>, ApiError> {
+    let bad = || {
+        ApiError::bad_request(format!(
+            "Invalid input received: metadata={value:?}: give a dictionary of strings, e.g. {{'key': 'value'}}"
+        ))
+    };
+    let map: BTreeMap<String, Value> = serde_json::from_str(value)
+        .ok()
+        .or_else(|| serde_json::from_str(&python_literal_as_json(value)?).ok())
+        .ok_or_else(bad)?;
+    map.into_iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k, s)),
+            Value::Number(n) => Ok((k, n.to_string())),
+            _ => Err(bad()),
+        })
+        .collect()
+}
+
+/// A Python literal of strings, numbers and punctuation written as JSON: its strings in single
+/// or double quotes (with Python's backslash escapes of quotes and backslashes) become JSON
+/// strings; other characters stay. `None` for an unterminated string.
+fn python_literal_as_json(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\'' && c != '"' {
+            out.push(c);
+            continue;
+        }
+        let mut string = String::new();
+        loop {
+            match chars.next()? {
+                '\\' => string.push(chars.next()?),
+                q if q == c => break,
+                other => string.push(other),
+            }
+        }
+        out.push_str(&Value::from(string).to_string());
+    }
+    Some(out)
+}
 
 /// A time filter's value, `<op>:<ISO 8601 time>` (microversion 3.60; Cinder's
 /// `_process_volume_filters`): `gt`, `gte`, `eq`, `neq`, `lt` or `lte`, and a time with or
@@ -520,22 +589,50 @@ async fn list(
         since("created_at", TIME_COMPARISON_FILTERS).map(|v| time_filter("created_at", v)).transpose()?;
     let updated_at =
         since("updated_at", TIME_COMPARISON_FILTERS).map(|v| time_filter("updated_at", v)).transpose()?;
-    let consumes_quota = match since("consumes_quota", CONSUMES_QUOTA).map(|s| s.to_ascii_lowercase()) {
-        None => None,
-        Some(s) if ["true", "1", "yes"].contains(&s.as_str()) => Some(true),
-        Some(s) if ["false", "0", "no"].contains(&s.as_str()) => Some(false),
-        Some(s) => {
-            return Err(ApiError::bad_request(format!(
-                "Invalid input received: consumes_quota={s:?} is not a boolean"
-            )));
-        }
-    };
+    let consumes_quota =
+        since("consumes_quota", CONSUMES_QUOTA).map(|v| boolean("consumes_quota", v)).transpose()?;
+    let group_id = since("group_id", VOLUME_LIST_GROUP).is_some();
+    let glance_metadata = since("glance_metadata", VOLUME_LIST_GLANCE_METADATA).is_some();
     if !too_new.is_empty() && version >= RESOURCE_FILTER {
         return Err(ApiError::bad_request(format!(
             "Invalid filters {} are found in query options.",
             too_new.join(",")
         )));
     }
+    let flag = |key: &str| q.flags.get(key).map(String::as_str);
+    let metadata = flag("metadata").map(metadata_filter).transpose()?.unwrap_or_default();
+    let size_gib = flag("size")
+        .map(|v| {
+            v.trim().parse::<i64>().map_err(|_| {
+                ApiError::bad_request(format!("Invalid input received: size={v:?} is not an integer"))
+            })
+        })
+        .transpose()?;
+    // Every volume here is not bootable, in zone `nova`, counts against quota, and is in no
+    // migration, group or image: a filter asking otherwise matches nothing.
+    let bootable = flag("bootable").map(|v| boolean("bootable", v)).transpose()?;
+    let mut nothing = bootable == Some(true)
+        || flag("availability_zone").is_some_and(|zone| zone != ZONE)
+        || consumes_quota == Some(false)
+        || flag("migration_status").is_some()
+        || group_id
+        || glance_metadata;
+    // An admin's `project_id` (cinderclient's `list --all-tenants --tenant <project>`); for
+    // others it is an unknown filter, as in Cinder.
+    let scope = match flag("project_id") {
+        None => scope,
+        Some(_) if !caller.is_admin() && version < RESOURCE_FILTER => scope,
+        Some(_) if !caller.is_admin() => {
+            return Err(ApiError::bad_request("Invalid filters project_id are found in query options."));
+        }
+        Some(project) => match scope {
+            Scope::All => Scope::Project(project),
+            Scope::Project(own) => {
+                nothing |= own != project;
+                scope
+            }
+        },
+    };
     let filter = VolumeFilter {
         name: q.filters.get("name").cloned(),
         status: q.filters.get("status").cloned(),
@@ -543,7 +640,9 @@ async fn list(
         multiattach,
         created_at,
         updated_at,
-        consumes_quota,
+        metadata,
+        size_gib,
+        nothing,
     };
     let rows = state.service.volumes().list(scope, &filter, &q.page).await?;
     let links = links(state, headers);
@@ -605,4 +704,35 @@ pub(super) fn links(state: &AppState, headers: &HeaderMap) -> Links {
         format!("http://{host}")
     });
     Links { base: base.trim_end_matches('/').to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metadata_filter_is_read_as_python_or_json_writes_a_dictionary() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        // What cinderclient sends for `list --metadata a=b c=d`.
+        assert_eq!(metadata_filter("{'a': 'b', 'c': 'd'}").unwrap(), map(&[("a", "b"), ("c", "d")]));
+        assert_eq!(metadata_filter(r#"{"a": "b"}"#).unwrap(), map(&[("a", "b")]));
+        assert_eq!(metadata_filter("{'n': 5}").unwrap(), map(&[("n", "5")]));
+        // Quotes of the other kind and escaped ones, inside a string.
+        assert_eq!(
+            metadata_filter(r#"{'it"s': 'don\'t', "back": "a\\b"}"#).unwrap(),
+            map(&[("it\"s", "don't"), ("back", "a\\b")])
+        );
+        assert_eq!(metadata_filter("{}").unwrap(), map(&[]));
+        for bad in ["a=b", "{'a': 'b'", "{'a': ['b']}", "['a']", "{'a': None}", "{'a: 'b'}"] {
+            assert_eq!(metadata_filter(bad).unwrap_err().status.as_u16(), 400, "{bad}");
+        }
+    }
+
+    #[test]
+    fn boolean_filters_are_read_strictly() {
+        assert!(boolean("bootable", "True").unwrap() && !boolean("bootable", "0").unwrap());
+        assert_eq!(boolean("bootable", "maybe").unwrap_err().status.as_u16(), 400);
+    }
 }

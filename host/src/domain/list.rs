@@ -1,6 +1,8 @@
 //! What a list shows: who may see which rows, the filters, and keyset paging as Cinder pages
 //! (`limit`, `marker`, `offset`, `sort`). The API fills these in; the store turns them into SQL.
 
+use std::collections::BTreeMap;
+
 /// Who may see a row.
 #[derive(Debug, Clone, Copy)]
 pub enum Scope<'a> {
@@ -32,9 +34,13 @@ pub struct VolumeFilter {
     pub created_at: Option<(Compare, i64)>,
     /// The same for `updated_at`.
     pub updated_at: Option<(Compare, i64)>,
-    /// Only volumes that count against quota (`true`: all of them) or that do not (none)
-    /// (microversion 3.65).
-    pub consumes_quota: Option<bool>,
+    /// Only volumes that have every one of these metadata items.
+    pub metadata: BTreeMap<String, String>,
+    pub size_gib: Option<i64>,
+    /// A filter on a field every volume here has the same value of, asking for another (a
+    /// bootable volume, another zone, one that does not count against quota, a group's): no
+    /// volume matches.
+    pub nothing: bool,
 }
 
 /// A comparison of a time filter (`created_at=gt:2026-11-24T10:00:00`).

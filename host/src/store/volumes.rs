@@ -346,8 +346,19 @@ fn filtered(select: &str, scope: Scope<'_>, filter: &VolumeFilter) -> Query {
     if let Some((op, at)) = filter.updated_at {
         q.and(&format!("updated_at {} ?", op.sql()), at);
     }
-    // Every volume counts against quota.
-    if filter.consumes_quota == Some(false) {
+    for (key, value) in &filter.metadata {
+        // The item as it is written in the stored metadata (compact JSON of a sorted map), which
+        // holds that text exactly when it has the item: a quote outside a JSON string is
+        // always unescaped, and one inside always escaped. `REPLACE` finds it on SQLite and
+        // PostgreSQL alike, case-sensitive.
+        let item =
+            format!("{}:{}", serde_json::Value::from(key.as_str()), serde_json::Value::from(value.as_str()));
+        q.and("REPLACE(metadata, ?, '') <> metadata", item);
+    }
+    if let Some(size) = filter.size_gib {
+        q.and("size_gib = ?", size);
+    }
+    if filter.nothing {
         q.sql.push_str(" AND 1 = 0");
     }
     q
