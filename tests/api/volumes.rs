@@ -32,6 +32,11 @@ both_databases! {
         // Schema's integers, which the OpenAPI document's clients generate).
         let r = c.post("/volumes", json!({"volume": {"size": 3.0}})).await.expect(202);
         assert_eq!(r.body["volume"]["size"], 3);
+
+        // Names and descriptions are kept without the white space around them, as Cinder keeps
+        // them.
+        let r = c.post("/volumes", json!({"volume": {"size": 1, "name": " padded\t", "description": "\n d "}})).await.expect(202);
+        assert_eq!((r.body["volume"]["name"].as_str(), r.body["volume"]["description"].as_str()), (Some("padded"), Some("d")));
     }
 
     async fn a_volume_types_extra_spec_makes_its_volumes_multiattach(s) {
@@ -203,7 +208,8 @@ both_databases! {
 
         // Below 3.53 an empty update is a no-op, as in Cinder; from 3.53 it is refused.
         c.at("3.52").put(&path, json!({"volume": {}})).await.expect(200);
-        c.at("3.53").put(&path, json!({"volume": {}})).await.fault(400, "badRequest");
+        let message = c.at("3.53").put(&path, json!({"volume": {}})).await.fault(400, "badRequest");
+        assert!(message.ends_with("display_description or metadata is required"), "{message}");
 
         // Bad input changes nothing.
         let long = "x".repeat(256);

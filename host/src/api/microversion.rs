@@ -45,7 +45,8 @@ pub const MIN: Version = Version::new(3, 0);
 /// transfers, default types) change nothing here.
 pub const MAX: Version = Version::new(3, 71);
 
-/// Versions where behaviour changes.
+// Versions where behaviour changes.
+
 /// The `glance_metadata` and `group_id` volume filters (Berth's volumes have neither).
 pub const VOLUME_LIST_GLANCE_METADATA: Version = Version::new(3, 4);
 pub const VOLUME_LIST_GROUP: Version = Version::new(3, 10);

@@ -318,7 +318,8 @@ async fn update(
         && change.metadata.is_none()
     {
         return Err(ApiError::bad_request(
-            "Invalid input for field/attribute volume: name, description, display_name, display_description              or metadata is required",
+            "Invalid input for field/attribute volume: name, description, display_name, display_description \
+             or metadata is required",
         ));
     }
     let view_caller = caller.clone();

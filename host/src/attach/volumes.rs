@@ -30,6 +30,12 @@ pub mod bounds {
     pub const MAX_METADATA_KEY: usize = 255;
     pub const MAX_METADATA_VALUE: usize = 255;
 
+    /// A name or description as it is kept: without the white space around it, as Cinder
+    /// keeps them (`clean_name_and_description`).
+    pub fn trimmed(text: Option<String>) -> Option<String> {
+        text.map(|t| t.trim().to_string())
+    }
+
     /// A name or description: at most `max` characters.
     pub fn text(field: &str, value: Option<&str>, max: usize) -> Result<(), AttachError> {
         match value {
@@ -93,8 +99,11 @@ pub struct VolumeChange {
 impl VolumeChange {
     /// Without the white space around its name and description.
     fn cleaned(self) -> Self {
-        let trim = |text: Option<Option<String>>| text.map(|t| t.map(|t| t.trim().to_string()));
-        VolumeChange { name: trim(self.name), description: trim(self.description), metadata: self.metadata }
+        VolumeChange {
+            name: self.name.map(bounds::trimmed),
+            description: self.description.map(bounds::trimmed),
+            metadata: self.metadata,
+        }
     }
 }
 
@@ -139,7 +148,8 @@ impl std::ops::Deref for Volumes<'_> {
 impl Volumes<'_> {
     /// Creates a volume through its backend's driver. When the driver fails, the volume is kept
     /// in `error` (it can be deleted) and the driver's error is returned.
-    pub(super) async fn create(&self, caller: &Caller, req: NewVolume) -> Result<Volume, AttachError> {
+    pub(super) async fn create(&self, caller: &Caller, mut req: NewVolume) -> Result<Volume, AttachError> {
+        (req.name, req.description) = (bounds::trimmed(req.name), bounds::trimmed(req.description));
         bounds::text("name", req.name.as_deref(), bounds::MAX_NAME)?;
         bounds::text("description", req.description.as_deref(), bounds::MAX_DESCRIPTION)?;
         bounds::items(&req.metadata)?;
@@ -432,8 +442,8 @@ impl Volumes<'_> {
     }
 
     /// `PUT /volumes/{id}`: a new name, description or metadata (the metadata replaced whole, as
-    /// Cinder's update does). Names and descriptions lose their surrounding white space, as
-    /// Cinder's do. Any status: nothing a driver or an attachment sees changes.
+    /// Cinder's update does). Names and descriptions are [`bounds::trimmed`], as at create. Any
+    /// status: nothing a driver or an attachment sees changes.
     pub(super) async fn update(
         &self,
         caller: &Caller,
