@@ -323,3 +323,70 @@ async fn after_the_disk_fails_a_sync_of_the_log_every_change_is_refused_until_a_
     }
     c.create_volume(json!({"size": 1})).await;
 }
+
+/// A backend taken out of the configuration: its volumes are still shown, and every change that
+/// needs their driver (delete, attach, extend) is refused with a 503 that names the backend and
+/// what to do, before anything is recorded; once the backend is configured again, they are
+/// served as before.
+#[tokio::test]
+async fn a_volume_whose_backend_no_node_serves_is_refused_until_the_backend_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("berth.db").display());
+    let mut two = berth_tests::server::fake_config();
+    two.node = Some("the-node".into());
+    // A stopped node's name is free again once its lease has run out.
+    two.operations.lease_seconds = 1;
+    let lease = std::time::Duration::from_millis(1500);
+    let mut second = two.backends[0].clone();
+    second.name = "second".into();
+    two.backends.push(second);
+    two.volume_types.push(berth::config::VolumeTypeConfig {
+        name: "second".into(),
+        backend: "second".into(),
+        description: None,
+        extra_specs: Default::default(),
+    });
+    let s = TestServer::start_on(Db::Sqlite, Some(url.clone()), two.clone()).await;
+    let volume = s.client("p1").create_volume(json!({"size": 1, "volume_type": "second"})).await;
+    drop(s);
+    tokio::time::sleep(lease).await;
+
+    let mut one = two.clone();
+    one.backends.retain(|b| b.name != "second");
+    one.volume_types.retain(|t| t.backend != "second");
+    let s = TestServer::start_on(Db::Sqlite, Some(url.clone()), one).await;
+    let c = s.client("p1").at("3.54");
+    assert_eq!(c.volume_status(&volume).await, "available", "still shown");
+    let expected = "Backend second is not served by any Berth node: none has a backend named second in its \
+                    configuration; add it back (or start the node that serves it) and retry";
+    assert_eq!(c.delete(&format!("/volumes/{volume}")).await.fault(503, "serviceUnavailable"), expected);
+    assert_eq!(
+        c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:h", "h")))
+            .await
+            .fault(503, "serviceUnavailable"),
+        expected
+    );
+    let extend = c.post(&format!("/volumes/{volume}/action"), json!({"os-extend": {"new_size": 2}})).await;
+    assert_eq!(extend.fault(503, "serviceUnavailable"), expected);
+    assert_eq!(c.volume_status(&volume).await, "available", "nothing recorded");
+    assert!(
+        c.get(&format!("/attachments?volume_id={volume}")).await.expect(200).body["attachments"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    drop(s);
+
+    // A node of another name has a backend "second" too, but not the one that made the volume
+    // (a node-local backend is its node's).
+    let mut renamed = two.clone();
+    renamed.node = Some("another-node".into());
+    let s = TestServer::start_on(Db::Sqlite, Some(url.clone()), renamed).await;
+    let message = s.client("p1").delete(&format!("/volumes/{volume}")).await.fault(503, "serviceUnavailable");
+    assert!(message.contains("this node's backend second is another service"), "{message}");
+    drop(s);
+    tokio::time::sleep(lease).await;
+
+    let s = TestServer::start_on(Db::Sqlite, Some(url), two).await;
+    s.client("p1").delete(&format!("/volumes/{volume}")).await.expect(202);
+}

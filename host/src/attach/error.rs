@@ -41,8 +41,12 @@ pub enum AttachError {
     /// machine allows (`[tgt] io_threads`, `reserve_threads`, `max_luns`).
     #[error("Backend {backend} cannot export another volume: {why}")]
     ExportCeiling { backend: String, why: String },
-    /// No driver serves the volume's backend (a configuration change removed it).
-    #[error("backend {0} is not available")]
+    /// No driver serves the volume's backend: no node has it in its configuration (a
+    /// configuration change removed it), or a volume type names a backend that failed to load.
+    #[error(
+        "Backend {0} is not served by any Berth node: none has a backend named {0} in its configuration; \
+         add it back (or start the node that serves it) and retry"
+    )]
     BackendUnavailable(String),
     /// The volume cannot be changed right now (another node's operation holds it, or an
     /// interrupted operation could not be finished yet); retrying later may succeed.

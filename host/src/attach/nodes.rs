@@ -229,7 +229,7 @@ impl Service {
                 None => Err(AttachError::BackendUnavailable(served.backend.clone())),
             };
         };
-        if here.is_some_and(|b| b.service_uuid == *owner) {
+        if here.as_ref().is_some_and(|b| b.service_uuid == *owner) {
             return Ok(Placement::Here);
         }
         // The nodes that serve it, those up first.
@@ -248,13 +248,21 @@ impl Service {
             })
             .collect();
         candidates.sort_by_key(|r| (!r.up, r.url.is_none(), r.silent_for));
-        Ok(Placement::Elsewhere(candidates.into_iter().next().unwrap_or(Remote {
-            volume: volume_id.to_string(),
-            node: owner.clone(),
-            url: None,
-            up: false,
-            silent_for: 0,
-        })))
+        match candidates.into_iter().next() {
+            Some(remote) => Ok(Placement::Elsewhere(remote)),
+            // No node has the backend in its configuration (it was taken out, or its node
+            // was never started again): nothing can run the volume's driver calls.
+            None if here.is_none() => Err(AttachError::BackendUnavailable(served.backend.clone())),
+            // This node has a backend of that name, but not the one that made the volume: a
+            // node-local backend is its node's (the node was renamed, or the backend was
+            // shared and no longer is, or the other way round).
+            None => Err(AttachError::Unavailable(format!(
+                "Volume {volume_id} was made by backend {} of another node (service_uuid {owner}), which no \
+                 registered node serves; this node's backend {} is another service. Start the node that \
+                 made it under its name, with the backend as it was.",
+                served.backend, served.backend
+            ))),
+        }
     }
 
     /// Refuses, naming the node that serves it, a volume whose driver calls run elsewhere.
