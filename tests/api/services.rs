@@ -390,3 +390,75 @@ async fn a_volume_whose_backend_no_node_serves_is_refused_until_the_backend_is_b
     let s = TestServer::start_on(Db::Sqlite, Some(url), two).await;
     s.client("p1").delete(&format!("/volumes/{volume}")).await.expect(202);
 }
+
+/// A tmpfs of its own for a test's database, unmounted when dropped (needs root, as the suite
+/// has).
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn new(size: &str) -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "mount a tmpfs at {} (the suite runs as root)", dir.path().display());
+        SmallDisk(dir)
+    }
+
+    fn grow(&self, size: &str) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.0.path())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+/// The database's disk fills up: the change that finds no room is answered 503 with
+/// `Retry-After` and says so (it was a 500), never a 500 before or after it; reads go on; an
+/// operation it left half done is finished by the reconciler once there is room, and changes
+/// are made again, without a restart.
+#[tokio::test]
+async fn a_full_disk_under_the_database_is_a_503_and_changes_resume_once_there_is_room() {
+    let disk = SmallDisk::new("3m");
+    let url = format!("sqlite://{}", disk.0.path().join("berth.db").display());
+    let s = TestServer::start_on(Db::Sqlite, Some(url), berth_tests::server::fake_config()).await;
+    let c = s.client("p1");
+    let metadata: serde_json::Map<String, serde_json::Value> =
+        (0..100).map(|i| (format!("k{i}"), json!("y".repeat(250)))).collect();
+    let mut created = 0;
+    let full = loop {
+        let r = c.post("/volumes", json!({"volume": {"size": 1, "metadata": metadata}})).await;
+        if r.status != 202 {
+            break r;
+        }
+        created += 1;
+        assert!(created < 2000, "3 MiB never filled");
+    };
+    assert_eq!(full.status, 503, "{}", full.body);
+    assert_eq!(full.header("retry-after"), Some("1"));
+    let message = full.body["serviceUnavailable"]["message"].as_str().unwrap();
+    assert!(message.starts_with("The database has no room for the change: its disk is full."), "{message}");
+    let again = c.post("/volumes", json!({"volume": {"size": 1}})).await;
+    assert_eq!(again.status, 503, "{}", again.body);
+    let listed = c.get("/volumes?limit=1000").await.expect(200);
+    assert!(listed.body["volumes"].as_array().unwrap().len() >= created, "reads go on");
+
+    disk.grow("64m");
+    s.service.reconcile().pass(None, &Default::default()).await.expect("a reconcile pass");
+    let volumes = c.get("/volumes/detail?limit=1000").await.expect(200).body["volumes"].clone();
+    let volumes = volumes.as_array().unwrap();
+    assert!(volumes.iter().all(|v| v["status"] == "available"), "nothing left half done");
+    assert!((created..=created + 1).contains(&volumes.len()), "{} of {created}", volumes.len());
+    c.post("/volumes", json!({"volume": {"size": 1}})).await.expect(202);
+    drop(s);
+}

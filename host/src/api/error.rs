@@ -26,7 +26,7 @@ use serde_json::json;
 use crate::attach::AttachError;
 use crate::runtime::contract::DriverError;
 use crate::runtime::{CallError, CallErrorKind};
-use crate::store::StoreError;
+use crate::store::{StoreError, Unavailable};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -201,15 +201,23 @@ impl From<crate::upgrade::UpgradeError> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        match &e {
-            e if e.is_unavailable() => {
+        match e.unavailable() {
+            Some(Unavailable::Busy) => {
                 tracing::warn!("database unavailable: {e}");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "The database is busy or unavailable; retry later.",
                 )
             }
-            _ => ApiError::internal(e),
+            Some(Unavailable::DiskFull) => {
+                tracing::error!("the database's disk is full: {e}");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "The database has no room for the change: its disk is full. Retry once space is freed; \
+                     an operation this request began is finished or undone then.",
+                )
+            }
+            None => ApiError::internal(e),
         }
     }
 }

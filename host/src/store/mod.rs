@@ -111,6 +111,15 @@ impl Default for StoreOptions {
     }
 }
 
+/// A condition of the database that passes: see [`StoreError::unavailable`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    /// Unreachable, busy, out of connections, or an I/O error.
+    Busy,
+    /// Its disk (SQLite's file system, PostgreSQL's data directory) has no room for the change.
+    DiskFull,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// A named constraint refused the change (a race lost against the backstop).
@@ -335,12 +344,25 @@ impl StoreError {
         matches!(self, StoreError::Constraint(c) if c == name)
     }
 
-    /// Whether the database was unreachable or busy (a 503, not a bug).
-    pub fn is_unavailable(&self) -> bool {
+    /// Why the database cannot take the request now, when that passes (a 503, not a bug): it is
+    /// unreachable or busy, or its disk is full. Either way the transaction was rolled back.
+    pub fn unavailable(&self) -> Option<Unavailable> {
         match self {
-            StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)) => true,
-            StoreError::Sqlite(m) => m.contains("database is locked") || m.contains("disk I/O error"),
-            _ => false,
+            StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)) => {
+                Some(Unavailable::Busy)
+            }
+            // PostgreSQL's class 53, insufficient resources: disk_full, then out of memory or
+            // connections; 57P03, cannot_connect_now (starting or stopping).
+            StoreError::Db(sqlx::Error::Database(db)) => match db.code().as_deref() {
+                Some("53100") => Some(Unavailable::DiskFull),
+                Some("53200" | "53300" | "57P03") => Some(Unavailable::Busy),
+                _ => None,
+            },
+            StoreError::Sqlite(m) if m.contains("database or disk is full") => Some(Unavailable::DiskFull),
+            StoreError::Sqlite(m) if m.contains("database is locked") || m.contains("disk I/O error") => {
+                Some(Unavailable::Busy)
+            }
+            _ => None,
         }
     }
 }
@@ -691,6 +713,53 @@ fn make_private(path: &std::path::Path) -> Result<(), StoreError> {
 mod tests {
     use super::*;
     use crate::params;
+
+    /// A PostgreSQL error with a SQLSTATE, as sqlx hands one over.
+    #[derive(Debug)]
+    struct PgState(&'static str);
+
+    impl std::fmt::Display for PgState {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "SQLSTATE {}", self.0)
+        }
+    }
+
+    impl std::error::Error for PgState {}
+
+    impl sqlx::error::DatabaseError for PgState {
+        fn message(&self) -> &str {
+            "could not extend file"
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    #[test]
+    fn a_full_disk_and_a_busy_database_are_conditions_that_pass_and_other_errors_are_not() {
+        let pg = |code| StoreError::Db(sqlx::Error::Database(Box::new(PgState(code))));
+        assert_eq!(pg("53100").unavailable(), Some(Unavailable::DiskFull), "disk_full");
+        assert_eq!(pg("53300").unavailable(), Some(Unavailable::Busy), "too_many_connections");
+        assert_eq!(pg("57P03").unavailable(), Some(Unavailable::Busy), "cannot_connect_now");
+        assert_eq!(pg("42P01").unavailable(), None, "undefined_table is a bug");
+        let sqlite = |m: &str| StoreError::Sqlite(m.into());
+        assert_eq!(sqlite("database or disk is full").unavailable(), Some(Unavailable::DiskFull));
+        assert_eq!(sqlite("database is locked").unavailable(), Some(Unavailable::Busy));
+        assert_eq!(sqlite("no such table: volumes").unavailable(), None);
+        assert_eq!(StoreError::Corrupt("x".into()).unavailable(), None);
+    }
 
     fn wal_sync(store: &Store) -> &WalSync {
         match &*store.db {
