@@ -462,3 +462,94 @@ async fn a_full_disk_under_the_database_is_a_503_and_changes_resume_once_there_i
     c.post("/volumes", json!({"volume": {"size": 1}})).await.expect(202);
     drop(s);
 }
+
+/// A TCP proxy in front of PostgreSQL that a test can cut (the server "goes down": its port
+/// refuses connections and the open ones are closed) and restore on the same port.
+struct PgLink {
+    port: u16,
+    upstream: String,
+    tasks: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl PgLink {
+    /// A proxy to the server of `url`; answers `url` through it.
+    async fn to(url: &str) -> (PgLink, String) {
+        let (scheme_user, rest) = url.split_once('@').expect("postgres://user@host:port/db");
+        let (authority, path) = rest.split_once('/').expect("a database name");
+        let upstream =
+            if authority.contains(':') { authority.to_string() } else { format!("{authority}:5432") };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let link = PgLink { port, upstream, tasks: Default::default() };
+        link.serve(listener);
+        (link, format!("{scheme_user}@127.0.0.1:{port}/{path}"))
+    }
+
+    fn serve(&self, listener: tokio::net::TcpListener) {
+        let (upstream, tasks) = (self.upstream.clone(), self.tasks.clone());
+        let accepting = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                let relay = tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                tasks.lock().unwrap().push(relay);
+            }
+        });
+        self.tasks.lock().unwrap().push(accepting);
+    }
+
+    fn cut(&self) {
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+
+    async fn restore(&self) {
+        let listener =
+            tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await.expect("the same port again");
+        self.serve(listener);
+    }
+}
+
+/// PostgreSQL goes down under a serving node: every request that needs it is answered 503 (with
+/// `Retry-After`), the first within the pool's wait for a connection and the next ones within
+/// seconds (before, each waited 30 s for each of its transactions: a minute), and the node
+/// serves again as soon as the server is back, without a restart.
+#[tokio::test]
+async fn while_postgresql_is_down_requests_are_refused_quickly_and_served_again_when_it_is_back() {
+    let (link, url) = PgLink::to(&berth_tests::pg::fresh_database().await).await;
+    let s = TestServer::start_on(Db::Postgres, Some(url), berth_tests::server::fake_config()).await;
+    let c = s.client("p1");
+    let volume = c.create_volume(json!({"size": 1})).await;
+
+    link.cut();
+    let timed = |r: berth_tests::server::Resp, started: std::time::Instant| {
+        assert_eq!(r.status, 503, "{}", r.body);
+        assert_eq!(r.header("retry-after"), Some("1"));
+        started.elapsed()
+    };
+    let started = std::time::Instant::now();
+    let first = timed(c.post("/volumes", json!({"volume": {"size": 1}})).await, started);
+    assert!(first < std::time::Duration::from_secs(25), "the first refusal took {first:?}");
+    for path in ["/volumes", "/attachments"] {
+        let started = std::time::Instant::now();
+        let later = timed(c.at("3.27").get(path).await, started);
+        assert!(later < std::time::Duration::from_secs(6), "a later refusal took {later:?}");
+    }
+
+    link.restore().await;
+    let mut served = None;
+    for _ in 0..50 {
+        let r = c.get(&format!("/volumes/{volume}")).await;
+        if r.status == 200 {
+            served = Some(r);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(served.is_some(), "served again once PostgreSQL is back");
+    c.post("/volumes", json!({"volume": {"size": 1}})).await.expect(202);
+}

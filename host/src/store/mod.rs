@@ -33,7 +33,7 @@ pub mod volumes;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -393,7 +393,19 @@ pub struct Store {
     commits: Arc<AtomicU64>,
     /// Commits of the database: on SQLite a batch of writes commits once (`batch.rs`).
     transactions: Arc<AtomicU64>,
+    /// PostgreSQL: the last transaction could not begin (no connection within the wait): until
+    /// one begins again, a transaction waits [`PG_WAIT_WHILE_DOWN`] for its connection, not
+    /// [`PG_ACQUIRE_TIMEOUT`], so that while the server is down each request is answered 503
+    /// in seconds, not after the whole wait, with every request before it waiting too.
+    pg_down: Arc<AtomicBool>,
 }
+
+/// How long a PostgreSQL transaction waits for a connection (the pool's own wait: a free
+/// connection under load, or a new one while the server starts).
+const PG_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The same while the server was last seen down.
+const PG_WAIT_WHILE_DOWN: Duration = Duration::from_secs(2);
 
 impl Store {
     /// Opens the database at `url` (`sqlite://path` or `postgres://...`) as `options.opening`
@@ -443,7 +455,7 @@ impl Store {
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             let pool = PgPoolOptions::new()
                 .max_connections(options.max_connections.max(2))
-                .acquire_timeout(Duration::from_secs(30))
+                .acquire_timeout(PG_ACQUIRE_TIMEOUT)
                 .connect(url)
                 .await?;
             if options.opening == Opening::Serve {
@@ -456,7 +468,8 @@ impl Store {
                     .into(),
             )));
         };
-        let store = Store { db: Arc::new(db), commits: Arc::default(), transactions };
+        let store =
+            Store { db: Arc::new(db), commits: Arc::default(), transactions, pg_down: Arc::default() };
         if options.opening == Opening::Existing {
             store.at_this_schema().await?;
         }
@@ -595,15 +608,25 @@ impl Store {
                 // that one (a write in a read-only transaction: a 500). A finished `BEGIN` whose
                 // caller is gone is rolled back when its transaction is dropped.
                 let pool = pool.clone();
-                let begun = tokio::spawn(async move {
+                let begin = tokio::spawn(async move {
                     if write {
                         pool.begin().await
                     } else {
                         pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await
                     }
-                })
-                .await
-                .map_err(|_| StoreError::Db(sqlx::Error::WorkerCrashed))?;
+                });
+                // While the server was last seen down, wait less (the task goes on, and what it
+                // begins late is rolled back as it is dropped).
+                let joined = if self.pg_down.load(Ordering::Acquire) {
+                    tokio::time::timeout(PG_WAIT_WHILE_DOWN, begin)
+                        .await
+                        .unwrap_or(Ok(Err(sqlx::Error::PoolTimedOut)))
+                } else {
+                    begin.await
+                };
+                let begun = joined.map_err(|_| StoreError::Db(sqlx::Error::WorkerCrashed))?;
+                let unreachable = matches!(begun, Err(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)));
+                self.pg_down.store(unreachable, Ordering::Release);
                 Ok(Tx::postgres(begun.map_err(StoreError::from_db)?))
             }
         }
