@@ -98,6 +98,10 @@ fn python_cinderclient_runs_every_attachment_command() {
     cli(&["attachment-delete", &id]);
     assert!(list(&cli(&["attachment-list"])).is_empty());
     assert_eq!(table(&cli(&["show", &volume]))["status"], "available");
+
+    // An admin's force-delete (the `os-force_delete` action).
+    cli(&["force-delete", &volume]);
+    assert!(list(&cli(&["list"])).is_empty());
 }
 
 /// The library's legacy calls, through a noauth session, exactly as an orchestrator makes them.

@@ -100,5 +100,13 @@ both_databases! {
         assert_eq!(member.volume_status(&volume).await, "available");
         s.client("p1").delete(&format!("/volumes/{volume}?force=true")).await.expect(202);
         member.get(&format!("/volumes/{volume}")).await.fault(404, "itemNotFound");
+
+        // The same as an action (`cinder force-delete`), under the same rule.
+        let volume = member.create_volume(json!({"size": 1})).await;
+        let action = format!("/volumes/{volume}/action");
+        let message = member.post(&action, json!({"os-force_delete": {}})).await.fault(403, "forbidden");
+        assert_eq!(message, "Policy doesn't allow volume:force_delete to be performed.");
+        s.client("p1").post(&action, json!({"os-force_delete": null})).await.expect(202);
+        member.get(&format!("/volumes/{volume}")).await.fault(404, "itemNotFound");
     }
 }

@@ -49,6 +49,8 @@ const ACTIONS: &[(&str, Version, Rule, SchemaFn)] = &[
     ("os-detach", MIN, Rule::Detach, |g| g.subschema_for::<Option<Detach>>()),
     ("os-force_detach", MIN, Rule::ForceDetach, |g| g.subschema_for::<Option<ForceDetach>>()),
     ("os-extend", MIN, Rule::Extend, |g| g.subschema_for::<Extend>()),
+    // `cinder force-delete`: `DELETE /volumes/{id}?force=true` as an action, under one rule.
+    ("os-force_delete", MIN, Rule::VolumeForceDelete, no_argument),
     ("os-reimage", REIMAGE, Rule::Reimage, |g| g.subschema_for::<Reimage>()),
     ("os-extend_volume_completion", EXTEND_VOLUME_COMPLETION, Rule::ExtendVolumeCompletion, |g| {
         g.subschema_for::<ExtendCompletion>()
@@ -293,6 +295,7 @@ async fn action(
             })?;
             service.commands().extend_volume(caller, volume, size).await.map(drop)?;
         }
+        "os-force_delete" => service.commands().delete_volume(caller, volume, true).await?,
         "os-reimage" => {
             let arg: Reimage = argument(&name, value, None)?;
             uuid_param("image_id", &arg.image_id)?;
