@@ -64,6 +64,7 @@ impl Auth {
                 .and_then(|d| d.try_into().ok())
                 .ok_or_else(|| format!("{}: sha256 {:?} is not 64 hex digits", path.display(), t.sha256))?;
             check_project(&t.project_id).map_err(|e| format!("{}: {}", path.display(), e.message))?;
+            check_user(&t.user_id).map_err(|e| format!("{}: {e}", path.display()))?;
             let is_service = t.roles.iter().any(|r| r == "service");
             table.insert(
                 digest,
@@ -199,14 +200,27 @@ pub async fn authenticate(
     next.run(request).await
 }
 
+/// A token's user: named (the history and the logs show who acted).
+fn check_user(user: &str) -> Result<(), String> {
+    match user.trim().is_empty() {
+        true => Err("a token's user_id must not be empty".into()),
+        false => Ok(()),
+    }
+}
+
 /// A new random token and the line to add to a tokens file.
 pub fn new_token(user: &str, project: &str, roles: &[String]) -> Result<(String, String), String> {
     check_project(project).map_err(|e| e.message)?;
+    check_user(user)?;
     let token = crate::capabilities::iscsi::random_alphanumeric(40);
     let digest = hex::encode(Sha256::digest(token.as_bytes()));
-    let roles = roles.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>().join(", ");
+    // TOML's own quoting, whatever the names hold.
+    let quoted = |text: &str| toml::Value::String(text.to_string()).to_string();
+    let roles = roles.iter().map(|r| quoted(r)).collect::<Vec<_>>().join(", ");
     let entry = format!(
-        "[[tokens]]\nsha256 = \"{digest}\"\nuser_id = {user:?}\nproject_id = {project:?}\nroles = [{roles}]\n"
+        "[[tokens]]\nsha256 = \"{digest}\"\nuser_id = {}\nproject_id = {}\nroles = [{roles}]\n",
+        quoted(user),
+        quoted(project)
     );
     Ok((token, entry))
 }
@@ -222,6 +236,23 @@ mod tests {
             h.insert(*k, HeaderValue::from_str(v).unwrap());
         }
         h
+    }
+
+    #[tokio::test]
+    async fn a_new_tokens_entry_reads_back_as_the_same_caller() {
+        let (token, entry) = new_token("al\"ice\u{7f} \\", "p1", &["member".into(), "a\"b".into()]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tokens.toml");
+        std::fs::write(&file, &entry).unwrap();
+        let auth = Auth::from_tokens_file(&file).expect(&entry);
+        let c = auth.identify(&headers(&[("x-auth-token", token.as_str())])).await.unwrap();
+        assert_eq!((c.user_id.as_str(), c.project_id.as_str()), ("al\"ice\u{7f} \\", "p1"));
+        assert_eq!(c.roles, ["member", "a\"b"]);
+        assert!(new_token(" ", "p1", &[]).is_err(), "a user without a name");
+        let sha = entry.lines().find(|l| l.starts_with("sha256")).unwrap();
+        std::fs::write(&file, format!("[[tokens]]\n{sha}\nuser_id = \"\"\nproject_id = \"p1\"\n")).unwrap();
+        let refused = Auth::from_tokens_file(&file).err().expect("an empty user_id is refused");
+        assert!(refused.ends_with("a token's user_id must not be empty"), "{refused}");
     }
 
     #[tokio::test]
