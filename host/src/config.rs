@@ -495,6 +495,24 @@ impl Config {
         toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
+    /// Refuses names that mean two things: two backends, or two volume types, of one name (the
+    /// second was silently one with the first, or both were listed under one id).
+    pub fn check_names(&self) -> Result<(), String> {
+        fn twice<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+            let mut seen = std::collections::BTreeSet::new();
+            names.into_iter().find(|n| !seen.insert(*n))
+        }
+        if let Some(name) = twice(self.backends.iter().map(|b| b.name.as_str())) {
+            return Err(format!("backend {name} is configured twice: give each [[backends]] its own name"));
+        }
+        if let Some(name) = twice(self.volume_types.iter().map(|t| t.name.as_str())) {
+            return Err(format!(
+                "volume type {name} is configured twice: give each [[volume_types]] its own name"
+            ));
+        }
+        Ok(())
+    }
+
     /// Fills in the embedded default backend and types when none are configured, and makes every
     /// configured path absolute, once, against the directory `berth serve` was started in: a
     /// relative `--data-dir` or file named in the configuration means the same for the whole run,
@@ -712,6 +730,25 @@ mod tests {
         }
     }
     use super::*;
+
+    #[test]
+    fn a_backend_or_a_volume_type_of_one_name_twice_is_refused() {
+        let config = |toml: &str| -> Config { toml::from_str(toml).unwrap() };
+        let backend = |name: &str| format!("[[backends]]\nname = \"{name}\"\ndriver = \"fake\"\n");
+        let vtype = |name: &str| format!("[[volume_types]]\nname = \"{name}\"\nbackend = \"a\"\n");
+        let ok = config(&format!("{}{}{}{}", backend("a"), backend("b"), vtype("t"), vtype("u")));
+        assert_eq!(ok.check_names(), Ok(()));
+        let twice = config(&format!("{}{}{}", backend("a"), backend("a"), vtype("t")));
+        assert_eq!(
+            twice.check_names().unwrap_err(),
+            "backend a is configured twice: give each [[backends]] its own name"
+        );
+        let twice = config(&format!("{}{}{}", backend("a"), vtype("t"), vtype("t")));
+        assert_eq!(
+            twice.check_names().unwrap_err(),
+            "volume type t is configured twice: give each [[volume_types]] its own name"
+        );
+    }
 
     #[test]
     fn an_empty_configuration_gets_the_embedded_default() {

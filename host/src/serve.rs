@@ -45,6 +45,7 @@ pub struct Assembled {
 /// Builds everything `serve` needs, without listening.
 pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     let config = config.with_defaults();
+    config.check_names().map_err(anyhow::Error::msg)?;
     let data_dir = config.data_dir();
     std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
     set_private(&data_dir)?;
