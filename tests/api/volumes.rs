@@ -159,6 +159,34 @@ both_databases! {
         c.with_roles("member").at("3.31").get("/volumes?project_id=p2").await.fault(400, "badRequest");
     }
 
+    /// `GET /volumes/summary` (`cinder summary`): the project's volumes counted and their sizes
+    /// added up, and from 3.36 each metadata key with its values; an admin's `all_tenants`
+    /// counts every project's. Before 3.12 it is not there.
+    async fn the_volume_summary_counts_sizes_and_metadata(s) {
+        let c = s.client("p1");
+        c.create_volume(json!({"size": 2, "metadata": {"tier": "gold", "team": "a"}})).await;
+        c.create_volume(json!({"size": 3, "metadata": {"tier": "silver"}})).await;
+        let gone = c.create_volume(json!({"size": 40, "metadata": {"tier": "bronze"}})).await;
+        c.delete(&format!("/volumes/{gone}")).await.expect(202);
+        s.client("p2").create_volume(json!({"size": 7})).await;
+
+        let r = c.at("3.36").get("/volumes/summary").await.expect(200);
+        assert_eq!(
+            r.body,
+            json!({"volume-summary": {"total_count": 2, "total_size": 5,
+                "metadata": {"team": ["a"], "tier": ["gold", "silver"]}}})
+        );
+        let r = c.at("3.12").get("/volumes/summary").await.expect(200);
+        assert_eq!(r.body, json!({"volume-summary": {"total_count": 2, "total_size": 5}}));
+        let every = c.at("3.36").get("/volumes/summary?all_tenants=1").await.expect(200);
+        assert_eq!((&every.body["volume-summary"]["total_count"], &every.body["volume-summary"]["total_size"]), (&json!(3), &json!(12)));
+        let member = c.with_roles("member").at("3.36").get("/volumes/summary?all_tenants=1").await.expect(200);
+        assert_eq!(member.body["volume-summary"]["total_count"], 2, "a member's all_tenants is its own project");
+        let empty = s.client("p3").at("3.36").get("/volumes/summary").await.expect(200);
+        assert_eq!(empty.body, json!({"volume-summary": {"total_count": 0, "total_size": 0, "metadata": {}}}));
+        c.at("3.11").get("/volumes/summary").await.fault(404, "itemNotFound");
+    }
+
     async fn a_volume_with_attachments_cannot_be_deleted(s) {
         let c = s.client("p1");
         let id = c.create_volume(json!({"size": 1})).await;

@@ -50,6 +50,9 @@ pub const MAX: Version = Version::new(3, 71);
 /// The `glance_metadata` and `group_id` volume filters (Berth's volumes have neither).
 pub const VOLUME_LIST_GLANCE_METADATA: Version = Version::new(3, 4);
 pub const VOLUME_LIST_GROUP: Version = Version::new(3, 10);
+/// `GET /volumes/summary`, and its metadata.
+pub const VOLUME_SUMMARY: Version = Version::new(3, 12);
+pub const VOLUME_SUMMARY_METADATA: Version = Version::new(3, 36);
 pub const NEW_ATTACH: Version = Version::new(3, 27);
 pub const RESOURCE_FILTER: Version = Version::new(3, 31);
 pub const NEW_ATTACH_COMPLETION: Version = Version::new(3, 44);

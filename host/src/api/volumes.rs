@@ -17,7 +17,7 @@ use super::body::JsonBody;
 use super::error::ApiError;
 use super::microversion::{
     CONSUMES_QUOTA, RESOURCE_FILTER, TIME_COMPARISON_FILTERS, VOLUME_LIST_COUNT, VOLUME_LIST_GLANCE_METADATA,
-    VOLUME_LIST_GROUP, VOLUME_SCHEMA_CHANGES, Version,
+    VOLUME_LIST_GROUP, VOLUME_SCHEMA_CHANGES, VOLUME_SUMMARY, VOLUME_SUMMARY_METADATA, Version,
 };
 use super::openapi::Endpoint;
 use super::path::VolumeId;
@@ -53,6 +53,11 @@ pub fn endpoints() -> Vec<Endpoint> {
             .summary(TAG, "List volumes with their details")
             .list(&LIST)
             .answers::<VolumeDetailList>(StatusCode::OK, "The volumes"),
+        Endpoint::get("/volumes/summary", summary, "showVolumeSummary")
+            .since(VOLUME_SUMMARY)
+            .summary(TAG, "How many volumes, their size together, and their metadata's keys and values")
+            .query("all_tenants", "Every project's (admins only).")
+            .answers::<SummaryBody>(StatusCode::OK, "The summary"),
         Endpoint::get("/volumes/{id}", show, "showVolume")
             .summary(TAG, "Show a volume")
             .answers::<VolumeBody>(StatusCode::OK, "The volume"),
@@ -421,6 +426,42 @@ async fn show(
     let view =
         volume_detail(&volume, &attachments, &caller, version, &links(&state, &headers), hosts.as_ref());
     Ok(Json(VolumeBody { volume: view }).into_response())
+}
+
+/// `{"volume-summary": {...}}`.
+#[derive(Serialize, JsonSchema)]
+struct SummaryBody {
+    #[serde(rename = "volume-summary")]
+    volume_summary: SummaryView,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct SummaryView {
+    total_count: i64,
+    /// GiB.
+    total_size: i64,
+    /// From 3.36: each metadata key, with the values it has among the volumes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<BTreeMap<String, Vec<String>>>,
+}
+
+/// `GET /volumes/summary` (3.12; the metadata from 3.36): the caller's project's volumes, or
+/// every project's for an admin who asks with `all_tenants`.
+async fn summary(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Extension(version): Extension<Version>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::VolumeGetAll)?;
+    let all_tenants =
+        form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes()).any(|(k, _)| k == "all_tenants");
+    let scope = if caller.is_admin() && all_tenants { Scope::All } else { caller.own_project() };
+    let s = state.service.volumes().summary(scope).await?;
+    let metadata = (version >= VOLUME_SUMMARY_METADATA)
+        .then(|| s.metadata.into_iter().map(|(k, values)| (k, values.into_iter().collect())).collect());
+    let view = SummaryView { total_count: s.count, total_size: s.size_gib, metadata };
+    Ok(Json(SummaryBody { volume_summary: view }).into_response())
 }
 
 /// Which node serves each volume, for an admin's view (`os-vol-host-attr:host`).

@@ -107,6 +107,15 @@ impl VolumeChange {
     }
 }
 
+/// What `scope`'s volumes come to (`GET /volumes/summary`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    pub count: i64,
+    pub size_gib: i64,
+    /// Each metadata key, with the values it has.
+    pub metadata: BTreeMap<String, std::collections::BTreeSet<String>>,
+}
+
 /// What a user may change of a volume.
 struct UserFields {
     name: Option<String>,
@@ -553,5 +562,17 @@ impl Volumes<'_> {
 
     pub async fn count(&self, scope: Scope<'_>, filter: &VolumeFilter) -> Result<i64, AttachError> {
         Ok(self.store.read(async |tx| volumes::count(tx, scope, filter).await).await?)
+    }
+
+    /// `GET /volumes/summary`: how many volumes `scope` has, their size together, and each
+    /// metadata key with the values it has among them.
+    pub async fn summary(&self, scope: Scope<'_>) -> Result<Summary, AttachError> {
+        let (count, size_gib, metadata) =
+            self.store.read(async |tx| volumes::summary(tx, scope).await).await?;
+        let mut values: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+        for (key, value) in metadata.into_iter().flatten() {
+            values.entry(key).or_default().insert(value);
+        }
+        Ok(Summary { count, size_gib, metadata: values })
     }
 }

@@ -399,6 +399,30 @@ pub(crate) fn list_query(
     q
 }
 
+/// How many live volumes `scope` has, their size in GiB together, and the metadata of those
+/// that have any (for a summary).
+pub async fn summary(
+    tx: &mut Tx,
+    scope: Scope<'_>,
+) -> Result<(i64, i64, Vec<BTreeMap<String, String>>), StoreError> {
+    let all = VolumeFilter::default();
+    let q = filtered("SELECT COUNT(*), CAST(COALESCE(SUM(size_gib), 0) AS BIGINT)", scope, &all);
+    let totals = tx.query(&q.sql, &q.params).await?;
+    let (count, size) = (totals[0].int(0)?, totals[0].int(1)?);
+    let q = filtered("SELECT metadata", scope, &all);
+    let q = Query { sql: format!("{} AND metadata <> '{{}}'", q.sql), params: q.params };
+    let metadata = tx
+        .query(&q.sql, &q.params)
+        .await?
+        .iter()
+        .map(|r| {
+            serde_json::from_str(&r.text(0)?)
+                .map_err(|e| StoreError::Corrupt(format!("volume metadata: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((count, size, metadata))
+}
+
 /// How many live volumes in `scope` match `filter`.
 pub async fn count(tx: &mut Tx, scope: Scope<'_>, filter: &VolumeFilter) -> Result<i64, StoreError> {
     let q = filtered("SELECT COUNT(*)", scope, filter);
