@@ -40,6 +40,8 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert_eq!(sorted[0][2], "compat-renamed", "{sorted:?}");
     let summary = cli(&["summary"]);
     assert!(summary.contains("total_count") && summary.contains("purpose"), "{summary}");
+    let limits = cli(&["absolute-limits"]);
+    assert!(limits.contains("| totalVolumesUsed         | 1 "), "{limits}");
     let zones = cli(&["availability-zone-list"]);
     assert!(zones.contains("| nova | available |"), "{zones}");
 

@@ -187,6 +187,30 @@ both_databases! {
         c.at("3.11").get("/volumes/summary").await.fault(404, "itemNotFound");
     }
 
+    /// `GET /limits` (`cinder absolute-limits`): no quotas (volumes and gigabytes unlimited, no
+    /// snapshots or backups), and what the project uses; an admin may ask for another project's
+    /// from 3.39, a member may not.
+    async fn the_limits_show_what_a_project_uses_and_no_quota(s) {
+        let c = s.client("p1");
+        c.create_volume(json!({"size": 2})).await;
+        c.create_volume(json!({"size": 3})).await;
+        s.client("p2").create_volume(json!({"size": 7})).await;
+        let r = c.with_roles("reader").get("/limits").await.expect(200);
+        assert_eq!(
+            r.body,
+            json!({"limits": {"rate": [], "absolute": {
+                "maxTotalVolumes": -1, "maxTotalVolumeGigabytes": -1, "maxTotalSnapshots": 0,
+                "maxTotalBackups": 0, "maxTotalBackupGigabytes": 0, "totalVolumesUsed": 2,
+                "totalGigabytesUsed": 5, "totalSnapshotsUsed": 0, "totalBackupsUsed": 0,
+                "totalBackupGigabytesUsed": 0}}})
+        );
+        let used = |r: berth_tests::server::Resp| r.body["limits"]["absolute"]["totalGigabytesUsed"].clone();
+        assert_eq!(used(c.at("3.39").get("/limits?project_id=p2").await.expect(200)), 7);
+        assert_eq!(used(c.at("3.38").get("/limits?project_id=p2").await.expect(200)), 5, "before 3.39: its own");
+        assert_eq!(used(c.with_roles("member").at("3.39").get("/limits?project_id=p2").await.expect(200)), 5);
+        c.at("3.39").get("/limits?project_id=bad%20id").await.fault(400, "badRequest");
+    }
+
     async fn a_volume_with_attachments_cannot_be_deleted(s) {
         let c = s.client("p1");
         let id = c.create_volume(json!({"size": 1})).await;

@@ -53,6 +53,8 @@ pub const VOLUME_LIST_GROUP: Version = Version::new(3, 10);
 /// `GET /volumes/summary`, and its metadata.
 pub const VOLUME_SUMMARY: Version = Version::new(3, 12);
 pub const VOLUME_SUMMARY_METADATA: Version = Version::new(3, 36);
+/// An admin's `project_id` on `GET /limits`.
+pub const LIMITS_OF_A_PROJECT: Version = Version::new(3, 39);
 pub const NEW_ATTACH: Version = Version::new(3, 27);
 pub const RESOURCE_FILTER: Version = Version::new(3, 31);
 pub const NEW_ATTACH_COMPLETION: Version = Version::new(3, 44);

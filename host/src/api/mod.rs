@@ -19,6 +19,7 @@ pub mod error;
 mod failpoints;
 pub mod forward;
 pub mod history;
+pub mod limits;
 pub mod microversion;
 pub mod openapi;
 pub mod path;
@@ -99,6 +100,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         services::endpoints(),
         drivers::endpoints(),
         zones::endpoints(),
+        limits::endpoints(),
     ]
     .into_iter()
     .flatten()

@@ -63,6 +63,7 @@ pub enum Rule {
     DriverGetAll,
     DriverUpgrade,
     AvailabilityZoneList,
+    LimitsGet,
 }
 
 /// The least role a rule needs by default.
@@ -74,7 +75,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 35] = [
+    pub const ALL: [Rule; 36] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -110,6 +111,7 @@ impl Rule {
         Rule::DriverGetAll,
         Rule::DriverUpgrade,
         Rule::AvailabilityZoneList,
+        Rule::LimitsGet,
     ];
 
     /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
@@ -153,6 +155,7 @@ impl Rule {
             Rule::DriverGetAll => "berth:driver:get_all",
             Rule::DriverUpgrade => "berth:driver:upgrade",
             Rule::AvailabilityZoneList => "volume_extension:availability_zone_list",
+            Rule::LimitsGet => "limits_extension:used_limits",
         }
     }
 
@@ -166,7 +169,8 @@ impl Rule {
             | Rule::AttachmentGet
             | Rule::AttachmentGetAll
             | Rule::AttachmentEventGetAll
-            | Rule::AvailabilityZoneList => Least::Reader,
+            | Rule::AvailabilityZoneList
+            | Rule::LimitsGet => Least::Reader,
             Rule::VolumeForceDelete
             | Rule::ForceDetach
             | Rule::ExtendVolumeCompletion
