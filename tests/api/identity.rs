@@ -22,6 +22,11 @@ async fn a_url_naming_another_project_is_a_400() {
     let url = format!("{}/v3/p2/volumes", s.base);
     let message = c.send(reqwest::Method::GET, &url, None).await.fault(400, "badRequest");
     assert_eq!(message, "Malformed request url");
+    // A Cinder resource Berth does not serve, named without a project (as clients from 3.67
+    // do), is not mistaken for a project: a 404, as with the project.
+    for path in ["/v3/snapshots/detail", "/v3/scheduler-stats/get_pools", "/v3/p1/snapshots/detail"] {
+        c.send(reqwest::Method::GET, &format!("{}{path}", s.base), None).await.fault(404, "itemNotFound");
+    }
 }
 
 #[tokio::test]

@@ -141,9 +141,46 @@ pub fn check_project(project: &str) -> Result<(), ApiError> {
 #[derive(Debug, Clone)]
 pub struct PathProject(pub String);
 
-/// The collections that may follow `/v3/` directly; anything else there is a project id.
-const COLLECTIONS: &[&str] =
-    &["volumes", "attachments", "types", "os-services", "os-attachment-events", "os-drivers"];
+/// The collections that may follow `/v3/` directly, Berth's and the rest of Cinder's (so that
+/// one Berth does not serve is a 404, not a URL whose project is not the caller's: a 400);
+/// anything else there is a project id.
+const COLLECTIONS: &[&str] = &[
+    // Berth's.
+    "volumes",
+    "attachments",
+    "types",
+    "os-services",
+    "os-availability-zone",
+    "limits",
+    "os-attachment-events",
+    "os-drivers",
+    // Cinder's others.
+    "snapshots",
+    "backups",
+    "groups",
+    "group_types",
+    "group_snapshots",
+    "consistencygroups",
+    "cgsnapshots",
+    "messages",
+    "clusters",
+    "workers",
+    "manageable_volumes",
+    "manageable_snapshots",
+    "volume-transfers",
+    "os-volume-transfer",
+    "os-volume-manage",
+    "os-snapshot-manage",
+    "os-quota-sets",
+    "os-quota-class-sets",
+    "os-hosts",
+    "qos-specs",
+    "scheduler-stats",
+    "capabilities",
+    "default-types",
+    "resource_filters",
+    "extensions",
+];
 
 /// Rewrites `/v3/{project_id}/rest` to `/v3/rest`, remembering the project, so that both URL
 /// forms reach the same routes.
