@@ -38,6 +38,8 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert!(list(&cli(&["list", "--all-tenants", "--tenant", "nobody"])).is_empty());
     let sorted = list(&cli(&["list", "--sort", "name:asc"]));
     assert_eq!(sorted[0][2], "compat-renamed", "{sorted:?}");
+    cli(&["set-bootable", &volume, "true"]);
+    assert_eq!(table(&cli(&["show", &volume]))["bootable"], "true");
     let summary = cli(&["summary"]);
     assert!(summary.contains("total_count") && summary.contains("purpose"), "{summary}");
     let limits = cli(&["absolute-limits"]);

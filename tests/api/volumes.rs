@@ -211,6 +211,30 @@ both_databases! {
         c.at("3.39").get("/limits?project_id=bad%20id").await.fault(400, "badRequest");
     }
 
+    /// `os-set_bootable` (`cinder set-bootable`): whether a volume may be booted from, which Nova
+    /// checks before it boots an instance from a volume; shown as Cinder shows it, and a filter
+    /// of volume lists. A reader may not change it; a bad value changes nothing.
+    async fn a_volume_is_made_bootable_and_listed_by_it(s) {
+        let c = s.client("p1");
+        let boot = c.create_volume(json!({"size": 1, "name": "boot"})).await;
+        c.create_volume(json!({"size": 1, "name": "data"})).await;
+        let action = format!("/volumes/{boot}/action");
+        assert_eq!(c.get(&format!("/volumes/{boot}")).await.expect(200).body["volume"]["bootable"], "false");
+        c.post(&action, json!({"os-set_bootable": {"bootable": true}})).await.expect(202);
+        assert_eq!(c.get(&format!("/volumes/{boot}")).await.expect(200).body["volume"]["bootable"], "true");
+        let names = |r: berth_tests::server::Resp| -> Vec<String> {
+            r.body["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap().to_string()).collect()
+        };
+        assert_eq!(names(c.get("/volumes?bootable=true").await.expect(200)), ["boot"]);
+        assert_eq!(names(c.get("/volumes?bootable=false").await.expect(200)), ["data"]);
+        c.post(&action, json!({"os-set_bootable": {"bootable": "maybe"}})).await.fault(400, "badRequest");
+        c.post(&action, json!({"os-set_bootable": {}})).await.fault(400, "badRequest");
+        c.with_roles("reader").post(&action, json!({"os-set_bootable": {"bootable": false}})).await.fault(403, "forbidden");
+        assert_eq!(c.get(&format!("/volumes/{boot}")).await.expect(200).body["volume"]["bootable"], "true");
+        c.post(&action, json!({"os-set_bootable": {"bootable": "False"}})).await.expect(202);
+        assert_eq!(c.get(&format!("/volumes/{boot}")).await.expect(200).body["volume"]["bootable"], "false");
+    }
+
     async fn a_volume_with_attachments_cannot_be_deleted(s) {
         let c = s.client("p1");
         let id = c.create_volume(json!({"size": 1})).await;

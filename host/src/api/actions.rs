@@ -22,6 +22,7 @@ use super::policy::Rule;
 use super::{AppState, uuid_param};
 use crate::attach::Caller;
 use crate::attach::legacy::LegacyAttach;
+use crate::attach::volumes::VolumeChange;
 use crate::domain::model::{AttachMode, Connector};
 use crate::runtime::contract::AccessMode;
 
@@ -51,6 +52,8 @@ const ACTIONS: &[(&str, Version, Rule, SchemaFn)] = &[
     ("os-extend", MIN, Rule::Extend, |g| g.subschema_for::<Extend>()),
     // `cinder force-delete`: `DELETE /volumes/{id}?force=true` as an action, under one rule.
     ("os-force_delete", MIN, Rule::VolumeForceDelete, no_argument),
+    // Whether the volume may be booted from, a change of the volume as `PUT` makes.
+    ("os-set_bootable", MIN, Rule::VolumeUpdate, |g| g.subschema_for::<SetBootable>()),
     ("os-reimage", REIMAGE, Rule::Reimage, |g| g.subschema_for::<Reimage>()),
     ("os-extend_volume_completion", EXTEND_VOLUME_COMPLETION, Rule::ExtendVolumeCompletion, |g| {
         g.subschema_for::<ExtendCompletion>()
@@ -142,6 +145,15 @@ struct Extend {
     /// The new size in GiB, larger than the current one (an integer, or a string of digits).
     #[schemars(extend("type" = ["integer", "string"], "pattern" = "^[0-9]+$", "minimum" = 1))]
     new_size: Value,
+}
+
+/// `os-set_bootable`'s argument.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SetBootable {
+    /// `true` or `false` (or a string Cinder reads as one: `"True"`, `"0"`, `"yes"`...).
+    #[schemars(extend("type" = ["boolean", "string"]))]
+    bootable: Value,
 }
 
 /// `os-reimage`'s argument (3.68).
@@ -296,6 +308,22 @@ async fn action(
             service.commands().extend_volume(caller, volume, size).await.map(drop)?;
         }
         "os-force_delete" => service.commands().delete_volume(caller, volume, true).await?,
+        "os-set_bootable" => {
+            let arg: SetBootable = argument(&name, value, None)?;
+            let bootable = match &arg.bootable {
+                Value::Bool(b) => *b,
+                Value::String(s) => super::volumes::boolean("bootable", s)?,
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "Invalid input for field/attribute bootable. Value: {other}. It must be a boolean"
+                    )));
+                }
+            };
+            // 202 as every action but `os-initialize_connection` (Cinder answers 200 with no
+            // body, which the one document of this endpoint cannot say apart from a connection).
+            let change = VolumeChange { bootable: Some(bootable), ..Default::default() };
+            service.commands().update_volume(caller, volume, change).await?;
+        }
         "os-reimage" => {
             let arg: Reimage = argument(&name, value, None)?;
             uuid_param("image_id", &arg.image_id)?;

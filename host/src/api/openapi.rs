@@ -272,7 +272,9 @@ fn list_parameters(spec: &ListSpec) -> Vec<Value> {
                     .into()
             }
             "size" => "Only volumes of this size (GiB).".into(),
-            "bootable" => "`true` or `false` (no volume here is bootable).".into(),
+            "bootable" => {
+                "`true` or `false`: only volumes that may be booted from, or only the others.".into()
+            }
             "availability_zone" => "Only volumes in this zone (every volume is in `nova`).".into(),
             "migration_status" => "Only volumes in this migration status (no volume here migrates).".into(),
             "group_id" => {

@@ -287,7 +287,7 @@ pub fn volume_detail(
         updated_at: timestamp(v.updated_at),
         attachments: attached,
         links: links.of(&v.project_id, "volumes", &v.id),
-        bootable: "false".into(),
+        bootable: v.bootable.to_string(),
         encrypted: false,
         multiattach: v.multiattach,
         metadata: v.metadata.clone(),

@@ -316,6 +316,7 @@ async fn update(
         name: v.name.or(v.display_name),
         description: v.description.or(v.display_description),
         metadata: v.metadata,
+        bootable: None,
     };
     if version >= VOLUME_SCHEMA_CHANGES
         && change.name.is_none()
@@ -500,8 +501,9 @@ const LIST: ListSpec = ListSpec {
     ],
 };
 
-/// A boolean filter's value, as Cinder reads one from 3.2 on (`strutils.bool_from_string`, strict).
-fn boolean(key: &str, value: &str) -> Result<bool, ApiError> {
+/// A boolean filter's or argument's value, as Cinder reads one from 3.2 on
+/// (`strutils.bool_from_string`, strict).
+pub(super) fn boolean(key: &str, value: &str) -> Result<bool, ApiError> {
     match value.trim().to_ascii_lowercase().as_str() {
         "1" | "t" | "true" | "on" | "y" | "yes" => Ok(true),
         "0" | "f" | "false" | "off" | "n" | "no" => Ok(false),
@@ -650,11 +652,10 @@ async fn list(
             })
         })
         .transpose()?;
-    // Every volume here is not bootable, in zone `nova`, counts against quota, and is in no
-    // migration, group or image: a filter asking otherwise matches nothing.
     let bootable = flag("bootable").map(|v| boolean("bootable", v)).transpose()?;
-    let mut nothing = bootable == Some(true)
-        || flag("availability_zone").is_some_and(|zone| zone != ZONE)
+    // Every volume here is in zone `nova`, counts against quota, and is in no migration, group
+    // or image: a filter asking otherwise matches nothing.
+    let mut nothing = flag("availability_zone").is_some_and(|zone| zone != ZONE)
         || consumes_quota == Some(false)
         || flag("migration_status").is_some()
         || group_id
@@ -684,6 +685,7 @@ async fn list(
         updated_at,
         metadata,
         size_gib,
+        bootable,
         nothing,
     };
     let rows = state.service.volumes().list(scope, &filter, &q.page).await?;

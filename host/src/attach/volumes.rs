@@ -86,14 +86,15 @@ pub struct NewVolume {
     pub metadata: BTreeMap<String, String>,
 }
 
-/// A change of a volume's own fields (`PUT /volumes/{id}`): `None` leaves a field as it is;
-/// `Some(None)` clears a name or description.
+/// A change of a volume's own fields (`PUT /volumes/{id}`, `os-set_bootable`): `None` leaves a
+/// field as it is; `Some(None)` clears a name or description.
 #[derive(Debug, Clone, Default)]
 pub struct VolumeChange {
     pub name: Option<Option<String>>,
     pub description: Option<Option<String>>,
     /// The whole new metadata.
     pub metadata: Option<BTreeMap<String, String>>,
+    pub bootable: Option<bool>,
 }
 
 impl VolumeChange {
@@ -102,7 +103,7 @@ impl VolumeChange {
         VolumeChange {
             name: self.name.map(bounds::trimmed),
             description: self.description.map(bounds::trimmed),
-            metadata: self.metadata,
+            ..self
         }
     }
 }
@@ -121,6 +122,7 @@ struct UserFields {
     name: Option<String>,
     description: Option<String>,
     metadata: BTreeMap<String, String>,
+    bootable: bool,
 }
 
 /// Cinder's `_driver_shares_targets`: `false` when the driver says it does not share targets;
@@ -202,6 +204,7 @@ impl Volumes<'_> {
             service_uuid: Some(backend.service_uuid.clone()),
             created_at: now,
             updated_at: now,
+            bootable: false,
         };
         let _lock = self.locks.lock(&row.id).await;
         let op = self.operation(OpKind::CreateVolume, &row.id, None, None);
@@ -450,8 +453,8 @@ impl Volumes<'_> {
         Ok(updated.metadata)
     }
 
-    /// `PUT /volumes/{id}`: a new name, description or metadata (the metadata replaced whole, as
-    /// Cinder's update does). Names and descriptions are [`bounds::trimmed`], as at create. Any
+    /// `PUT /volumes/{id}` and `os-set_bootable`: a new name, description, metadata (replaced
+    /// whole, as Cinder's update does) or bootable flag. Names and descriptions are [`bounds::trimmed`], as at create. Any
     /// status: nothing a driver or an attachment sees changes.
     pub(super) async fn update(
         &self,
@@ -479,6 +482,9 @@ impl Volumes<'_> {
             if let Some(metadata) = change.metadata {
                 fields.metadata = metadata;
             }
+            if let Some(bootable) = change.bootable {
+                fields.bootable = bootable;
+            }
             Ok(())
         })
         .await
@@ -503,6 +509,7 @@ impl Volumes<'_> {
                     name: volume.name.take(),
                     description: volume.description.take(),
                     metadata: std::mem::take(&mut volume.metadata),
+                    bootable: volume.bootable,
                 };
                 change(&mut fields)?;
                 bounds::count(&fields.metadata)?;
@@ -512,10 +519,11 @@ impl Volumes<'_> {
                     fields.name.as_deref(),
                     fields.description.as_deref(),
                     &fields.metadata,
+                    fields.bootable,
                 )
                 .await?;
-                (volume.name, volume.description, volume.metadata) =
-                    (fields.name, fields.description, fields.metadata);
+                (volume.name, volume.description, volume.metadata, volume.bootable) =
+                    (fields.name, fields.description, fields.metadata, fields.bootable);
                 Ok(volume)
             })
             .await

@@ -37,9 +37,9 @@ pub struct VolumeFilter {
     /// Only volumes that have every one of these metadata items.
     pub metadata: BTreeMap<String, String>,
     pub size_gib: Option<i64>,
-    /// A filter on a field every volume here has the same value of, asking for another (a
-    /// bootable volume, another zone, one that does not count against quota, a group's): no
-    /// volume matches.
+    pub bootable: Option<bool>,
+    /// A filter on a field every volume here has the same value of, asking for another
+    /// (another zone, one that does not count against quota, a group's): no volume matches.
     pub nothing: bool,
 }
 

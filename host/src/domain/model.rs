@@ -33,6 +33,8 @@ pub struct Volume {
     pub service_uuid: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
+    /// Whether it may be booted from (`os-set_bootable`).
+    pub bootable: bool,
 }
 
 impl Volume {

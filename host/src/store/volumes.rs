@@ -12,7 +12,7 @@ use crate::runtime::model::VolumeFields;
 
 const COLUMNS: &str = "id, project_id, user_id, name, description, size_gib, volume_type, backend, multiattach, \
      status, attach_status, provider_location, provider_auth, provider_id, driver_data, metadata, \
-     shared_targets, service_uuid, created_at, updated_at";
+     shared_targets, service_uuid, created_at, updated_at, bootable";
 
 fn from_row(r: &Row) -> Result<Volume, StoreError> {
     let id = r.text(0)?;
@@ -45,6 +45,7 @@ fn from_row(r: &Row) -> Result<Volume, StoreError> {
         service_uuid: r.opt_text(17)?,
         created_at: r.int(18)?,
         updated_at: r.int(19)?,
+        bootable: r.flag(20)?,
         id,
     })
 }
@@ -61,7 +62,7 @@ pub async fn insert(tx: &mut Tx, v: &Volume) -> Result<(), StoreError> {
     tx.execute(
         &format!(
             "INSERT INTO volumes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
-             $15, $16, $17, $18, $19, $20)"
+             $15, $16, $17, $18, $19, $20, $21)"
         ),
         &params![
             &v.id,
@@ -84,6 +85,7 @@ pub async fn insert(tx: &mut Tx, v: &Volume) -> Result<(), StoreError> {
             &v.service_uuid,
             v.created_at,
             v.updated_at,
+            v.bootable,
         ],
     )
     .await?;
@@ -261,17 +263,19 @@ pub async fn set_size(tx: &mut Tx, id: &str, size_gib: i64) -> Result<(), StoreE
     Ok(())
 }
 
-/// Writes the user's fields of a locked volume: its name, description and metadata.
+/// Writes the user's fields of a locked volume: its name, description, metadata and whether it
+/// is bootable.
 pub async fn set_user_fields(
     tx: &mut Tx,
     id: &str,
     name: Option<&str>,
     description: Option<&str>,
     metadata: &BTreeMap<String, String>,
+    bootable: bool,
 ) -> Result<(), StoreError> {
     tx.execute(
-        "UPDATE volumes SET name = $2, description = $3, metadata = $4, updated_at = $5 WHERE id = $1",
-        &params![id, name, description, map_text(metadata), now_micros()],
+        "UPDATE volumes SET name = $2, description = $3, metadata = $4, bootable = $5, updated_at = $6 WHERE id = $1",
+        &params![id, name, description, map_text(metadata), bootable, now_micros()],
     )
     .await?;
     Ok(())
@@ -357,6 +361,9 @@ fn filtered(select: &str, scope: Scope<'_>, filter: &VolumeFilter) -> Query {
     }
     if let Some(size) = filter.size_gib {
         q.and("size_gib = ?", size);
+    }
+    if let Some(bootable) = filter.bootable {
+        q.and("bootable = ?", bootable);
     }
     if filter.nothing {
         q.sql.push_str(" AND 1 = 0");
