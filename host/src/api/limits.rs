@@ -16,6 +16,7 @@ use super::error::ApiError;
 use super::microversion::{LIMITS_OF_A_PROJECT, Version};
 use super::openapi::Endpoint;
 use super::policy::Rule;
+use super::query::param;
 use crate::attach::Caller;
 use crate::domain::list::Scope;
 
@@ -70,10 +71,8 @@ async fn index(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::LimitsGet)?;
-    let asked = form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes())
-        .find(|(k, _)| k == "project_id")
-        .map(|(_, v)| v.into_owned())
-        .filter(|_| caller.is_admin() && version >= LIMITS_OF_A_PROJECT);
+    let asked =
+        param(raw.as_deref(), "project_id").filter(|_| caller.is_admin() && version >= LIMITS_OF_A_PROJECT);
     if let Some(project) = &asked {
         check_project(project)?;
     }

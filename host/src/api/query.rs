@@ -33,6 +33,12 @@ pub struct ListSpec {
     pub flags: &'static [&'static str],
 }
 
+/// The value of one parameter of a query that is not a list's (`force`, `all_tenants`), if the
+/// query has it.
+pub fn param(raw: Option<&str>, key: &str) -> Option<String> {
+    form_urlencoded::parse(raw.unwrap_or("").as_bytes()).find(|(k, _)| k == key).map(|(_, v)| v.into_owned())
+}
+
 pub fn parse(raw: Option<&str>, spec: &ListSpec, version: Version) -> Result<ListQuery, ApiError> {
     let pairs: Vec<(String, String)> = form_urlencoded::parse(raw.unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))

@@ -22,7 +22,7 @@ use super::microversion::{
 use super::openapi::Endpoint;
 use super::path::VolumeId;
 use super::policy::Rule;
-use super::query::{ListSpec, parse};
+use super::query::{ListSpec, param, parse};
 use super::views::{Links, VolumeBody, VolumeDetailList, VolumeList, volume_detail, volume_summary};
 use super::zones::ZONE;
 use crate::attach::Caller;
@@ -455,8 +455,7 @@ async fn summary(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::VolumeGetAll)?;
-    let all_tenants =
-        form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes()).any(|(k, _)| k == "all_tenants");
+    let all_tenants = param(raw.as_deref(), "all_tenants").is_some();
     let scope = if caller.is_admin() && all_tenants { Scope::All } else { caller.own_project() };
     let s = state.service.volumes().summary(scope).await?;
     let metadata = (version >= VOLUME_SUMMARY_METADATA)
@@ -734,8 +733,8 @@ async fn remove(
     VolumeId(id): VolumeId,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
-    let force = form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes())
-        .any(|(k, v)| k == "force" && matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"));
+    let force = param(raw.as_deref(), "force")
+        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"));
     state.authorize(&caller, if force { Rule::VolumeForceDelete } else { Rule::VolumeDelete })?;
     state.service.commands().delete_volume(caller, id, force).await?;
     Ok(StatusCode::ACCEPTED.into_response())
