@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use berth::capabilities::iscsi::TargetState;
 use berth::capabilities::iscsi::tgt::parse_show;
 
-use crate::pg::free_port;
 use crate::process::BerthProcess;
 use crate::server::Client;
 
@@ -63,12 +62,21 @@ impl TgtdProcess {
                 break n;
             }
         };
-        let mut t = TgtdProcess { child: None, control_port, portal_port: free_port(), io_threads };
-        t.spawn();
-        t
+        let mut t = TgtdProcess { child: None, control_port, portal_port: portal_port(), io_threads };
+        // Another process may take the portal's port between the choice and tgtd's bind.
+        for _ in 0..5 {
+            if t.spawn() {
+                return t;
+            }
+            t.kill();
+            t.portal_port = portal_port();
+        }
+        panic!("tgtd could not bind a portal in five tries");
     }
 
-    fn spawn(&mut self) {
+    /// Starts tgtd and waits until it answers; whether it holds its portal (a tgtd that cannot
+    /// bind it runs on without it).
+    fn spawn(&mut self) -> bool {
         assert!(
             Path::new("/usr/sbin/tgtd").exists(),
             "tgtd is not installed (Debian package tgt); run .ci/setup"
@@ -93,6 +101,16 @@ impl TgtdProcess {
             assert!(Instant::now() < deadline, "tgtd did not answer on control port {c}");
             std::thread::sleep(Duration::from_millis(20));
         }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            if self.pid().is_some_and(|pid| listens_on(pid, p)) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The tgtd process's id (it runs under a shell that stops it with the test).
@@ -111,7 +129,7 @@ impl TgtdProcess {
     /// Kills tgtd and starts a fresh, empty one on the same ports.
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        assert!(self.spawn(), "the restarted tgtd could not bind its portal 127.0.0.1:{}", self.portal_port);
     }
 
     pub fn tgtadm(&self, args: &[&str]) -> std::process::Output {
@@ -154,6 +172,42 @@ impl TgtdProcess {
 impl Drop for TgtdProcess {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Whether process `pid` has a socket listening on 127.0.0.1:`port` (or every address): the
+/// listening socket's inode in `/proc/net/tcp`, among the process's descriptors.
+fn listens_on(pid: u32, port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (address, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+            let (ip, hex_port) = address.split_once(':')?;
+            let listening = *state == "0A" && u16::from_str_radix(hex_port, 16).ok()? == port;
+            (listening && (ip == "0100007F" || ip == "00000000")).then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|i| target.to_string_lossy() == *i))
+    })
+}
+
+/// A port for a tgtd's portal, free now, below the kernel's ephemeral range (32768 and up), where
+/// `free_port()` finds the ports of the test's other servers: a port found there is free only
+/// until the test's next server takes it, and a tgtd that cannot bind its portal goes on without
+/// it, its initiators' logins then reaching whatever took the port (a `berth serve` of another
+/// test, which closes the connection: libiscsi's "Can not reconnect right now").
+fn portal_port() -> u16 {
+    loop {
+        let n = 10_000 + (rand_u32() % 22_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", n)).is_ok() {
+            return n;
+        }
     }
 }
 
