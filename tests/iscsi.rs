@@ -474,6 +474,32 @@ async fn berth_starts_tgtd_when_none_answers() {
     login(&Target::from_connection_info(&info), ALICE).expect("berth's own tgtd serves the volume");
 }
 
+/// A portal another process holds: the tgtd berth starts runs on without it (tgtd only logs
+/// that it could not bind it), and every login would reach that other process. `berth serve`
+/// stops that tgtd and refuses to start, naming the portal and what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn berth_refuses_a_tgtd_it_started_that_could_not_take_its_portal() {
+    let probe = TgtdProcess::start();
+    let control = probe.control_port;
+    drop(probe);
+    let _stop = StopDaemon(control);
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let portal = holder.local_addr().unwrap().port();
+    let config = format!("[tgt]\nportal = \"127.0.0.1:{portal}\"\ncontrol_port = {control}\nstart = true\n");
+    let refused = BerthProcess::try_start("", &config, &[]).err().expect("berth serve refuses to start");
+    assert!(
+        refused.contains(&format!(
+            "could not listen on its portal 127.0.0.1:{portal}: another process holds the port; set [tgt] portal"
+        )),
+        "{refused}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while berth_tests::tgt::tgtd_pid(control).is_some() {
+        assert!(Instant::now() < deadline, "the tgtd berth started was stopped");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The system's tgtd, started as `packaging/tgt.service.d/berth.conf` starts it: with the
 /// environment `berth tgtd-preload` prints (an `EnvironmentFile`), it has the library loaded.
 #[test]

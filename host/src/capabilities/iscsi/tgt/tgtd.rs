@@ -166,11 +166,32 @@ impl Tgtd {
         }
         for _ in 0..100 {
             if self.is_running().await {
+                self.check_portal(portal).await?;
                 return Ok(true);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Err(TargetError::Timeout("tgtd did not start answering within 5 s".into()))
+    }
+
+    /// A tgtd that cannot bind its portal (another process holds the port) runs on without it,
+    /// logging it only, and every initiator's login then reaches that other process: the tgtd this
+    /// process started must hold its portal, or it is stopped and the start refused.
+    async fn check_portal(&self, portal: &Portal) -> Result<(), TargetError> {
+        let pid = self.reload().await.map_err(|f| f.into_error("read tgtd's process id"))?;
+        for _ in 0..100 {
+            if listens_on(pid, portal.port) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // SAFETY: a signal to the tgtd this process has just started and found not listening.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        Err(TargetError::Failed(format!(
+            "the tgtd started on control port {} could not listen on its portal {}:{}: another process \
+             holds the port; set [tgt] portal to a free one, or stop that process",
+            self.cfg.control_port, portal.address, portal.port
+        )))
     }
 
     /// The control socket's identity, or `None` when it is not there.
@@ -702,6 +723,32 @@ impl Tgtd {
         }
         Ok(())
     }
+}
+
+/// Whether process `pid` has a TCP socket listening on `port` (IPv4 or IPv6, any address): a
+/// listening socket's inode in `/proc/net/tcp*`, among the process's descriptors.
+fn listens_on(pid: i32, port: u16) -> bool {
+    let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    let (address, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+                    let listening =
+                        *state == "0A" && u16::from_str_radix(address.rsplit_once(':')?.1, 16).ok()? == port;
+                    listening.then(|| format!("socket:[{inode}]"))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str()))
+    })
 }
 
 #[cfg(test)]
