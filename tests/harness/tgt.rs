@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use berth::capabilities::iscsi::TargetState;
-use berth::capabilities::iscsi::tgt::parse_show;
+use berth::capabilities::iscsi::tgt::{listens_on, parse_show};
 
 use crate::process::BerthProcess;
 use crate::server::Client;
@@ -103,7 +103,7 @@ impl TgtdProcess {
         }
         let deadline = Instant::now() + Duration::from_secs(2);
         loop {
-            if self.pid().is_some_and(|pid| listens_on(pid, p)) {
+            if self.pid().is_some_and(|pid| i32::try_from(pid).is_ok_and(|pid| listens_on(pid, p))) {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -173,28 +173,6 @@ impl Drop for TgtdProcess {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// Whether process `pid` has a socket listening on 127.0.0.1:`port` (or every address): the
-/// listening socket's inode in `/proc/net/tcp`, among the process's descriptors.
-fn listens_on(pid: u32, port: u16) -> bool {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    let inodes: Vec<String> = table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let (address, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
-            let (ip, hex_port) = address.split_once(':')?;
-            let listening = *state == "0A" && u16::from_str_radix(hex_port, 16).ok()? == port;
-            (listening && (ip == "0100007F" || ip == "00000000")).then(|| format!("socket:[{inode}]"))
-        })
-        .collect();
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
-    fds.flatten().any(|fd| {
-        std::fs::read_link(fd.path())
-            .is_ok_and(|target| inodes.iter().any(|i| target.to_string_lossy() == *i))
-    })
 }
 
 /// A port for a tgtd's portal, free now, below the kernel's ephemeral range (32768 and up), where

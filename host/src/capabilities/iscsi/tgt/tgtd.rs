@@ -727,7 +727,7 @@ impl Tgtd {
 
 /// Whether process `pid` has a TCP socket listening on `port` (IPv4 or IPv6, any address): a
 /// listening socket's inode in `/proc/net/tcp*`, among the process's descriptors.
-fn listens_on(pid: i32, port: u16) -> bool {
+pub fn listens_on(pid: i32, port: u16) -> bool {
     let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
         .filter_map(|table| std::fs::read_to_string(table).ok())
