@@ -740,12 +740,23 @@ async fn the_reconciler_makes_identities_and_images_agree_with_the_database_both
     ceph.rbd(&["create", "--size", "4M", &format!("volumes/{}", image(&gone))]);
     let unknown = format!("volume-{}", uuid::Uuid::new_v4());
     ceph.rbd(&["create", "--size", "4M", &format!("volumes/{unknown}")]);
+    // An unmanaged volume's image is its data, the operator's now: left alone, and not reported.
+    let kept = c.create_volume(json!({"size": 1})).await;
+    wait_status(&c, &kept, "available").await;
+    c.post(&format!("/volumes/{kept}/action"), json!({"os-unmanage": null})).await.expect(202);
+    wait_status(&c, &kept, "deleted").await;
     eventually(&server, "the deleted volume's image stayed", || ceph.image_size(&image(&gone)).is_none())
         .await;
     assert!(server.log_text().contains("deleting the image of a deleted volume"));
     assert_eq!(removed(&gone, "image of the deleted volume deleted").await, [(json!("revoke"), Value::Null)]);
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(ceph.image_size(&unknown).is_some(), "an image of a volume it does not know was removed");
+    assert!(ceph.image_size(&image(&kept)).is_some(), "an unmanaged volume's image was removed");
+    assert!(
+        !server.log_text().lines().any(|l| l.contains("drift") && l.contains(&kept)),
+        "reported as drift"
+    );
+    ceph.rbd(&["rm", "--no-progress", &format!("volumes/{}", image(&kept))]);
     ceph.rbd(&["rm", "--no-progress", &format!("volumes/{unknown}")]);
     assert!(ceph.image_size(&image(&volume)).is_some(), "an attached volume's image was removed");
     // A volume whose image went behind Berth's back: nothing can make its data again; reported.

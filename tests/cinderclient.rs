@@ -108,6 +108,11 @@ fn python_cinderclient_runs_every_attachment_command() {
     // An admin's force-delete (the `os-force_delete` action).
     cli(&["force-delete", &volume]);
     assert!(list(&cli(&["list"])).is_empty());
+
+    // And unmanage (`os-unmanage`): the volume leaves Berth's lists.
+    let kept = table(&cli(&["create", "--name", "kept", "1"]))["id"].clone();
+    cli(&["unmanage", &kept]);
+    assert!(list(&cli(&["list"])).is_empty());
 }
 
 /// The library's legacy calls, through a noauth session, exactly as an orchestrator makes them.

@@ -49,6 +49,8 @@ enum Flow {
     ForceDetach,
     /// `os-extend` of an available volume, from 1 GiB to 2.
     ExtendVolume,
+    /// An admin's `os-unmanage` of a detached volume (its target kept by tgtd for reuse).
+    Unmanage,
 }
 
 /// What a set-up made (all acknowledged).
@@ -96,7 +98,7 @@ async fn live_ids(c: &Client, volume: &str) -> Vec<String> {
 }
 
 impl Flow {
-    const ALL: [Flow; 17] = [
+    const ALL: [Flow; 18] = [
         Flow::CreateVolume,
         Flow::DeleteVolume,
         Flow::CreateAttachment,
@@ -114,6 +116,7 @@ impl Flow {
         Flow::LegacyTerminateUnknown,
         Flow::ForceDetach,
         Flow::ExtendVolume,
+        Flow::Unmanage,
     ];
 
     async fn set_up(self, c: &Client) -> Made {
@@ -161,6 +164,10 @@ impl Flow {
             }
             Flow::DeleteAttachment | Flow::ForceDetach => {
                 made.attachments.push(("alice", attach(c, &v, ALICE, "alice-host", true).await));
+            }
+            Flow::Unmanage => {
+                let id = attach(c, &v, ALICE, "alice-host", true).await;
+                c.delete(&format!("/attachments/{id}")).await.expect(200);
             }
             Flow::DeleteOneOfTwo => {
                 made.attachments.push(("alice", attach(c, &v, ALICE, "alice-host", true).await));
@@ -262,6 +269,9 @@ impl Flow {
             Flow::ExtendVolume => {
                 (Method::POST, format!("/volumes/{v}/action"), Some(json!({"os-extend": {"new_size": 2}})))
             }
+            Flow::Unmanage => {
+                (Method::POST, format!("/volumes/{v}/action"), Some(json!({"os-unmanage": null})))
+            }
         };
         c.try_send(method, &path, body, Some(timeout)).await.map(|r| r.status)
     }
@@ -361,6 +371,15 @@ impl Flow {
                 );
                 expect(status == Some("detaching"), format!("the volume is {status:?}, not detaching"));
             }
+            Flow::Unmanage => {
+                // Not finished (the admin asks again): the export's removal was, or the volume
+                // is unmanaged after all. Either way its data is still there.
+                expect(
+                    matches!(status, Some("available") | None),
+                    format!("the interrupted unmanage left the volume {status:?}"),
+                );
+                expect(rig.backing_file(v).exists(), "the unmanaged volume's backing file is gone".into());
+            }
             Flow::ExtendVolume => {
                 // Finished: the driver grows the backing file again (idempotent), then the size
                 // is recorded; the database and the backing file agree.
@@ -392,7 +411,7 @@ impl Flow {
                 let new: Vec<_> = w.volumes.keys().filter(|id| !made.volumes_before.contains(*id)).collect();
                 new.len() == 1 && w.volumes[new[0]].status == "available"
             }
-            Flow::DeleteVolume => status.is_none(),
+            Flow::DeleteVolume | Flow::Unmanage => status.is_none(),
             Flow::CreateAttachment => {
                 live.len() == 1 && live[0].is_connected() && live[0].status == "attaching"
             }
@@ -718,4 +737,5 @@ interruption_tests! {
     legacy_terminate_of_an_unknown_connector => LegacyTerminateUnknown, power_failure;
     force_detach => ForceDetach, power_failure;
     volume_extend => ExtendVolume;
+    volume_unmanage => Unmanage;
 }

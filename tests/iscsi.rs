@@ -107,6 +107,42 @@ async fn a_real_initiator_reads_and_writes_an_attached_volume_and_nobody_else_ge
     assert!(rig.tgtd_changes() > 0, "the changes are logged");
 }
 
+/// `os-unmanage`: refused while a host is attached (its access stays); once detached, Berth
+/// removes the export from tgtd and forgets the volume, and its backing file stays with the data
+/// the host wrote, which no reconcile pass touches afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmanaged_volume_leaves_tgtd_and_keeps_its_data_on_the_backend() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let file = rig.backing_file(&volume);
+    let written = pattern(5, 8 * BLOCK);
+    let (attachment, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let target = Target::from_connection_info(&info);
+    login(&target, ALICE).unwrap().write(0, &written).unwrap();
+
+    let action = format!("/volumes/{volume}/action");
+    c.post(&action, json!({"os-unmanage": null})).await.fault(400, "badRequest");
+    assert_eq!(login(&target, ALICE).unwrap().read(0, written.len()).unwrap(), written, "access stays");
+    c.delete(&format!("/attachments/{attachment}")).await.expect(200);
+    assert!(
+        rig.tgtd.targets().iter().any(|t| t.iqn == target.iqn),
+        "the detached volume's target is kept for reuse"
+    );
+
+    c.post(&action, json!({"os-unmanage": null})).await.expect(202);
+    c.get(&format!("/volumes/{volume}")).await.fault(404, "itemNotFound");
+    assert!(!rig.tgtd.targets().iter().any(|t| t.iqn == target.iqn), "the export is removed");
+    // Reconcile passes run every 0.25 s here: several go by.
+    std::thread::sleep(Duration::from_secs(2));
+    let data = std::fs::read(&file).expect("the backing file stays");
+    assert_eq!(data.len() as u64, GIB);
+    assert_eq!(&data[..written.len()], &written[..], "with the data the host wrote");
+    assert!(!rig.tgtd.targets().iter().any(|t| t.iqn == target.iqn));
+    let log = rig.berth.log_text();
+    assert!(!log.lines().any(|l| l.contains("drift") && l.contains(&volume)), "{log}");
+}
+
 /// `os-extend` grows the volume that the initiator sees: written, detached, extended from 1 GiB
 /// to 2, attached again: the initiator reads a 2 GiB capacity, the old data, and writes at the new
 /// end.

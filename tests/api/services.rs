@@ -326,8 +326,8 @@ async fn after_the_disk_fails_a_sync_of_the_log_every_change_is_refused_until_a_
 
 /// A backend taken out of the configuration: its volumes are still shown, and every change that
 /// needs their driver (delete, attach, extend) is refused with a 503 that names the backend and
-/// what to do, before anything is recorded; once the backend is configured again, they are
-/// served as before.
+/// what to do, before anything is recorded; an admin can unmanage them (nothing to ask a driver);
+/// once the backend is configured again, they are served as before.
 #[tokio::test]
 async fn a_volume_whose_backend_no_node_serves_is_refused_until_the_backend_is_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -348,6 +348,14 @@ async fn a_volume_whose_backend_no_node_serves_is_refused_until_the_backend_is_b
     });
     let s = TestServer::start_on(Db::Sqlite, Some(url.clone()), two.clone()).await;
     let volume = s.client("p1").create_volume(json!({"size": 1, "volume_type": "second"})).await;
+    // And one its backend failed to delete (a decommissioned array's).
+    let stuck = s
+        .client("p1")
+        .create_volume(
+            json!({"size": 1, "volume_type": "second", "metadata": {"fake.delete-volume": "backend"}}),
+        )
+        .await;
+    s.client("p1").delete(&format!("/volumes/{stuck}")).await.fault(502, "computeFault");
     drop(s);
     tokio::time::sleep(lease).await;
 
@@ -369,6 +377,10 @@ async fn a_volume_whose_backend_no_node_serves_is_refused_until_the_backend_is_b
     let extend = c.post(&format!("/volumes/{volume}/action"), json!({"os-extend": {"new_size": 2}})).await;
     assert_eq!(extend.fault(503, "serviceUnavailable"), expected);
     assert_eq!(c.volume_status(&volume).await, "available", "nothing recorded");
+    // What an admin can still do: make Berth forget a volume, which needs no driver.
+    assert_eq!(c.volume_status(&stuck).await, "error_deleting");
+    c.post(&format!("/volumes/{stuck}/action"), json!({"os-unmanage": null})).await.expect(202);
+    c.get(&format!("/volumes/{stuck}")).await.fault(404, "itemNotFound");
     assert!(
         c.get(&format!("/attachments?volume_id={volume}")).await.expect(200).body["attachments"]
             .as_array()

@@ -247,6 +247,46 @@ both_databases! {
         c.delete(&format!("/volumes/{id}")).await.expect(202);
     }
 
+    async fn an_admin_unmanages_a_volume_without_attachments_and_its_driver_only_removes_the_export(s) {
+        let admin = s.client("p1").at("3.54");
+        let member = s.client("p1").with_roles("member");
+        // The fake driver fails a call its metadata scripts: unmanaging must never ask for
+        // delete-volume.
+        let id = admin.create_volume(json!({"size": 1, "metadata": {"fake.delete-volume": "backend"}})).await;
+        let action = format!("/volumes/{id}/action");
+        let message = member.post(&action, json!({"os-unmanage": null})).await.fault(403, "forbidden");
+        assert_eq!(message, "Policy doesn't allow volume_extension:volume_unmanage to be performed.");
+
+        let a = admin.attach(&id, Some(connector("iqn.1993-08.org.debian:01:aa", "h1"))).await.expect(200);
+        let message = admin.post(&action, json!({"os-unmanage": {}})).await.fault(400, "badRequest");
+        assert!(message.starts_with("Invalid volume: Volume status must be available or error or error_deleting"), "{message}");
+        assert_eq!(admin.volume_status(&id).await, "attaching");
+        let att = a.body["attachment"]["id"].as_str().unwrap();
+        admin.delete(&format!("/attachments/{att}")).await.expect(200);
+
+        // The export is removed first: when the driver cannot, nothing changes.
+        admin.post(&format!("/volumes/{id}/metadata"), json!({"metadata": {"fake.remove-export": "backend"}})).await.expect(200);
+        let message = admin.post(&action, json!({"os-unmanage": null})).await.fault(502, "computeFault");
+        assert!(message.contains("remove-export"), "{message}");
+        assert_eq!(admin.volume_status(&id).await, "available");
+        admin.post(&format!("/volumes/{id}/metadata"), json!({"metadata": {"fake.remove-export": "ok"}})).await.expect(200);
+
+        admin.post(&action, json!({"os-unmanage": null})).await.expect(202);
+        admin.get(&format!("/volumes/{id}")).await.fault(404, "itemNotFound");
+        assert_eq!(admin.get("/volumes").await.expect(200).body["volumes"], json!([]));
+        admin.post(&action, json!({"os-unmanage": null})).await.fault(404, "itemNotFound");
+        let events = admin.get(&format!("/os-attachment-events?volume_id={id}")).await.expect(200);
+        let last = events.body["attachment_events"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!((last["event"].as_str(), last["outcome"].as_str()), (Some("unmanage"), Some("unmanaged")));
+
+        // A volume whose delete failed is unmanaged as well (Berth has no `os-reset_status`).
+        let id = admin.create_volume(json!({"size": 1, "metadata": {"fake.delete-volume": "backend"}})).await;
+        admin.delete(&format!("/volumes/{id}")).await.fault(502, "computeFault");
+        assert_eq!(admin.volume_status(&id).await, "error_deleting");
+        admin.post(&format!("/volumes/{id}/action"), json!({"os-unmanage": null})).await.expect(202);
+        admin.get(&format!("/volumes/{id}")).await.fault(404, "itemNotFound");
+    }
+
     async fn volume_metadata_can_be_read_merged_replaced_and_deleted(s) {
         let c = s.client("p1");
         let id = c.create_volume(json!({"size": 1, "metadata": {"a": "1"}})).await;

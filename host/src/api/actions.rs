@@ -52,6 +52,8 @@ const ACTIONS: &[(&str, Version, Rule, SchemaFn)] = &[
     ("os-extend", MIN, Rule::Extend, |g| g.subschema_for::<Extend>()),
     // `cinder force-delete`: `DELETE /volumes/{id}?force=true` as an action, under one rule.
     ("os-force_delete", MIN, Rule::VolumeForceDelete, no_argument),
+    // `cinder unmanage`: Berth forgets the volume and leaves its data on the backend.
+    ("os-unmanage", MIN, Rule::VolumeUnmanage, no_argument),
     // Whether the volume may be booted from, a change of the volume as `PUT` makes.
     ("os-set_bootable", MIN, Rule::VolumeUpdate, |g| g.subschema_for::<SetBootable>()),
     ("os-reimage", REIMAGE, Rule::Reimage, |g| g.subschema_for::<Reimage>()),
@@ -308,6 +310,7 @@ async fn action(
             service.commands().extend_volume(caller, volume, size).await.map(drop)?;
         }
         "os-force_delete" => service.commands().delete_volume(caller, volume, true).await?,
+        "os-unmanage" => service.commands().unmanage_volume(caller, volume).await?,
         "os-set_bootable" => {
             let arg: SetBootable = argument(&name, value, None)?;
             let bootable = match &arg.bootable {

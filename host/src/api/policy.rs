@@ -34,6 +34,7 @@ pub enum Rule {
     VolumeUpdate,
     VolumeDelete,
     VolumeForceDelete,
+    VolumeUnmanage,
     MetadataGet,
     MetadataCreate,
     MetadataUpdate,
@@ -75,13 +76,14 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 36] = [
+    pub const ALL: [Rule; 37] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
         Rule::VolumeUpdate,
         Rule::VolumeDelete,
         Rule::VolumeForceDelete,
+        Rule::VolumeUnmanage,
         Rule::MetadataGet,
         Rule::MetadataCreate,
         Rule::MetadataUpdate,
@@ -123,6 +125,7 @@ impl Rule {
             Rule::VolumeUpdate => "volume:update",
             Rule::VolumeDelete => "volume:delete",
             Rule::VolumeForceDelete => "volume:force_delete",
+            Rule::VolumeUnmanage => "volume_extension:volume_unmanage",
             Rule::MetadataGet => "volume:get_volume_metadata",
             Rule::MetadataCreate => "volume:create_volume_metadata",
             Rule::MetadataUpdate => "volume:update_volume_metadata",
@@ -172,6 +175,7 @@ impl Rule {
             | Rule::AvailabilityZoneList
             | Rule::LimitsGet => Least::Reader,
             Rule::VolumeForceDelete
+            | Rule::VolumeUnmanage
             | Rule::ForceDetach
             | Rule::ExtendVolumeCompletion
             | Rule::ServiceIndex

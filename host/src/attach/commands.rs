@@ -44,6 +44,15 @@ impl Commands {
             .await
     }
 
+    /// `os-unmanage` (an admin's).
+    pub async fn unmanage_volume(&self, caller: Caller, id: String) -> Result<(), AttachError> {
+        self.0
+            .owned(caller.clone(), (caller, id), move |s, (c, id)| async move {
+                s.volumes().unmanage(&c, &id).await
+            })
+            .await
+    }
+
     /// `os-extend`.
     pub async fn extend_volume(
         &self,

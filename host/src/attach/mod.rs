@@ -274,7 +274,11 @@ pub(crate) async fn conclude(tx: &mut Tx, locked: &Volume, t: &Transition) -> Re
         VolumeTo::Set(status, attach) => Ok(volume_rows::set_status(tx, &locked.id, status, attach).await?),
         VolumeTo::Unchanged => Ok(locked.clone()),
         VolumeTo::Removed => {
-            volume_rows::soft_delete(tx, &locked.id).await?;
+            volume_rows::soft_delete(tx, &locked.id, state::VolumeStatus::Deleted).await?;
+            Ok(locked.clone())
+        }
+        VolumeTo::Unmanaged => {
+            volume_rows::soft_delete(tx, &locked.id, state::VolumeStatus::Unmanaged).await?;
             Ok(locked.clone())
         }
     }

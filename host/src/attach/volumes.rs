@@ -3,15 +3,17 @@
 
 use std::collections::BTreeMap;
 
+use super::history::Change;
 use super::list::{Page, Scope, VolumeFilter};
 use super::model::{Attachment, OpKind, Volume};
 use super::state::{Event, VolumeStatus, transition};
 use super::{AttachError, Caller, Service, conclude, names, volume_not_found};
+use crate::domain::history::Access;
 use crate::failpoint;
 use crate::runtime::Call;
 use crate::runtime::model::VolumeFields;
 use crate::store::attachments as rows;
-use crate::store::{now_micros, volumes};
+use crate::store::{now_micros, operations, volumes};
 
 /// The largest volume, in GiB (64 TiB).
 pub const MAX_SIZE_GIB: i64 = 65_536;
@@ -299,6 +301,133 @@ impl Volumes<'_> {
         })
         .await?;
         Ok(deleted?)
+    }
+
+    /// Stops managing a volume that has no attachments (an admin's `os-unmanage`): its export is
+    /// removed through its driver (`remove-export`), then its row is deleted as `unmanaged`, and
+    /// its data stays on the backend, where nothing of Berth's removes it (no `delete-volume`; the
+    /// reconcilers leave its image alone). When the driver cannot remove the export, nothing
+    /// changes and its error is returned. A volume whose backend no node serves any more (taken
+    /// out of every configuration: a decommissioned array) has no driver to call: its row alone
+    /// is deleted, and so is an interrupted operation that nothing could ever finish.
+    pub(super) async fn unmanage(&self, caller: &Caller, id: &str) -> Result<(), AttachError> {
+        let volume = self.volume(caller, id).await?;
+        let t = transition(Event::Unmanage);
+        let refused = |status: &dyn std::fmt::Display| {
+            AttachError::InvalidVolume(format!(
+                "Volume status must be {} and must not be attached, but the volume {id} is {status}.",
+                names(t.volume_from(false)),
+            ))
+        };
+        let _held = match self.hold(id).await {
+            Ok(held) => held,
+            Err(AttachError::BackendUnavailable(_)) => return self.forget(id, &volume, refused).await,
+            Err(e) => return Err(e),
+        };
+        let op = self.operation(OpKind::RemoveExport, id, None, None);
+        let volume = self
+            .store
+            .write(async |tx| {
+                let locked = volumes::lock(tx, id, t, None).await?;
+                let attached = !rows::statuses(tx, id).await?.is_empty();
+                let Some(locked) = locked.filter(|_| !attached) else {
+                    return Err(refused(&volume.status));
+                };
+                op.begin(tx).await?;
+                Ok(locked)
+            })
+            .await?;
+        failpoint::hit("volume.unmanage.intent");
+        let backend = self.backend(&volume)?;
+        let mut calls = op.calls(&backend.driver);
+        let removed = match calls.remove_export(&volume.contract()).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_unsupported() => Ok(()),
+            Err(e) => Err(e),
+        };
+        failpoint::hit("volume.unmanage.commit");
+        let exported =
+            calls.effects.iter().any(|e| matches!(e, crate::runtime::Effect::TargetDeleted { .. }));
+        let unmanaged = op
+            .write(async |tx| {
+                let mut unmanaged = None;
+                if removed.is_ok() {
+                    let locked = volumes::lock(tx, id, t, None).await?;
+                    let attached = !rows::statuses(tx, id).await?.is_empty();
+                    if let Some(locked) = locked.filter(|_| !attached) {
+                        let access = if exported { Access::Revoked } else { Access::None };
+                        let change = Change {
+                            event: t.event,
+                            access,
+                            attachment: None,
+                            connector: None,
+                            outcome: Some("unmanaged"),
+                        };
+                        self.record(tx, &locked, change).await?;
+                        unmanaged = Some(conclude(tx, &locked, t).await?);
+                    }
+                }
+                op.finish_with(tx, &volume.backend, &calls).await?;
+                Ok::<_, AttachError>(unmanaged)
+            })
+            .await?;
+        removed?;
+        match unmanaged {
+            Some(_) => {
+                tracing::info!(volume = %id, backend = %volume.backend, admin = %caller.user_id, "unmanaged");
+                Ok(())
+            }
+            // Attached (or deleted) while its export was being removed: the next attach makes it
+            // again.
+            None => {
+                let now = self.volume(caller, id).await?;
+                Err(refused(&now.status))
+            }
+        }
+    }
+
+    /// The part of [`Self::unmanage`] for a volume whose backend no node serves: its row is
+    /// deleted as `unmanaged` in one transaction, with any operation on it whose node is gone.
+    async fn forget(
+        &self,
+        id: &str,
+        volume: &Volume,
+        refused: impl Fn(&dyn std::fmt::Display) -> AttachError,
+    ) -> Result<(), AttachError> {
+        let t = transition(Event::Unmanage);
+        let _lock = self.locks.lock(id).await;
+        self.store
+            .write(async |tx| {
+                if let Some(op) = operations::of_volume(tx, id).await? {
+                    if !self.owner.is_orphaned(&op) {
+                        return Err(AttachError::Unavailable(format!(
+                            "an operation on volume {id} is in progress on node {}",
+                            op.node
+                        )));
+                    }
+                    operations::finish(tx, &op.id, op.generation).await?;
+                }
+                let locked = volumes::lock(tx, id, t, None).await?;
+                let attached = !rows::statuses(tx, id).await?.is_empty();
+                let Some(locked) = locked.filter(|_| !attached) else {
+                    return Err(refused(&volume.status));
+                };
+                let change = Change {
+                    event: t.event,
+                    access: Access::None,
+                    attachment: None,
+                    connector: None,
+                    outcome: Some("unmanaged"),
+                };
+                self.record(tx, &locked, change).await?;
+                conclude(tx, &locked, t).await
+            })
+            .await?;
+        tracing::warn!(
+            volume = %id, backend = %volume.backend,
+            "unmanaged a volume whose backend no node serves: its row is deleted, its backend was not asked"
+        );
+        Ok(())
     }
 
     /// Grows an available volume (Cinder's `os-extend` before 3.42: an attached volume is

@@ -55,7 +55,8 @@ macro_rules! status_enum {
 
 status_enum!(
     /// A volume's `status` (Cinder's `VolumeStatus`, the subset Berth uses). `deleted` is a
-    /// deleted row's (kept, as in Cinder); no event starts from it.
+    /// deleted row's (kept, as in Cinder), `unmanaged` that of a row whose volume Berth stopped
+    /// managing (`os-unmanage`: its data is left on the backend); no event starts from either.
     VolumeStatus {
         Creating => "creating",
         Available => "available",
@@ -68,8 +69,16 @@ status_enum!(
         Error => "error",
         ErrorDeleting => "error_deleting",
         Deleted => "deleted",
+        Unmanaged => "unmanaged",
     }
 );
+
+impl VolumeStatus {
+    /// A deleted row's status: the volume is gone from the API (deleted or unmanaged).
+    pub fn is_gone(self) -> bool {
+        matches!(self, VolumeStatus::Deleted | VolumeStatus::Unmanaged)
+    }
+}
 
 status_enum!(
     /// A volume's `attach_status` column (not shown in the API).
@@ -141,6 +150,9 @@ pub enum Event {
     VolumeDeleted,
     /// The driver could not release the volume.
     DeleteFailed,
+    /// An admin's `os-unmanage`: Berth forgets a volume without attachments and leaves its data
+    /// on the backend (its export is removed first, where a node can run its driver).
+    Unmanage,
     /// An available volume starts growing (`os-extend`).
     ExtendVolume,
     /// The driver grew the volume: it is available at its new size.
@@ -221,6 +233,8 @@ pub enum VolumeTo {
     Unchanged,
     /// The volume row is deleted.
     Removed,
+    /// The volume row is deleted and its data is left on the backend: nothing may remove it.
+    Unmanaged,
 }
 
 /// What an event makes of an attachment.
@@ -297,6 +311,9 @@ pub const TRANSITIONS: &[Transition] = &[
     ),
     row!(VolumeDeleted, both(&[V::Deleting]), VolumeTo::Removed, None),
     row!(DeleteFailed, both(&[V::Deleting]), VolumeTo::Set(V::ErrorDeleting, VA::Detached), None),
+    // Cinder unmanages from `available` and `error` (and its own `error_*` states); a volume in
+    // `error_deleting` too here, where no `os-reset_status` would take it out of that first.
+    row!(Unmanage, both(DELETABLE), VolumeTo::Unmanaged, None),
     row!(ExtendVolume, both(&[V::Available]), VolumeTo::Set(V::Extending, VA::Detached), None),
     row!(VolumeExtended, both(&[V::Extending]), VolumeTo::Set(V::Available, VA::Detached), None),
     row!(ExtendFailed, both(&[V::Extending]), VolumeTo::Set(V::Available, VA::Detached), None),
@@ -478,6 +495,7 @@ mod tests {
             ForceDeleteVolume,
             VolumeDeleted,
             DeleteFailed,
+            Unmanage,
             ExtendVolume,
             VolumeExtended,
             ExtendFailed,

@@ -121,14 +121,19 @@ pub async fn backends(tx: &mut Tx, ids: &[String]) -> Result<BTreeMap<String, Se
     let mut out = BTreeMap::new();
     for chunk in ids.chunks(500) {
         let q = format!(
-            "SELECT id, backend, service_uuid, deleted FROM volumes WHERE id IN ({})",
+            "SELECT id, backend, service_uuid, deleted, status FROM volumes WHERE id IN ({})",
             placeholders(1, chunk.len())
         );
         let params: Vec<Param> = chunk.iter().map(Param::from).collect();
         for r in tx.query(&q, &params).await? {
             out.insert(
                 r.text(0)?,
-                Served { backend: r.text(1)?, service_uuid: r.opt_text(2)?, deleted: r.flag(3)? },
+                Served {
+                    backend: r.text(1)?,
+                    service_uuid: r.opt_text(2)?,
+                    deleted: r.flag(3)?,
+                    unmanaged: r.text(4)? == VolumeStatus::Unmanaged.as_str(),
+                },
             );
         }
     }
@@ -142,6 +147,8 @@ pub struct Served {
     pub service_uuid: Option<String>,
     /// The volume was deleted (its row is kept).
     pub deleted: bool,
+    /// The volume was unmanaged: deleted, and its data is the operator's (nothing removes it).
+    pub unmanaged: bool,
 }
 
 /// The volumes of a backend that are settled in one of `statuses` (not deleted), by id: what the
@@ -281,13 +288,15 @@ pub async fn set_user_fields(
     Ok(())
 }
 
-/// Marks a volume deleted.
-pub async fn soft_delete(tx: &mut Tx, id: &str) -> Result<bool, StoreError> {
+/// Marks a volume deleted, in `status` (`deleted`, or `unmanaged`: its data left on the
+/// backend).
+pub async fn soft_delete(tx: &mut Tx, id: &str, status: VolumeStatus) -> Result<bool, StoreError> {
+    debug_assert!(status.is_gone(), "a deleted row's status, not {status}");
     let changed = tx
         .execute(
-            "UPDATE volumes SET deleted = 1, deleted_at = $2, updated_at = $2, status = 'deleted' \
+            "UPDATE volumes SET deleted = 1, deleted_at = $2, updated_at = $2, status = $3 \
          WHERE id = $1 AND deleted = 0",
-            &params![id, now_micros()],
+            &params![id, now_micros(), status.as_str()],
         )
         .await?;
     Ok(changed == 1)

@@ -133,6 +133,8 @@ impl Reconcile<'_> {
                     }
                     report.drift.push(what);
                 }
+                // An unmanaged volume's image is its data, left to the operator on purpose.
+                Some(s) if s.unmanaged => {}
                 Some(s) if s.backend == backend && s.deleted && !busy.contains(volume_id) => {
                     still_seen.insert(what.clone());
                     if !self.due(|s| &mut s.cephx, &what, options, report, &what) {

@@ -291,7 +291,7 @@ impl Reconcile<'_> {
     ) -> Result<bool, AttachError> {
         let _held = self.hold(volume_id).await?;
         let (volume, live) = self.volume_and_live(volume_id).await?;
-        let Some(volume) = volume.filter(|v| v.status != crate::attach::state::VolumeStatus::Deleted) else {
+        let Some(volume) = volume.filter(|v| !v.status.is_gone()) else {
             return Ok(false);
         };
         let connected: Vec<&Live> = live.iter().filter(|l| l.is_connected()).collect();
@@ -353,7 +353,7 @@ impl Reconcile<'_> {
             .iter()
             .any(|e| matches!(e, crate::runtime::Effect::TargetDeleted { iqn: d } if d == iqn));
         op.write(async |tx| {
-                if removed.is_ok() && volume.status != crate::attach::state::VolumeStatus::Deleted {
+                if removed.is_ok() && !volume.status.is_gone() {
                     record_fields(tx, &volume, &fields).await?;
                 }
                 targets::record(tx, &volume.backend, volume_id, &calls.effects).await?;
