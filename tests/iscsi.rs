@@ -536,6 +536,29 @@ async fn berth_refuses_a_tgtd_it_started_that_could_not_take_its_portal() {
     }
 }
 
+/// A tgtd the operator runs on another port than the portal Berth is told to
+/// give initiators: every connection would name a port tgtd does not listen on. `berth serve`
+/// refuses to start and names the portal; the same tgtd with the right portal is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn berth_refuses_a_portal_its_tgtd_does_not_listen_on() {
+    let tgtd = TgtdProcess::start();
+    let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = tgtd.config().replace(&format!(":{}\"", tgtd.portal_port), &format!(":{elsewhere}\""));
+    assert!(config.contains(&format!("portal = \"127.0.0.1:{elsewhere}\"")), "{config}");
+    // Whether berth would start a tgtd when none answered or not: this one answers.
+    for config in [config.clone(), config.replace("start = false", "start = true")] {
+        let refused = BerthProcess::try_start("", &config, &[]).err().expect("berth serve refuses to start");
+        assert!(
+            refused.contains(&format!(
+                "the tgtd on control port {} does not listen on the portal(s) 127.0.0.1:{elsewhere} that attachments name",
+                tgtd.control_port
+            )),
+            "{refused}"
+        );
+    }
+    BerthProcess::start(&tgtd.config());
+}
+
 /// The system's tgtd, started as `packaging/tgt.service.d/berth.conf` starts it: with the
 /// environment `berth tgtd-preload` prints (an `EnvironmentFile`), it has the library loaded.
 #[test]

@@ -284,14 +284,27 @@ async fn iscsi_service(config: &Config, volumes: &std::path::Path) -> anyhow::Re
         state_file: Some(config.data_dir().join(format!("tgt-kept-{}.json", config.tgt.control_port))),
         preload_dir: Some(config.data_dir()),
     });
-    if config.tgt.start {
-        if tgtd.ensure_running(&portals[0]).await.map_err(|e| anyhow::anyhow!("tgtd: {e}"))? {
-            tracing::info!(portal = %config.tgt.portal, control_port = config.tgt.control_port, "started tgtd");
-        }
-    } else if !tgtd.is_running().await {
+    let started = config.tgt.start
+        && tgtd.ensure_running(&portals[0]).await.map_err(|e| anyhow::anyhow!("tgtd: {e}"))?;
+    if started {
+        tracing::info!(portal = %config.tgt.portal, control_port = config.tgt.control_port, "started tgtd");
+    }
+    if !started && !tgtd.is_running().await {
         tracing::warn!(
             control_port = config.tgt.control_port,
             "tgtd does not answer; attaches will fail until it does"
+        );
+    } else if let Some(missing) = tgtd.portals_not_served(&portals).await
+        && !missing.is_empty()
+    {
+        // Every connection names these portals: an initiator would find nothing there, or
+        // another process.
+        let missing: Vec<String> = missing.iter().map(|p| format!("{}:{}", p.address, p.port)).collect();
+        anyhow::bail!(
+            "tgt: the tgtd on control port {} does not listen on the portal(s) {} that attachments name; \
+             set [tgt] portal (and extra_portals) to where it listens, or start it with those portals",
+            config.tgt.control_port,
+            missing.join(", ")
         );
     }
     let key_file = config.data_dir().join("tgt-chap.key");

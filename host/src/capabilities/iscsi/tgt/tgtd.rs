@@ -125,6 +125,23 @@ impl Tgtd {
         self.control.send(&Request::show_system(), None).await.is_ok()
     }
 
+    /// The portals among `portals` that are this machine's addresses and on whose port the
+    /// running tgtd does not listen; `None` when that cannot be told from here: tgtd does not
+    /// answer, or its descriptors are not this process's to read (another user's tgtd), or it
+    /// runs in another network namespace. A portal at an address of another machine (a
+    /// translated address in front of this one) is not judged.
+    pub async fn portals_not_served(&self, portals: &[Portal]) -> Option<Vec<Portal>> {
+        let pid = self.control.send(&Request::show_system(), None).await.ok()?.daemon;
+        std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+        let netns = |p: &str| std::fs::read_link(p).ok();
+        if netns(&format!("/proc/{pid}/ns/net")) != netns("/proc/self/ns/net") {
+            return None;
+        }
+        // An address this machine has is one a socket can be bound to.
+        let local = |p: &Portal| std::net::UdpSocket::bind((p.address.as_str(), 0)).is_ok();
+        Some(portals.iter().filter(|p| local(p) && !listens_on(pid, p.port)).cloned().collect())
+    }
+
     /// Starts tgtd on `portal` (loopback or as configured) if it does not answer, and waits until
     /// it does. Returns whether it had to start one. The daemon outlives this process, as a
     /// system tgtd would; its targets are re-created by Berth's reconciliation anyway.
