@@ -46,6 +46,18 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert!(limits.contains("| totalVolumesUsed         | 1 "), "{limits}");
     let zones = cli(&["availability-zone-list"]);
     assert!(zones.contains("| nova | available |"), "{zones}");
+    // Quotas: none enforced, and what the project uses.
+    let quotas = table(&cli(&["quota-show", "compat"]));
+    assert_eq!((quotas["volumes"].as_str(), quotas["snapshots"].as_str()), ("-1", "0"), "{quotas:?}");
+    let usage = cli(&["quota-usage", "compat"]);
+    assert!(usage.lines().any(|l| l.replace(' ', "") == "|gigabytes|1|0|-1||"), "{usage}");
+    assert_eq!(table(&cli(&["quota-defaults", "compat"]))["gigabytes"], "-1");
+    assert_eq!(table(&cli(&["quota-update", "--volumes", "-1", "compat"]))["volumes"], "-1");
+    let mut refused = cinder(&server.base, "compat", "3.54");
+    refused.args(["quota-update", "--volumes", "10", "compat"]);
+    let out = refused.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("Berth enforces no volume quotas"), "{stderr}");
 
     // attachment-create without --connect: a reservation.
     let reserved = table(&cli(&["attachment-create", &volume]));

@@ -1,6 +1,6 @@
 //! openstacksdk (PyPI) against a running `berth serve`: its block-storage proxy creates a volume,
 //! then creates an attachment with a connector, gets it, lists it, completes it and deletes it,
-//! unchanged (`tests/python/openstacksdk_attachments.py`).
+//! unchanged, and reads the project's quotas (`tests/python/openstacksdk_attachments.py`).
 
 use berth_tests::process::BerthProcess;
 use berth_tests::python::{run, venv};
@@ -23,4 +23,5 @@ fn openstacksdk_walks_the_attachment_lifecycle_unchanged() {
     assert_eq!(lines[3], "completed attached in-use", "{out}");
     assert_eq!(lines[4], "deleted available []", "{out}");
     assert_eq!(lines[5], "updated sdk-renamed True", "{out}");
+    assert_eq!(lines[6], "quotas -1 0 1 1", "no quota, and what the project uses: {out}");
 }

@@ -211,6 +211,60 @@ both_databases! {
         c.at("3.39").get("/limits?project_id=bad%20id").await.fault(400, "badRequest");
     }
 
+    /// `os-quota-sets` (`cinder quota-show`, `quota-usage`, `quota-defaults`, `openstack quota
+    /// show`): no quota enforced, in Cinder's keys (every volume type's too), and with `usage`
+    /// what the project uses; a member reads its own project's only; a quota can be set only to
+    /// the value it has, and anything else is refused, saying why.
+    async fn the_quota_sets_show_no_quota_and_what_a_project_uses(s) {
+        let c = s.client("p1");
+        c.create_volume(json!({"size": 2})).await;
+        c.create_volume(json!({"size": 3, "volume_type": "multiattach"})).await;
+        s.client("p2").create_volume(json!({"size": 7})).await;
+        let limits = json!({
+            "id": "p1", "volumes": -1, "gigabytes": -1, "per_volume_gigabytes": -1, "snapshots": 0,
+            "backups": 0, "backup_gigabytes": 0, "groups": 0,
+            "volumes___DEFAULT__": -1, "gigabytes___DEFAULT__": -1, "snapshots___DEFAULT__": 0,
+            "volumes_multiattach": -1, "gigabytes_multiattach": -1, "snapshots_multiattach": 0});
+        let reader = c.with_roles("reader");
+        assert_eq!(reader.get("/os-quota-sets/p1").await.expect(200).body, json!({"quota_set": limits}));
+        assert_eq!(reader.get("/os-quota-sets/p1/defaults").await.expect(200).body, json!({"quota_set": limits}));
+        let usage = reader.get("/os-quota-sets/p1?usage=True").await.expect(200).body;
+        let of = |key: &str| (usage["quota_set"][key]["limit"].clone(), usage["quota_set"][key]["in_use"].clone());
+        assert_eq!(of("volumes"), (json!(-1), json!(2)));
+        assert_eq!(of("gigabytes"), (json!(-1), json!(5)));
+        assert_eq!(of("gigabytes_multiattach"), (json!(-1), json!(3)));
+        assert_eq!(of("volumes___DEFAULT__"), (json!(-1), json!(1)));
+        assert_eq!(of("snapshots"), (json!(0), json!(0)));
+        assert_eq!(usage["quota_set"]["volumes"]["reserved"], 0);
+        assert_eq!(usage["quota_set"]["id"], "p1");
+
+        let message = reader.get("/os-quota-sets/p2").await.fault(403, "forbidden");
+        assert_eq!(message, "Policy doesn't allow volume_extension:quotas:show to be performed.");
+        let theirs = c.get("/os-quota-sets/p2?usage=true").await.expect(200).body;
+        assert_eq!(theirs["quota_set"]["gigabytes"]["in_use"], 7, "an admin reads any project's");
+        c.get("/os-quota-sets/p1?usage=maybe").await.fault(400, "badRequest");
+        c.get("/os-quota-sets/bad%20id").await.fault(400, "badRequest");
+
+        // A quota may be set only to what it is (a tool writing back what it read); a delete
+        // (back to the defaults) changes nothing.
+        let update = json!({"quota_set": {"volumes": 10}});
+        let message = c.with_roles("member").put("/os-quota-sets/p1", update.clone()).await.fault(403, "forbidden");
+        assert_eq!(message, "Policy doesn't allow volume_extension:quotas:update to be performed.");
+        let message = c.put("/os-quota-sets/p1", update).await.fault(400, "badRequest");
+        assert_eq!(message, "Invalid input for field/attribute volumes. Value: 10. Berth enforces no volume \
+                             quotas: volumes is -1 (unlimited) and cannot be set to another value");
+        let message = c.put("/os-quota-sets/p1", json!({"quota_set": {"snapshots": 5}})).await.fault(400, "badRequest");
+        assert!(message.contains("snapshots is 0 (Berth has none)"), "{message}");
+        c.put("/os-quota-sets/p1", json!({"quota_set": {"floppies": -1}})).await.fault(400, "badRequest");
+        c.put("/os-quota-sets/p1", json!({"volumes": -1})).await.fault(400, "badRequest");
+        let same = json!({"quota_set": {"volumes": -1, "gigabytes_multiattach": "-1", "backups": 0, "tenant_id": "p1"}});
+        let r = c.put("/os-quota-sets/p1", same).await.expect(200);
+        assert_eq!((&r.body["quota_set"]["volumes"], r.body["quota_set"].get("id")), (&json!(-1), None));
+        c.with_roles("member").delete("/os-quota-sets/p1").await.fault(403, "forbidden");
+        c.delete("/os-quota-sets/p1").await.expect(200);
+        assert_eq!(c.get("/os-quota-sets/p1").await.expect(200).body, json!({"quota_set": limits}));
+    }
+
     /// `os-set_bootable` (`cinder set-bootable`): whether a volume may be booted from, which Nova
     /// checks before it boots an instance from a volume; shown as Cinder shows it, and a filter
     /// of volume lists. A reader may not change it; a bad value changes nothing.

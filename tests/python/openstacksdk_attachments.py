@@ -1,5 +1,5 @@
 """openstacksdk's block-storage proxy against Berth, unchanged: volumes and attachments (create
-with a connector, get, list, complete, delete) and a volume's update. Prints one line per step for tests/openstacksdk.rs
+with a connector, get, list, complete, delete), a volume's update and the project's quotas. Prints one line per step for tests/openstacksdk.rs
 and tests/keystone.rs to check.
 
   openstacksdk_attachments.py ENDPOINT   a token endpoint, as a keystone-less deployment does
@@ -29,3 +29,5 @@ bs.delete_attachment(a.id, ignore_missing=False)
 print("deleted", bs.get_volume(v.id).status, list(bs.attachments()))
 u = bs.update_volume(v, name="sdk-renamed", description="renamed by openstacksdk")
 print("updated", bs.get_volume(v.id).name, bs.get_volume(v.id).description == "renamed by openstacksdk")
+q = bs.get_quota_set(conn.current_project_id or "p1", usage=True)
+print("quotas", q.volumes, q.snapshots, q.usage["volumes"], q.usage["gigabytes"])

@@ -25,6 +25,7 @@ pub mod openapi;
 pub mod path;
 pub mod policy;
 pub mod query;
+pub mod quotas;
 pub mod server;
 pub mod services;
 pub mod types;
@@ -101,6 +102,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         drivers::endpoints(),
         zones::endpoints(),
         limits::endpoints(),
+        quotas::endpoints(),
     ]
     .into_iter()
     .flatten()

@@ -65,6 +65,9 @@ pub enum Rule {
     DriverUpgrade,
     AvailabilityZoneList,
     LimitsGet,
+    QuotaShow,
+    QuotaUpdate,
+    QuotaDelete,
 }
 
 /// The least role a rule needs by default.
@@ -76,7 +79,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 37] = [
+    pub const ALL: [Rule; 40] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -114,6 +117,9 @@ impl Rule {
         Rule::DriverUpgrade,
         Rule::AvailabilityZoneList,
         Rule::LimitsGet,
+        Rule::QuotaShow,
+        Rule::QuotaUpdate,
+        Rule::QuotaDelete,
     ];
 
     /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
@@ -159,6 +165,9 @@ impl Rule {
             Rule::DriverUpgrade => "berth:driver:upgrade",
             Rule::AvailabilityZoneList => "volume_extension:availability_zone_list",
             Rule::LimitsGet => "limits_extension:used_limits",
+            Rule::QuotaShow => "volume_extension:quotas:show",
+            Rule::QuotaUpdate => "volume_extension:quotas:update",
+            Rule::QuotaDelete => "volume_extension:quotas:delete",
         }
     }
 
@@ -173,14 +182,17 @@ impl Rule {
             | Rule::AttachmentGetAll
             | Rule::AttachmentEventGetAll
             | Rule::AvailabilityZoneList
-            | Rule::LimitsGet => Least::Reader,
+            | Rule::LimitsGet
+            | Rule::QuotaShow => Least::Reader,
             Rule::VolumeForceDelete
             | Rule::VolumeUnmanage
             | Rule::ForceDetach
             | Rule::ExtendVolumeCompletion
             | Rule::ServiceIndex
             | Rule::DriverGetAll
-            | Rule::DriverUpgrade => Least::Admin,
+            | Rule::DriverUpgrade
+            | Rule::QuotaUpdate
+            | Rule::QuotaDelete => Least::Admin,
             _ => Least::Member,
         }
     }

@@ -439,6 +439,14 @@ pub async fn summary(
     Ok((count, size, metadata))
 }
 
+/// The live volumes in `scope` by volume type: each type's name, how many and their size in GiB.
+pub async fn usage_by_type(tx: &mut Tx, scope: Scope<'_>) -> Result<Vec<(String, i64, i64)>, StoreError> {
+    let all = VolumeFilter::default();
+    let q = filtered("SELECT volume_type, COUNT(*), CAST(COALESCE(SUM(size_gib), 0) AS BIGINT)", scope, &all);
+    let rows = tx.query(&format!("{} GROUP BY volume_type", q.sql), &q.params).await?;
+    rows.iter().map(|r| Ok((r.text(0)?, r.int(1)?, r.int(2)?))).collect()
+}
+
 /// How many live volumes in `scope` match `filter`.
 pub async fn count(tx: &mut Tx, scope: Scope<'_>, filter: &VolumeFilter) -> Result<i64, StoreError> {
     let q = filtered("SELECT COUNT(*)", scope, filter);
