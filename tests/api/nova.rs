@@ -1,6 +1,7 @@
 //! Nova's own sequences, as Nova's compute service drives Cinder (`nova/volume/cinder.py`,
 //! `nova/virt/block_device.py`): with a service token, at the microversions it asks for. Each
-//! test is a sequence a field trial found Berth answering differently from Cinder.
+//! test is a sequence a field trial found Berth answering differently from Cinder, or one a
+//! Nova deployment relies on every day (a resize, an evacuation).
 
 use berth_tests::both_databases;
 use berth_tests::server::{Client, connector};
@@ -68,6 +69,49 @@ both_databases! {
         begin_detaching(&c, &volume).await;
         c.delete(&format!("/attachments/{one}")).await.expect(200);
         assert_eq!(c.volume_status(&volume).await, "available");
+    }
+
+    /// A cold migration (resize), its revert, and an evacuation: on the source, Nova creates an
+    /// attachment without connector for the same server and deletes the connected one
+    /// (`_terminate_volume_connections`; an evacuation's `detach_block_devices` does the same
+    /// while the source host is down); on the destination it updates the new attachment with its
+    /// connector and completes it. A revert does it all again, back to the source. Each time
+    /// the old host's access is revoked and the volume keeps exactly one attachment.
+    async fn a_resize_its_revert_and_an_evacuation_move_a_servers_attachment_between_hosts(s) {
+        let c = nova(&s.client("p1"));
+        let volume = c.create_volume(json!({"size": 1})).await;
+        let mut current = attach(&c, &volume, INSTANCE_1, "iqn.1993-08.org.debian:01:src", "src").await;
+        for (host, initiator) in [
+            ("dst", "iqn.1993-08.org.debian:01:dst"),
+            ("src", "iqn.1993-08.org.debian:01:src"),
+            ("evac", "iqn.1993-08.org.debian:01:evac"),
+        ] {
+            let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": INSTANCE_1}});
+            let made = c.post("/attachments", body).await.expect(200);
+            let next = made.body["attachment"]["id"].as_str().unwrap().to_string();
+            assert_eq!(made.body["attachment"]["status"], "reserved");
+            c.delete(&format!("/attachments/{current}")).await.expect(200);
+            assert_eq!(c.volume_status(&volume).await, "reserved", "the server keeps its reservation");
+            let update = json!({"attachment": {"connector": connector(initiator, host)}});
+            let updated = c.put(&format!("/attachments/{next}"), update).await.expect(200);
+            assert_eq!(updated.body["attachment"]["connection_info"]["driver_volume_type"], "iscsi");
+            complete(&c, &next).await;
+            assert_eq!(c.volume_status(&volume).await, "in-use");
+            let live = c.get(&format!("/attachments?volume_id={volume}")).await.expect(200);
+            let ids: Vec<&str> = live.body["attachments"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap()).collect();
+            assert_eq!(ids, [next.as_str()], "on {host}");
+            let shown = c.get(&format!("/volumes/{volume}")).await.expect(200);
+            assert_eq!(shown.body["volume"]["attachments"][0]["host_name"], host);
+            current = next;
+        }
+        // The history names each host whose access ended: the source, the destination (at the
+        // revert), the source again (at the evacuation).
+        let revoked = c.get(&format!("/os-attachment-events?volume_id={volume}&access=revoked")).await.expect(200);
+        let hosts: Vec<&str> = revoked.body["attachment_events"].as_array().unwrap().iter().map(|e| e["host"].as_str().unwrap()).collect();
+        assert_eq!(hosts, ["src", "dst", "src"]);
+        // Another server still cannot take the volume.
+        let other = json!({"attachment": {"volume_uuid": volume, "instance_uuid": INSTANCE_2}});
+        c.post("/attachments", other).await.fault(400, "badRequest");
     }
 
     /// Attaching a volume to a shelved-offloaded server: Nova creates the attachment without a
