@@ -121,6 +121,19 @@ fn python_cinderclient_runs_every_attachment_command() {
     cli(&["force-delete", &volume]);
     assert!(list(&cli(&["list"])).is_empty());
 
+    // A transfer to another project: offered with a key, taken over by who presents it.
+    let gift = table(&cli(&["create", "--name", "gift", "1"]))["id"].clone();
+    let offered = table(&cli(&["transfer-create", "--name", "to-other", &gift]));
+    assert_eq!(offered["volume_id"], gift);
+    assert_eq!(list(&cli(&["transfer-list"])).len(), 1);
+    let mut other = cinder(&server.base, "other", "3.54");
+    other.args(["transfer-accept", &offered["id"], &offered["auth_key"]]);
+    assert_eq!(table(&run(other))["volume_id"], gift);
+    assert!(list(&cli(&["transfer-list"])).is_empty());
+    let mut theirs = cinder(&server.base, "other", "3.54");
+    theirs.args(["show", &gift]);
+    assert_eq!(table(&run(theirs))["os-vol-tenant-attr:tenant_id"], "other");
+
     // And unmanage (`os-unmanage`): the volume leaves Berth's lists.
     let kept = table(&cli(&["create", "--name", "kept", "1"]))["id"].clone();
     cli(&["unmanage", &kept]);

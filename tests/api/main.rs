@@ -13,5 +13,6 @@ mod migration;
 mod nova;
 mod policy;
 mod services;
+mod transfers;
 mod versions;
 mod volumes;

@@ -63,6 +63,10 @@ pub const SHARED_TARGETS: Version = Version::new(3, 48);
 /// A volume update must change something (Cinder's `SUPPORT_VOLUME_SCHEMA_CHANGES`).
 pub const VOLUME_SCHEMA_CHANGES: Version = Version::new(3, 53);
 pub const ATTACHMENT_CREATE_MODE: Version = Version::new(3, 54);
+/// `/volume-transfers`, the transfers' new name (`/os-volume-transfer` stays).
+pub const VOLUME_TRANSFERS: Version = Version::new(3, 55);
+/// A transfer's detail names its projects and whether it was accepted.
+pub const TRANSFER_PROJECTS: Version = Version::new(3, 57);
 pub const TIME_COMPARISON_FILTERS: Version = Version::new(3, 60);
 pub const CLUSTER_NAME: Version = Version::new(3, 61);
 pub const VOLUME_TYPE_ID: Version = Version::new(3, 63);

@@ -28,6 +28,7 @@ pub mod query;
 pub mod quotas;
 pub mod server;
 pub mod services;
+pub mod transfers;
 pub mod types;
 pub mod versions;
 pub mod views;
@@ -103,6 +104,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         zones::endpoints(),
         limits::endpoints(),
         quotas::endpoints(),
+        transfers::endpoints(),
     ]
     .into_iter()
     .flatten()

@@ -68,6 +68,11 @@ pub enum Rule {
     QuotaShow,
     QuotaUpdate,
     QuotaDelete,
+    TransferCreate,
+    TransferAccept,
+    TransferDelete,
+    TransferGet,
+    TransferGetAll,
 }
 
 /// The least role a rule needs by default.
@@ -79,7 +84,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 40] = [
+    pub const ALL: [Rule; 45] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -120,6 +125,11 @@ impl Rule {
         Rule::QuotaShow,
         Rule::QuotaUpdate,
         Rule::QuotaDelete,
+        Rule::TransferCreate,
+        Rule::TransferAccept,
+        Rule::TransferDelete,
+        Rule::TransferGet,
+        Rule::TransferGetAll,
     ];
 
     /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
@@ -168,6 +178,11 @@ impl Rule {
             Rule::QuotaShow => "volume_extension:quotas:show",
             Rule::QuotaUpdate => "volume_extension:quotas:update",
             Rule::QuotaDelete => "volume_extension:quotas:delete",
+            Rule::TransferCreate => "volume:create_transfer",
+            Rule::TransferAccept => "volume:accept_transfer",
+            Rule::TransferDelete => "volume:delete_transfer",
+            Rule::TransferGet => "volume:get_transfer",
+            Rule::TransferGetAll => "volume:get_all_transfers",
         }
     }
 
@@ -183,7 +198,9 @@ impl Rule {
             | Rule::AttachmentEventGetAll
             | Rule::AvailabilityZoneList
             | Rule::LimitsGet
-            | Rule::QuotaShow => Least::Reader,
+            | Rule::QuotaShow
+            | Rule::TransferGet
+            | Rule::TransferGetAll => Least::Reader,
             Rule::VolumeForceDelete
             | Rule::VolumeUnmanage
             | Rule::ForceDetach

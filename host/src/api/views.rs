@@ -150,7 +150,7 @@ pub struct Links {
 }
 
 impl Links {
-    fn of(&self, project: &str, collection: &str, id: &str) -> Vec<Link> {
+    pub fn of(&self, project: &str, collection: &str, id: &str) -> Vec<Link> {
         vec![
             Link { href: format!("{}/v3/{project}/{collection}/{id}", self.base), rel: "self".into() },
             Link { href: format!("{}/{project}/{collection}/{id}", self.base), rel: "bookmark".into() },

@@ -68,6 +68,7 @@ status_enum!(
         Extending => "extending",
         Error => "error",
         ErrorDeleting => "error_deleting",
+        AwaitingTransfer => "awaiting-transfer",
         Deleted => "deleted",
         Unmanaged => "unmanaged",
     }
@@ -153,6 +154,12 @@ pub enum Event {
     /// An admin's `os-unmanage`: Berth forgets a volume without attachments and leaves its data
     /// on the backend (its export is removed first, where a node can run its driver).
     Unmanage,
+    /// An available volume is offered to another project (a transfer is created).
+    OfferTransfer,
+    /// The offer is withdrawn (the transfer deleted): available to its project again.
+    CancelTransfer,
+    /// Another project presented the transfer's key: the volume is available, and its.
+    AcceptTransfer,
     /// An available volume starts growing (`os-extend`).
     ExtendVolume,
     /// The driver grew the volume: it is available at its new size.
@@ -314,6 +321,9 @@ pub const TRANSITIONS: &[Transition] = &[
     // Cinder unmanages from `available` and `error` (and its own `error_*` states); a volume in
     // `error_deleting` too here, where no `os-reset_status` would take it out of that first.
     row!(Unmanage, both(DELETABLE), VolumeTo::Unmanaged, None),
+    row!(OfferTransfer, both(&[V::Available]), VolumeTo::Set(V::AwaitingTransfer, VA::Detached), None),
+    row!(CancelTransfer, both(&[V::AwaitingTransfer]), VolumeTo::Set(V::Available, VA::Detached), None),
+    row!(AcceptTransfer, both(&[V::AwaitingTransfer]), VolumeTo::Set(V::Available, VA::Detached), None),
     row!(ExtendVolume, both(&[V::Available]), VolumeTo::Set(V::Extending, VA::Detached), None),
     row!(VolumeExtended, both(&[V::Extending]), VolumeTo::Set(V::Available, VA::Detached), None),
     row!(ExtendFailed, both(&[V::Extending]), VolumeTo::Set(V::Available, VA::Detached), None),
@@ -496,6 +506,9 @@ mod tests {
             VolumeDeleted,
             DeleteFailed,
             Unmanage,
+            OfferTransfer,
+            CancelTransfer,
+            AcceptTransfer,
             ExtendVolume,
             VolumeExtended,
             ExtendFailed,

@@ -28,6 +28,7 @@ pub mod nodes;
 pub mod operations;
 pub mod sql;
 pub mod targets;
+pub mod transfers;
 pub mod volumes;
 
 use std::path::PathBuf;

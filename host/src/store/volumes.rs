@@ -246,6 +246,16 @@ pub async fn hold_row(tx: &mut Tx, id: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Gives a locked volume to another project and user (a transfer accepted).
+pub async fn set_owner(tx: &mut Tx, id: &str, project_id: &str, user_id: &str) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE volumes SET project_id = $2, user_id = $3, updated_at = $4 WHERE id = $1",
+        &params![id, project_id, user_id, now_micros()],
+    )
+    .await?;
+    Ok(())
+}
+
 /// Sets the status of a locked volume; returns it as written.
 pub async fn set_status(
     tx: &mut Tx,
