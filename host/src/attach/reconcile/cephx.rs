@@ -95,8 +95,8 @@ impl Reconcile<'_> {
         let settled = self
             .store
             .read(async |tx| {
-                volumes::settled_of_backend(tx, backend, &[VolumeStatus::Available, VolumeStatus::InUse])
-                    .await
+                let settled = [VolumeStatus::Available, VolumeStatus::InUse, VolumeStatus::AwaitingTransfer];
+                volumes::settled_of_backend(tx, backend, &settled).await
             })
             .await?;
         let mut images = Vec::new();
