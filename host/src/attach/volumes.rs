@@ -140,6 +140,28 @@ fn shares_targets(info: &crate::runtime::contract::DriverInfo) -> Option<bool> {
     Some(info.protocols.iter().any(|p| matches!(p, Protocol::Iscsi | Protocol::Iser)))
 }
 
+/// In a write transaction: locks volume `id` for `t` (a delete, an unmanage) when it is in one
+/// of `t`'s statuses and has no live attachment; `None` when not.
+async fn lock_unattached(
+    tx: &mut crate::store::sql::Tx,
+    id: &str,
+    t: &crate::domain::state::Transition,
+) -> Result<Option<Volume>, AttachError> {
+    let locked = volumes::lock(tx, id, t, None).await?;
+    if locked.is_some() && !rows::statuses(tx, id).await?.is_empty() {
+        return Ok(None);
+    }
+    Ok(locked)
+}
+
+/// The refusal of `t` for a volume in `status` or with attachments.
+fn not_unattached(t: &crate::domain::state::Transition, id: &str, status: VolumeStatus) -> AttachError {
+    AttachError::InvalidVolume(format!(
+        "Volume status must be {} and must not be attached, but the volume {id} is {status}.",
+        names(t.volume_from(false)),
+    ))
+}
+
 /// The volume flows, over the service's shared core.
 pub struct Volumes<'a>(&'a Service);
 
@@ -263,14 +285,8 @@ impl Volumes<'_> {
         let locked = self
             .store
             .write(async |tx| {
-                let locked = volumes::lock(tx, id, t, None).await?;
-                let attached = !rows::statuses(tx, id).await?.is_empty();
-                let Some(locked) = locked.filter(|_| !attached) else {
-                    return Err(AttachError::InvalidVolume(format!(
-                        "Volume status must be {} and must not be attached, but the volume {id} is {}.",
-                        names(t.volume_from(false)),
-                        volume.status
-                    )));
+                let Some(locked) = lock_unattached(tx, id, t).await? else {
+                    return Err(not_unattached(t, id, volume.status));
                 };
                 let deleting = conclude(tx, &locked, t).await?;
                 op.begin(tx).await?;
@@ -313,25 +329,17 @@ impl Volumes<'_> {
     pub(super) async fn unmanage(&self, caller: &Caller, id: &str) -> Result<(), AttachError> {
         let volume = self.volume(caller, id).await?;
         let t = transition(Event::Unmanage);
-        let refused = |status: &dyn std::fmt::Display| {
-            AttachError::InvalidVolume(format!(
-                "Volume status must be {} and must not be attached, but the volume {id} is {status}.",
-                names(t.volume_from(false)),
-            ))
-        };
         let _held = match self.hold(id).await {
             Ok(held) => held,
-            Err(AttachError::BackendUnavailable(_)) => return self.forget(id, &volume, refused).await,
+            Err(AttachError::BackendUnavailable(_)) => return self.forget(id, &volume).await,
             Err(e) => return Err(e),
         };
         let op = self.operation(OpKind::RemoveExport, id, None, None);
         let volume = self
             .store
             .write(async |tx| {
-                let locked = volumes::lock(tx, id, t, None).await?;
-                let attached = !rows::statuses(tx, id).await?.is_empty();
-                let Some(locked) = locked.filter(|_| !attached) else {
-                    return Err(refused(&volume.status));
+                let Some(locked) = lock_unattached(tx, id, t).await? else {
+                    return Err(not_unattached(t, id, volume.status));
                 };
                 op.begin(tx).await?;
                 Ok(locked)
@@ -351,21 +359,21 @@ impl Volumes<'_> {
         let unmanaged = op
             .write(async |tx| {
                 let mut unmanaged = None;
-                if removed.is_ok() {
-                    let locked = volumes::lock(tx, id, t, None).await?;
-                    let attached = !rows::statuses(tx, id).await?.is_empty();
-                    if let Some(locked) = locked.filter(|_| !attached) {
-                        let access = if exported { Access::Revoked } else { Access::None };
-                        let change = Change {
-                            event: t.event,
-                            access,
-                            attachment: None,
-                            connector: None,
-                            outcome: Some("unmanaged"),
-                        };
-                        self.record(tx, &locked, change).await?;
-                        unmanaged = Some(conclude(tx, &locked, t).await?);
-                    }
+                let locked = match removed {
+                    Ok(()) => lock_unattached(tx, id, t).await?,
+                    Err(_) => None,
+                };
+                if let Some(locked) = locked {
+                    let access = if exported { Access::Revoked } else { Access::None };
+                    let change = Change {
+                        event: t.event,
+                        access,
+                        attachment: None,
+                        connector: None,
+                        outcome: Some("unmanaged"),
+                    };
+                    self.record(tx, &locked, change).await?;
+                    unmanaged = Some(conclude(tx, &locked, t).await?);
                 }
                 op.finish_with(tx, &volume.backend, &calls).await?;
                 Ok::<_, AttachError>(unmanaged)
@@ -381,19 +389,14 @@ impl Volumes<'_> {
             // again.
             None => {
                 let now = self.volume(caller, id).await?;
-                Err(refused(&now.status))
+                Err(not_unattached(t, id, now.status))
             }
         }
     }
 
     /// The part of [`Self::unmanage`] for a volume whose backend no node serves: its row is
     /// deleted as `unmanaged` in one transaction, with any operation on it whose node is gone.
-    async fn forget(
-        &self,
-        id: &str,
-        volume: &Volume,
-        refused: impl Fn(&dyn std::fmt::Display) -> AttachError,
-    ) -> Result<(), AttachError> {
+    async fn forget(&self, id: &str, volume: &Volume) -> Result<(), AttachError> {
         let t = transition(Event::Unmanage);
         let _lock = self.locks.lock(id).await;
         self.store
@@ -407,10 +410,8 @@ impl Volumes<'_> {
                     }
                     operations::finish(tx, &op.id, op.generation).await?;
                 }
-                let locked = volumes::lock(tx, id, t, None).await?;
-                let attached = !rows::statuses(tx, id).await?.is_empty();
-                let Some(locked) = locked.filter(|_| !attached) else {
-                    return Err(refused(&volume.status));
+                let Some(locked) = lock_unattached(tx, id, t).await? else {
+                    return Err(not_unattached(t, id, volume.status));
                 };
                 let change = Change {
                     event: t.event,
