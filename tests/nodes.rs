@@ -426,3 +426,47 @@ fn signal(pid: u32, sig: i32) {
     // SAFETY: kill(2) on a child process of this test.
     assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
 }
+
+/// A node that is down cannot run its volumes' driver calls, and an admin can still make Berth
+/// forget one of them (`os-unmanage`, through another node): its row goes at once. What the
+/// node's tgtd still holds of it is the bare target kept for reuse after its last detach (no LUN,
+/// no initiator, no account: nothing reaches the data), which the node's sweep deletes after
+/// `[tgt] keep_exports_seconds`; the backing file (the volume's data) stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_of_a_node_that_is_down_is_unmanaged_and_nothing_of_it_stays_exported() {
+    let mut cluster = Cluster::start(2, 3).await;
+    let a = cluster.nodes[0].client();
+    let volume = a.create_volume(json!({"size": 1})).await;
+    let made = a.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:h", "h"))).await.expect(200);
+    let iqn = made.body["attachment"]["connection_info"]["target_iqn"].as_str().unwrap().to_string();
+    a.delete(&format!("/attachments/{}", made.body["attachment"]["id"].as_str().unwrap())).await.expect(200);
+    let bare = |cluster: &Cluster| {
+        cluster.nodes[0]
+            .tgtd
+            .targets()
+            .iter()
+            .filter(|t| t.iqn == iqn)
+            .all(|t| t.luns.is_empty() && t.initiators.is_empty() && t.chap_users.is_empty())
+    };
+    assert!(bare(&cluster));
+
+    cluster.nodes[0].berth.kill9();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let b = cluster.nodes[1].client();
+    let message = b
+        .post(&format!("/volumes/{volume}/action"), json!({"os-extend": {"new_size": 2}}))
+        .await
+        .fault(503, "serviceUnavailable");
+    assert!(message.contains("node-a (down"), "{message}");
+    b.post(&format!("/volumes/{volume}/action"), json!({"os-unmanage": null})).await.expect(202);
+    b.get(&format!("/volumes/{volume}")).await.fault(404, "itemNotFound");
+
+    cluster.nodes[0].berth.start_again();
+    // Node a serves again, and reconcile passes go by (every 0.25 s here).
+    cluster.nodes[0].client().get("/volumes").await.expect(200);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(bare(&cluster), "{:?}", cluster.nodes[0].tgtd.targets());
+    let file = cluster.nodes[0].berth.dir.path().join(format!("data/volumes/tgt/volume-{volume}.img"));
+    assert!(file.exists(), "the unmanaged volume's data stays: {}", file.display());
+    assert!(!cluster.nodes[0].berth.log_text().lines().any(|l| l.contains("drift") && l.contains(&volume)));
+}

@@ -324,14 +324,18 @@ impl Volumes<'_> {
     /// its data stays on the backend, where nothing of Berth's removes it (no `delete-volume`; the
     /// reconcilers leave its image alone). When the driver cannot remove the export, nothing
     /// changes and its error is returned. A volume whose backend no node serves any more (taken
-    /// out of every configuration: a decommissioned array) has no driver to call: its row alone
-    /// is deleted, and so is an interrupted operation that nothing could ever finish.
+    /// out of every configuration: a decommissioned array), or whose node is down, has no driver
+    /// to call: its row alone is deleted, and so is an interrupted operation whose node is gone.
     pub(super) async fn unmanage(&self, caller: &Caller, id: &str) -> Result<(), AttachError> {
         let volume = self.volume(caller, id).await?;
         let t = transition(Event::Unmanage);
         let _held = match self.hold(id).await {
             Ok(held) => held,
+            // Nothing can run its driver's calls now: the row alone goes. A volume without
+            // attachments has at most a bare target kept for reuse on its node (no LUN, no
+            // initiator), which that node's sweep deletes in time.
             Err(AttachError::BackendUnavailable(_)) => return self.forget(id, &volume).await,
+            Err(AttachError::Elsewhere(remote)) if !remote.up => return self.forget(id, &volume).await,
             Err(e) => return Err(e),
         };
         let op = self.operation(OpKind::RemoveExport, id, None, None);
@@ -394,7 +398,7 @@ impl Volumes<'_> {
         }
     }
 
-    /// The part of [`Self::unmanage`] for a volume whose backend no node serves: its row is
+    /// The part of [`Self::unmanage`] for a volume whose backend no live node serves: its row is
     /// deleted as `unmanaged` in one transaction, with any operation on it whose node is gone.
     async fn forget(&self, id: &str, volume: &Volume) -> Result<(), AttachError> {
         let t = transition(Event::Unmanage);
@@ -426,7 +430,7 @@ impl Volumes<'_> {
             .await?;
         tracing::warn!(
             volume = %id, backend = %volume.backend,
-            "unmanaged a volume whose backend no node serves: its row is deleted, its backend was not asked"
+            "unmanaged a volume whose backend no live node serves: its row is deleted, its backend was not asked"
         );
         Ok(())
     }
