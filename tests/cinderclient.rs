@@ -9,7 +9,9 @@ const CONFIG: &str = berth_tests::process::FAKE_BACKEND;
 
 #[test]
 fn python_cinderclient_runs_every_attachment_command() {
-    let server = BerthProcess::start(CONFIG);
+    // And a second volume type of the one backend, to retype to.
+    let server =
+        BerthProcess::start(&format!("{CONFIG}[[volume_types]]\nname = \"gold\"\nbackend = \"fake\"\n"));
     let cli = |args: &[&str]| {
         let mut c = cinder(&server.base, "compat", "3.54");
         c.args(args);
@@ -134,8 +136,11 @@ fn python_cinderclient_runs_every_attachment_command() {
     theirs.args(["show", &gift]);
     assert_eq!(table(&run(theirs))["os-vol-tenant-attr:tenant_id"], "other");
 
-    // And unmanage (`os-unmanage`): the volume leaves Berth's lists.
+    // Retype (`os-retype`) to another type of its backend, then unmanage (`os-unmanage`): the
+    // volume leaves Berth's lists.
     let kept = table(&cli(&["create", "--name", "kept", "1"]))["id"].clone();
+    cli(&["retype", &kept, "gold"]);
+    assert_eq!(table(&cli(&["show", &kept]))["volume_type"], "gold");
     cli(&["unmanage", &kept]);
     assert!(list(&cli(&["list"])).is_empty());
 }

@@ -341,6 +341,46 @@ both_databases! {
         admin.get(&format!("/volumes/{id}")).await.fault(404, "itemNotFound");
     }
 
+    /// `os-retype` (`cinder retype`): another volume type of the volume's backend; multiattach
+    /// follows the type, and changes only while the volume is available (as in Cinder).
+    async fn a_volume_is_retyped_to_another_type_of_its_backend(s) {
+        let c = s.client("p1");
+        let id = c.create_volume(json!({"size": 1})).await;
+        let action = format!("/volumes/{id}/action");
+        let message = c.with_roles("reader").post(&action, json!({"os-retype": {"new_type": "multiattach"}})).await.fault(403, "forbidden");
+        assert_eq!(message, "Policy doesn't allow volume:retype to be performed.");
+        c.post(&action, json!({"os-retype": {"new_type": "multiattach", "migration_policy": "never"}})).await.expect(202);
+        let v = c.get(&format!("/volumes/{id}")).await.expect(200).body["volume"].clone();
+        assert_eq!((v["volume_type"].as_str(), v["multiattach"].as_bool()), (Some("multiattach"), Some(true)));
+        // Multiattach now: two hosts attach it.
+        let one = c.attach(&id, Some(connector("iqn.1993-08.org.debian:01:h1", "h1"))).await.expect(200);
+        let two = c.attach(&id, Some(connector("iqn.1993-08.org.debian:01:h2", "h2"))).await.expect(200);
+        for a in [&one, &two] {
+            let att = a.body["attachment"]["id"].as_str().unwrap();
+            c.at("3.44").post(&format!("/attachments/{att}/action"), json!({"os-complete": null})).await.expect(204);
+        }
+        assert_eq!(c.volume_status(&id).await, "in-use");
+        let message = c.post(&action, json!({"os-retype": {"new_type": "__DEFAULT__"}})).await.fault(400, "badRequest");
+        assert!(message.contains("retypes affecting multiattach are only allowed on available volumes"), "{message}");
+        let message = c.post(&action, json!({"os-retype": {"new_type": "multiattach"}})).await.fault(400, "badRequest");
+        assert!(message.contains("the requested type to be different"), "{message}");
+        let message = c.post(&action, json!({"os-retype": {"new_type": "gold"}})).await.fault(400, "badRequest");
+        assert_eq!(message, "Invalid input received: Invalid volume_type passed: gold.");
+        c.post(&action, json!({"os-retype": {"new_type": "__DEFAULT__", "migration_policy": "always"}})).await.fault(400, "badRequest");
+        c.post(&action, json!({"os-retype": {}})).await.fault(400, "badRequest");
+        assert_eq!(c.get(&format!("/volumes/{id}")).await.expect(200).body["volume"]["volume_type"], "multiattach", "nothing changed");
+
+        for a in [&one, &two] {
+            c.at("3.27").delete(&format!("/attachments/{}", a.body["attachment"]["id"].as_str().unwrap())).await.expect(200);
+        }
+        let default_id = c.get("/types/default").await.expect(200).body["volume_type"]["id"].as_str().unwrap().to_string();
+        c.post(&action, json!({"os-retype": {"new_type": default_id}})).await.expect(202);
+        let v = c.get(&format!("/volumes/{id}")).await.expect(200).body["volume"].clone();
+        assert_eq!((v["volume_type"].as_str(), v["multiattach"].as_bool()), (Some("__DEFAULT__"), Some(false)));
+        c.attach(&id, Some(connector("iqn.1993-08.org.debian:01:h1", "h1"))).await.expect(200);
+        c.attach(&id, Some(connector("iqn.1993-08.org.debian:01:h2", "h2"))).await.fault(400, "badRequest");
+    }
+
     async fn volume_metadata_can_be_read_merged_replaced_and_deleted(s) {
         let c = s.client("p1");
         let id = c.create_volume(json!({"size": 1, "metadata": {"a": "1"}})).await;
@@ -465,4 +505,35 @@ both_databases! {
 /// A query parameter's value, percent-encoded.
 fn urlencoding(value: &str) -> String {
     form_urlencoded::byte_serialize(value.as_bytes()).collect()
+}
+
+/// A retype to a type of another backend would move the volume's data: Berth does not migrate
+/// volumes, so it is refused whatever `migration_policy` says, and nothing changes.
+#[tokio::test]
+async fn a_retype_to_another_backend_is_refused_as_a_migration() {
+    let mut config = berth_tests::server::fake_config();
+    let mut second = config.backends[0].clone();
+    second.name = "second".into();
+    config.backends.push(second);
+    config.volume_types.push(berth::config::VolumeTypeConfig {
+        name: "second".into(),
+        backend: "second".into(),
+        description: None,
+        extra_specs: Default::default(),
+    });
+    let s = berth_tests::server::TestServer::start_with(berth_tests::server::Db::Sqlite, config).await;
+    let c = s.client("p1");
+    let id = c.create_volume(json!({"size": 1})).await;
+    for policy in ["never", "on-demand"] {
+        let body = json!({"os-retype": {"new_type": "second", "migration_policy": policy}});
+        let message = c.post(&format!("/volumes/{id}/action"), body).await.fault(400, "badRequest");
+        assert!(
+            message.contains("the retype would migrate the volume, which Berth does not do"),
+            "{message}"
+        );
+    }
+    assert_eq!(
+        c.get(&format!("/volumes/{id}")).await.expect(200).body["volume"]["volume_type"],
+        "__DEFAULT__"
+    );
 }

@@ -54,6 +54,8 @@ const ACTIONS: &[(&str, Version, Rule, SchemaFn)] = &[
     ("os-force_delete", MIN, Rule::VolumeForceDelete, no_argument),
     // `cinder unmanage`: Berth forgets the volume and leaves its data on the backend.
     ("os-unmanage", MIN, Rule::VolumeUnmanage, no_argument),
+    // `cinder retype`: another volume type of the volume's backend.
+    ("os-retype", MIN, Rule::Retype, |g| g.subschema_for::<Retype>()),
     // Whether the volume may be booted from, a change of the volume as `PUT` makes.
     ("os-set_bootable", MIN, Rule::VolumeUpdate, |g| g.subschema_for::<SetBootable>()),
     ("os-reimage", REIMAGE, Rule::Reimage, |g| g.subschema_for::<Reimage>()),
@@ -147,6 +149,17 @@ struct Extend {
     /// The new size in GiB, larger than the current one (an integer, or a string of digits).
     #[schemars(extend("type" = ["integer", "string"], "pattern" = "^[0-9]+$", "minimum" = 1))]
     new_size: Value,
+}
+
+/// `os-retype`'s argument.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Retype {
+    /// The volume type's name or id.
+    new_type: String,
+    /// `never` (the default) or `on-demand`: whether the volume may be migrated. Berth never
+    /// migrates: a type of another backend is refused either way.
+    migration_policy: Option<String>,
 }
 
 /// `os-set_bootable`'s argument.
@@ -311,6 +324,16 @@ async fn action(
         }
         "os-force_delete" => service.commands().delete_volume(caller, volume, true).await?,
         "os-unmanage" => service.commands().unmanage_volume(caller, volume).await?,
+        "os-retype" => {
+            let arg: Retype = argument(&name, value, None)?;
+            if let Some(p) = arg.migration_policy.as_deref().filter(|p| !matches!(*p, "never" | "on-demand"))
+            {
+                return Err(ApiError::bad_request(format!(
+                    "Invalid input for field/attribute migration_policy. Value: {p}. It must be never or on-demand"
+                )));
+            }
+            service.commands().retype_volume(caller, volume, arg.new_type).await?;
+        }
         "os-set_bootable" => {
             let arg: SetBootable = argument(&name, value, None)?;
             let bootable = match &arg.bootable {

@@ -57,6 +57,7 @@ pub enum Rule {
     Detach,
     ForceDetach,
     Reimage,
+    Retype,
     Extend,
     ExtendVolumeCompletion,
     ServiceIndex,
@@ -84,7 +85,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 45] = [
+    pub const ALL: [Rule; 46] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -114,6 +115,7 @@ impl Rule {
         Rule::Detach,
         Rule::ForceDetach,
         Rule::Reimage,
+        Rule::Retype,
         Rule::Extend,
         Rule::ExtendVolumeCompletion,
         Rule::ServiceIndex,
@@ -165,6 +167,7 @@ impl Rule {
             Rule::Detach => "volume_extension:volume_actions:detach",
             Rule::ForceDetach => "volume_extension:volume_admin_actions:force_detach",
             Rule::Reimage => "volume:reimage",
+            Rule::Retype => "volume:retype",
             Rule::Extend => "volume:extend",
             Rule::ExtendVolumeCompletion => "volume_extension:volume_admin_actions:extend_volume_completion",
             Rule::ServiceIndex => "volume_extension:services:index",

@@ -53,6 +53,20 @@ impl Commands {
             .await
     }
 
+    /// `os-retype`.
+    pub async fn retype_volume(
+        &self,
+        caller: Caller,
+        id: String,
+        new_type: String,
+    ) -> Result<(), AttachError> {
+        self.0
+            .owned(caller.clone(), (caller, id, new_type), move |s, (c, id, new_type)| async move {
+                s.volumes().retype(&c, &id, &new_type).await
+            })
+            .await
+    }
+
     /// `os-extend`.
     pub async fn extend_volume(
         &self,

@@ -435,6 +435,54 @@ impl Volumes<'_> {
         Ok(())
     }
 
+    /// Gives a volume another volume type of its backend (`os-retype`): its data and exports
+    /// stay as they are, so the type must differ and be of the same backend (a retype to another
+    /// backend would be a migration, which Berth does not do, whatever `migration_policy` says).
+    /// A change of multiattach needs the volume available, as in Cinder: its attachments' slots
+    /// follow it.
+    pub(super) async fn retype(&self, caller: &Caller, id: &str, new_type: &str) -> Result<(), AttachError> {
+        let volume = self.volume(caller, id).await?;
+        let to =
+            self.catalog.types.iter().find(|t| t.id == new_type || t.name == new_type).ok_or_else(|| {
+                AttachError::InvalidInput(format!("Invalid volume_type passed: {new_type}."))
+            })?;
+        if to.backend != volume.backend {
+            return Err(AttachError::InvalidInput(format!(
+                "Volume type {} is of backend {}, and volume {id} is on backend {}: the retype would \
+                 migrate the volume, which Berth does not do",
+                to.name, to.backend, volume.backend
+            )));
+        }
+        let multiattach = to.multiattach();
+        let t = transition(Event::Retype);
+        let refused = |status: VolumeStatus| {
+            AttachError::InvalidVolume(format!(
+                "Retype needs volume to be in {} state and the requested type to be different from the \
+                 volume's, but volume {id} is {status} and of type {}.",
+                names(t.volume_from(false)),
+                volume.volume_type
+            ))
+        };
+        let _lock = self.locks.lock(id).await;
+        self.store
+            .write(async |tx| {
+                let locked = volumes::lock(tx, id, t, None).await?.filter(|v| v.volume_type != to.name);
+                let Some(locked) = locked else { return Err(refused(volume.status)) };
+                if locked.multiattach != multiattach && locked.status != VolumeStatus::Available {
+                    return Err(AttachError::InvalidInput(format!(
+                        "Invalid volume_type passed, retypes affecting multiattach are only allowed on \
+                         available volumes, the specified volume however currently has a status of: {}.",
+                        locked.status
+                    )));
+                }
+                volumes::set_type(tx, id, &to.name, multiattach).await?;
+                Ok(())
+            })
+            .await?;
+        tracing::info!(volume = %id, from = %volume.volume_type, to = %to.name, "retyped");
+        Ok(())
+    }
+
     /// Grows an available volume (Cinder's `os-extend` before 3.42: an attached volume is
     /// refused). The new size is recorded once the driver has grown it; when the driver fails,
     /// the volume is available again at its old size and the driver's error is returned (the

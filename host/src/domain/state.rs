@@ -160,6 +160,8 @@ pub enum Event {
     CancelTransfer,
     /// Another project presented the transfer's key: the volume is available, and its.
     AcceptTransfer,
+    /// The volume gets another volume type of its backend (`os-retype`); nothing else changes.
+    Retype,
     /// An available volume starts growing (`os-extend`).
     ExtendVolume,
     /// The driver grew the volume: it is available at its new size.
@@ -324,6 +326,7 @@ pub const TRANSITIONS: &[Transition] = &[
     row!(OfferTransfer, both(&[V::Available]), VolumeTo::Set(V::AwaitingTransfer, VA::Detached), None),
     row!(CancelTransfer, both(&[V::AwaitingTransfer]), VolumeTo::Set(V::Available, VA::Detached), None),
     row!(AcceptTransfer, both(&[V::AwaitingTransfer]), VolumeTo::Set(V::Available, VA::Detached), None),
+    row!(Retype, both(&[V::Available, V::InUse]), VolumeTo::Unchanged, None),
     row!(ExtendVolume, both(&[V::Available]), VolumeTo::Set(V::Extending, VA::Detached), None),
     row!(VolumeExtended, both(&[V::Extending]), VolumeTo::Set(V::Available, VA::Detached), None),
     row!(ExtendFailed, both(&[V::Extending]), VolumeTo::Set(V::Available, VA::Detached), None),
@@ -509,6 +512,7 @@ mod tests {
             OfferTransfer,
             CancelTransfer,
             AcceptTransfer,
+            Retype,
             ExtendVolume,
             VolumeExtended,
             ExtendFailed,

@@ -246,6 +246,16 @@ pub async fn hold_row(tx: &mut Tx, id: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Gives a locked volume another volume type (a retype), and the type's multiattach.
+pub async fn set_type(tx: &mut Tx, id: &str, volume_type: &str, multiattach: bool) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE volumes SET volume_type = $2, multiattach = $3, updated_at = $4 WHERE id = $1",
+        &params![id, volume_type, i64::from(multiattach), now_micros()],
+    )
+    .await?;
+    Ok(())
+}
+
 /// Gives a locked volume to another project and user (a transfer accepted).
 pub async fn set_owner(tx: &mut Tx, id: &str, project_id: &str, user_id: &str) -> Result<(), StoreError> {
     tx.execute(
