@@ -32,18 +32,12 @@ fn transfer_not_found(id: &str) -> AttachError {
 }
 
 fn random_key() -> String {
-    let mut bytes = [0u8; KEY_LENGTH];
-    getrandom::fill(&mut bytes).expect("the operating system's random number generator failed");
-    // 252 = 7 x 36: no bias. A byte past it is drawn again.
     let mut key = String::with_capacity(KEY_LENGTH);
-    let mut pool = bytes.to_vec();
     while key.len() < KEY_LENGTH {
-        if pool.is_empty() {
-            pool = vec![0u8; KEY_LENGTH];
-            getrandom::fill(&mut pool).expect("the operating system's random number generator failed");
-        }
-        let b = pool.pop().expect("refilled");
-        if b < 252 {
+        let mut bytes = [0u8; KEY_LENGTH];
+        getrandom::fill(&mut bytes).expect("the operating system's random number generator failed");
+        // 252 = 7 x 36: a byte below it maps to a character without bias; one past it is dropped.
+        for b in bytes.into_iter().filter(|b| *b < 252).take(KEY_LENGTH - key.len()) {
             key.push(char::from(KEY_ALPHABET[usize::from(b) % KEY_ALPHABET.len()]));
         }
     }

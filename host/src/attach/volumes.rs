@@ -754,13 +754,13 @@ impl Volumes<'_> {
         Ok(self.store.read(async |tx| volumes::count(tx, scope, filter).await).await?)
     }
 
-    /// `GET /volumes/summary`: how many volumes `scope` has, their size together, and each
-    /// metadata key with the values it has among them.
     /// What `scope`'s live volumes use, by volume type: (type, count, GiB).
     pub async fn usage_by_type(&self, scope: Scope<'_>) -> Result<Vec<(String, i64, i64)>, AttachError> {
         Ok(self.store.read(async |tx| volumes::usage_by_type(tx, scope).await).await?)
     }
 
+    /// `GET /volumes/summary`: how many volumes `scope` has, their size together, and each
+    /// metadata key with the values it has among them.
     pub async fn summary(&self, scope: Scope<'_>) -> Result<Summary, AttachError> {
         let (count, size_gib, metadata) =
             self.store.read(async |tx| volumes::summary(tx, scope).await).await?;
