@@ -332,20 +332,11 @@ async fn after_the_disk_fails_a_sync_of_the_log_every_change_is_refused_until_a_
 async fn a_volume_whose_backend_no_node_serves_is_refused_until_the_backend_is_back() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("berth.db").display());
-    let mut two = berth_tests::server::fake_config();
+    let mut two = berth_tests::server::fake_config_with_backend("second");
     two.node = Some("the-node".into());
     // A stopped node's name is free again once its lease has run out.
     two.operations.lease_seconds = 1;
     let lease = std::time::Duration::from_millis(1500);
-    let mut second = two.backends[0].clone();
-    second.name = "second".into();
-    two.backends.push(second);
-    two.volume_types.push(berth::config::VolumeTypeConfig {
-        name: "second".into(),
-        backend: "second".into(),
-        description: None,
-        extra_specs: Default::default(),
-    });
     let s = TestServer::start_on(Db::Sqlite, Some(url.clone()), two.clone()).await;
     let volume = s.client("p1").create_volume(json!({"size": 1, "volume_type": "second"})).await;
     // And one its backend failed to delete (a decommissioned array's).

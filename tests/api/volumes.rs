@@ -511,16 +511,7 @@ fn urlencoding(value: &str) -> String {
 /// volumes, so it is refused whatever `migration_policy` says, and nothing changes.
 #[tokio::test]
 async fn a_retype_to_another_backend_is_refused_as_a_migration() {
-    let mut config = berth_tests::server::fake_config();
-    let mut second = config.backends[0].clone();
-    second.name = "second".into();
-    config.backends.push(second);
-    config.volume_types.push(berth::config::VolumeTypeConfig {
-        name: "second".into(),
-        backend: "second".into(),
-        description: None,
-        extra_specs: Default::default(),
-    });
+    let config = berth_tests::server::fake_config_with_backend("second");
     let s = berth_tests::server::TestServer::start_with(berth_tests::server::Db::Sqlite, config).await;
     let c = s.client("p1");
     let id = c.create_volume(json!({"size": 1})).await;

@@ -66,6 +66,22 @@ pub fn fake_config() -> Config {
     }
 }
 
+/// [`fake_config`] with a second backend of the fake driver, `name`, and a volume type of the same
+/// name on it.
+pub fn fake_config_with_backend(name: &str) -> Config {
+    let mut config = fake_config();
+    let mut second = config.backends[0].clone();
+    second.name = name.into();
+    config.backends.push(second);
+    config.volume_types.push(VolumeTypeConfig {
+        name: name.into(),
+        backend: name.into(),
+        description: None,
+        extra_specs: Default::default(),
+    });
+    config
+}
+
 impl TestServer {
     pub async fn start(db: Db) -> TestServer {
         Self::start_with(db, fake_config()).await
