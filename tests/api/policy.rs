@@ -330,6 +330,19 @@ fn routes() -> Vec<Route> {
             false,
             202,
         ),
+        action("os-unmanage", json!({"os-unmanage": null}), Volume, Admin, false, 202),
+        action("os-retype", json!({"os-retype": {"new_type": "multiattach"}}), Volume, Member, false, 202),
+        route(
+            "offer a volume for transfer",
+            Method::POST,
+            "/os-volume-transfer",
+            Some(json!({"transfer": {"volume_id": "{v}"}})),
+            Volume,
+            Member,
+            ById,
+            202,
+        ),
+        route("list transfers", Method::GET, "/os-volume-transfer", None, Volume, Reader, List, 200),
     ]
 }
 
@@ -533,6 +546,32 @@ async fn a_policy_file_overrides_the_defaults() {
     s.client("p1").with_roles("admin").post("/volumes", json!({"volume": {"size": 1}})).await.expect(202);
     s.client("p1").with_roles("auditor").get("/volumes").await.expect(200);
     member.get("/volumes").await.fault(403, "forbidden");
+}
+
+/// `volume:multiattach` (Cinder's): who may have a volume of a multiattach type, made so or
+/// retyped to one.
+#[tokio::test]
+async fn a_policy_file_can_keep_multiattach_volumes_to_admins() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.toml");
+    std::fs::write(&path, "\"volume:multiattach\" = [\"admin\"]\n").unwrap();
+    let mut config = berth_tests::server::fake_config();
+    config.auth.policy_file = Some(path);
+    let s = TestServer::start_with(Db::Sqlite, config).await;
+    let member = s.client("p1").with_roles("member");
+    let message = member
+        .post("/volumes", json!({"volume": {"size": 1, "volume_type": "multiattach"}}))
+        .await
+        .fault(403, "forbidden");
+    assert_eq!(message, "Policy doesn't allow volume:multiattach to be performed.");
+    let volume = member.create_volume(json!({"size": 1})).await;
+    let retype = json!({"os-retype": {"new_type": "multiattach"}});
+    member.post(&format!("/volumes/{volume}/action"), retype.clone()).await.fault(403, "forbidden");
+    assert_eq!(
+        member.get(&format!("/volumes/{volume}")).await.expect(200).body["volume"]["multiattach"],
+        false
+    );
+    s.client("p1").with_roles("admin").post(&format!("/volumes/{volume}/action"), retype).await.expect(202);
 }
 
 /// The hardening issue's item 14: Cinder shows an attachment's connection info, CHAP password

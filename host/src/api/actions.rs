@@ -332,6 +332,11 @@ async fn action(
                     "Invalid input for field/attribute migration_policy. Value: {p}. It must be never or on-demand"
                 )));
             }
+            let to =
+                state.service.catalog().types.iter().find(|t| t.id == arg.new_type || t.name == arg.new_type);
+            if to.is_some_and(|t| t.multiattach()) {
+                state.authorize(&caller, Rule::Multiattach)?;
+            }
             service.commands().retype_volume(caller, volume, arg.new_type).await?;
         }
         "os-set_bootable" => {

@@ -35,6 +35,7 @@ pub enum Rule {
     VolumeDelete,
     VolumeForceDelete,
     VolumeUnmanage,
+    Multiattach,
     MetadataGet,
     MetadataCreate,
     MetadataUpdate,
@@ -85,7 +86,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 46] = [
+    pub const ALL: [Rule; 47] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -93,6 +94,7 @@ impl Rule {
         Rule::VolumeDelete,
         Rule::VolumeForceDelete,
         Rule::VolumeUnmanage,
+        Rule::Multiattach,
         Rule::MetadataGet,
         Rule::MetadataCreate,
         Rule::MetadataUpdate,
@@ -144,6 +146,8 @@ impl Rule {
             Rule::VolumeDelete => "volume:delete",
             Rule::VolumeForceDelete => "volume:force_delete",
             Rule::VolumeUnmanage => "volume_extension:volume_unmanage",
+            // A volume of a multiattach type: made, or retyped to.
+            Rule::Multiattach => "volume:multiattach",
             Rule::MetadataGet => "volume:get_volume_metadata",
             Rule::MetadataCreate => "volume:create_volume_metadata",
             Rule::MetadataUpdate => "volume:update_volume_metadata",

@@ -393,18 +393,16 @@ async fn create(
         volume_type: v.volume_type,
         metadata: v.metadata.unwrap_or_default(),
     };
-    if v.multiattach == Some(true) {
-        let multiattach = state
-            .service
-            .catalog()
-            .volume_type(request.volume_type.as_deref())
-            .is_some_and(|t| t.multiattach());
-        if !multiattach {
-            return Err(ApiError::bad_request(
-                "Invalid input received: multiattach comes from the volume type; use a type with \
-                 multiattach=\"<is> True\"",
-            ));
-        }
+    let multiattach =
+        state.service.catalog().volume_type(request.volume_type.as_deref()).is_some_and(|t| t.multiattach());
+    if v.multiattach == Some(true) && !multiattach {
+        return Err(ApiError::bad_request(
+            "Invalid input received: multiattach comes from the volume type; use a type with \
+             multiattach=\"<is> True\"",
+        ));
+    }
+    if multiattach {
+        state.authorize(&caller, Rule::Multiattach)?;
     }
     let view_caller = caller.clone();
     let row = state.service.commands().create_volume(caller, request).await?;
