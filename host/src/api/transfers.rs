@@ -22,42 +22,82 @@ use super::{AppState, uuid_param};
 use crate::attach::Caller;
 use crate::store::transfers::Transfer;
 
+/// The paths and operation ids of one name of the transfers' resource.
+struct Names {
+    since: Version,
+    base: &'static str,
+    detail: &'static str,
+    one: &'static str,
+    accept: &'static str,
+    /// create, list, list in detail, show, accept, delete.
+    ids: [&'static str; 6],
+}
+
+const NAMES: [Names; 2] = [
+    Names {
+        since: MIN,
+        base: "/os-volume-transfer",
+        detail: "/os-volume-transfer/detail",
+        one: "/os-volume-transfer/{id}",
+        accept: "/os-volume-transfer/{id}/accept",
+        ids: [
+            "createVolumeTransfer",
+            "listVolumeTransfers",
+            "listVolumeTransfersDetail",
+            "showVolumeTransfer",
+            "acceptVolumeTransfer",
+            "deleteVolumeTransfer",
+        ],
+    },
+    Names {
+        since: VOLUME_TRANSFERS,
+        base: "/volume-transfers",
+        detail: "/volume-transfers/detail",
+        one: "/volume-transfers/{id}",
+        accept: "/volume-transfers/{id}/accept",
+        ids: [
+            "createVolumeTransferNew",
+            "listVolumeTransfersNew",
+            "listVolumeTransfersDetailNew",
+            "showVolumeTransferNew",
+            "acceptVolumeTransferNew",
+            "deleteVolumeTransferNew",
+        ],
+    },
+];
+
 pub fn endpoints() -> Vec<Endpoint> {
     const TAG: &str = "volume transfers";
     let mut out = Vec::new();
-    for (path, since) in [("/os-volume-transfer", MIN), ("/volume-transfers", VOLUME_TRANSFERS)] {
-        let at = |p: &'static str| -> &'static str { Box::leak(format!("{path}{p}").into_boxed_str()) };
-        let id = |op: &str| -> &'static str {
-            let suffix = if since == MIN { "" } else { "New" };
-            Box::leak(format!("{op}{suffix}").into_boxed_str())
-        };
+    for n in &NAMES {
+        let [create_id, list_id, detail_id, show_id, accept_id, delete_id] = n.ids;
         out.extend([
-            Endpoint::post(at(""), create, id("createVolumeTransfer"))
-                .since(since)
+            Endpoint::post(n.base, create, create_id)
+                .since(n.since)
                 .summary(TAG, "Offer an available volume to another project; the answer holds the key")
                 .body::<CreateBody>()
                 .answers::<TransferBody>(StatusCode::ACCEPTED, "The transfer, with its key"),
-            Endpoint::get(at(""), index, id("listVolumeTransfers"))
-                .since(since)
+            Endpoint::get(n.base, index, list_id)
+                .since(n.since)
                 .summary(TAG, "List the project's transfers")
                 .query("all_tenants", "Every project's (admins only).")
                 .answers::<TransferList>(StatusCode::OK, "The transfers"),
-            Endpoint::get(at("/detail"), detail, id("listVolumeTransfersDetail"))
-                .since(since)
+            Endpoint::get(n.detail, detail, detail_id)
+                .since(n.since)
                 .summary(TAG, "List the project's transfers with details")
                 .query("all_tenants", "Every project's (admins only).")
                 .answers::<TransferList>(StatusCode::OK, "The transfers"),
-            Endpoint::get(at("/{id}"), show, id("showVolumeTransfer"))
-                .since(since)
+            Endpoint::get(n.one, show, show_id)
+                .since(n.since)
                 .summary(TAG, "Show a transfer")
                 .answers::<TransferBody>(StatusCode::OK, "The transfer"),
-            Endpoint::post(at("/{id}/accept"), accept, id("acceptVolumeTransfer"))
-                .since(since)
+            Endpoint::post(n.accept, accept, accept_id)
+                .since(n.since)
                 .summary(TAG, "Take the volume over with the transfer's key (any project)")
                 .body::<AcceptBody>()
                 .answers::<TransferBody>(StatusCode::ACCEPTED, "The transfer accepted"),
-            Endpoint::delete(at("/{id}"), remove, id("deleteVolumeTransfer"))
-                .since(since)
+            Endpoint::delete(n.one, remove, delete_id)
+                .since(n.since)
                 .summary(TAG, "Withdraw a transfer: the volume is available to its project again")
                 .answers_empty(StatusCode::ACCEPTED, "Withdrawn"),
         ]);
