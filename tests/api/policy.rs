@@ -549,13 +549,16 @@ async fn a_policy_file_overrides_the_defaults() {
 }
 
 /// `volume:multiattach` (Cinder's): who may have a volume of a multiattach type, made so or
-/// retyped to one.
+/// retyped to one. As in Cinder, a retype between two multiattach types changes nothing it guards.
 #[tokio::test]
 async fn a_policy_file_can_keep_multiattach_volumes_to_admins() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("policy.toml");
     std::fs::write(&path, "\"volume:multiattach\" = [\"admin\"]\n").unwrap();
     let mut config = berth_tests::server::fake_config();
+    let mut shared = config.volume_types[1].clone();
+    shared.name = "shared".into();
+    config.volume_types.push(shared);
     config.auth.policy_file = Some(path);
     let s = TestServer::start_with(Db::Sqlite, config).await;
     let member = s.client("p1").with_roles("member");
@@ -572,6 +575,13 @@ async fn a_policy_file_can_keep_multiattach_volumes_to_admins() {
         false
     );
     s.client("p1").with_roles("admin").post(&format!("/volumes/{volume}/action"), retype).await.expect(202);
+    let between = json!({"os-retype": {"new_type": "shared"}});
+    member.post(&format!("/volumes/{volume}/action"), between).await.expect(202);
+    let shown = member.get(&format!("/volumes/{volume}")).await.expect(200).body;
+    assert_eq!(
+        (&shown["volume"]["volume_type"], &shown["volume"]["multiattach"]),
+        (&json!("shared"), &json!(true))
+    );
 }
 
 /// The hardening issue's item 14: Cinder shows an attachment's connection info, CHAP password

@@ -334,8 +334,13 @@ async fn action(
             }
             let to =
                 state.service.catalog().types.iter().find(|t| t.id == arg.new_type || t.name == arg.new_type);
+            // Cinder asks `volume:multiattach` only of a retype that makes a volume multiattach,
+            // not of one between two multiattach types.
             if to.is_some_and(|t| t.multiattach()) {
-                state.authorize(&caller, Rule::Multiattach)?;
+                let (current, _) = service.volumes().show(&caller, &volume).await?;
+                if !current.multiattach {
+                    state.authorize(&caller, Rule::Multiattach)?;
+                }
             }
             service.commands().retype_volume(caller, volume, arg.new_type).await?;
         }
