@@ -143,6 +143,31 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert_eq!(table(&cli(&["show", &kept]))["volume_type"], "gold");
     cli(&["unmanage", &kept]);
     assert!(list(&cli(&["list"])).is_empty());
+
+    // Draining the backend: `service-disable` with a reason, then `service-enable`.
+    let services = list(&cli(&["service-list", "--binary", "cinder-volume"]));
+    assert_eq!(services.len(), 1, "{services:?}");
+    let host = services[0][1].clone();
+    assert!(host.ends_with("@fake"), "{services:?}");
+    cli(&["service-disable", &host, "cinder-volume", "--reason", "array maintenance"]);
+    let listed = list(&cli(&["service-list", "--host", &host]));
+    assert!(
+        listed.len() == 1
+            && listed[0].iter().any(|c| c == "disabled")
+            && listed[0].iter().any(|c| c == "array maintenance"),
+        "{listed:?}"
+    );
+    let mut refused = cinder(&server.base, "compat", "3.54");
+    refused.args(["create", "1"]);
+    let out = refused.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("takes no new volumes"), "{stderr}");
+    assert!(list(&cli(&["list"])).is_empty(), "the refused create left nothing");
+    cli(&["service-enable", &host, "cinder-volume"]);
+    let listed = list(&cli(&["service-list", "--host", &host]));
+    assert!(listed[0].iter().any(|c| c == "enabled"), "{listed:?}");
+    let made = table(&cli(&["create", "1"]))["id"].clone();
+    cli(&["delete", &made]);
 }
 
 /// The library's legacy calls, through a noauth session, exactly as an orchestrator makes them.

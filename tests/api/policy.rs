@@ -178,6 +178,16 @@ fn routes() -> Vec<Route> {
         route("list volume types", Method::GET, "/types", None, Nothing, Reader, Global, 200),
         route("show a volume type", Method::GET, "/types/default", None, Nothing, Reader, Global, 200),
         route("list services", Method::GET, "/os-services", None, Nothing, Admin, Global, 200),
+        route(
+            "enable a service",
+            Method::PUT,
+            "/os-services/enable",
+            Some(json!({"host": "{n}@fake", "binary": "cinder-volume"})),
+            Nothing,
+            Admin,
+            Global,
+            200,
+        ),
         route("list attachments", Method::GET, "/attachments", None, Reserved, Reader, List, 200),
         route(
             "list attachments in detail",
@@ -445,14 +455,16 @@ fn caller(s: &TestServer, who: Who, whose: Whose) -> Client {
     }
 }
 
-fn fill(template: &str, volume: &str, attachment: &str) -> String {
-    template.replace("{v}", volume).replace("{a}", attachment)
+/// `{v}` the volume, `{a}` the attachment, `{n}` the node.
+fn fill(template: &str, volume: &str, attachment: &str, node: &str) -> String {
+    template.replace("{v}", volume).replace("{a}", attachment).replace("{n}", node)
 }
 
 #[tokio::test]
 async fn every_route_answers_each_role_in_each_project_as_the_policy_says() {
     let s = TestServer::start(Db::Sqlite).await;
     let owner = s.client("p1").at("3.54");
+    let node = &s.service.owner().node;
     let mut failures = Vec::new();
     let mut cells = 0;
     for route in routes() {
@@ -461,12 +473,12 @@ async fn every_route_answers_each_role_in_each_project_as_the_policy_says() {
                 cells += 1;
                 let (volume, attachment) = build(&owner, route.fixture).await;
                 let c = caller(&s, who, whose);
-                let body = route
-                    .body
-                    .as_ref()
-                    .map(|b| serde_json::from_str(&fill(&b.to_string(), &volume, &attachment)).unwrap());
-                let r =
-                    c.send(route.method.clone(), &c.url(&fill(route.path, &volume, &attachment)), body).await;
+                let body = route.body.as_ref().map(|b| {
+                    serde_json::from_str(&fill(&b.to_string(), &volume, &attachment, node)).unwrap()
+                });
+                let r = c
+                    .send(route.method.clone(), &c.url(&fill(route.path, &volume, &attachment, node)), body)
+                    .await;
                 let want = expected(&route, who, whose);
                 let mut wrong = r.status != want;
                 if route.reach == Reach::List && r.status == 200 && whose == Whose::Other {

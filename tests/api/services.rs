@@ -1,10 +1,12 @@
 //! `GET /v3/{project}/os-services`: this node and its backends, with their state, in Cinder's
 //! shape; each backend's `service_uuid` names the node and the backend. A volume belongs to the
 //! node whose backend made it: another node on the same database sends its changes there, and
-//! refuses them (503, nothing recorded) while that node does not answer.
+//! refuses them (503, nothing recorded) while that node does not answer. An admin disables a
+//! node's backend to drain it: it makes no new volume, and serves its volumes as before.
 
-use berth_tests::server::{Db, TestServer, connector};
-use serde_json::json;
+use berth_tests::both_databases;
+use berth_tests::server::{Client, Db, TestServer, connector};
+use serde_json::{Value, json};
 
 #[tokio::test]
 async fn the_services_listing_shows_this_node_and_its_backends_up() {
@@ -42,6 +44,113 @@ async fn the_services_listing_shows_this_node_and_its_backends_up() {
     config.node = Some("another-node".into());
     let other = TestServer::start_with(Db::Sqlite, config).await;
     assert_ne!(uuid_of(&other).await, here);
+}
+
+/// The services listing's entry for `host`.
+async fn service(admin: &Client, host: &str) -> Value {
+    let r = admin.get(&format!("/os-services?host={host}")).await.expect(200);
+    let services = r.body["services"].as_array().unwrap().clone();
+    assert_eq!(services.len(), 1, "only {host}: {services:?}");
+    services[0].clone()
+}
+
+both_databases! {
+    async fn a_disabled_backend_makes_no_new_volume_and_serves_its_volumes_as_before(s) {
+        let admin = s.client("p1");
+        let member = s.client("p1").with_roles("member").at("3.54");
+        let host = format!("{}@fake", s.service.owner().node);
+        let volume = member.create_volume(json!({"size": 1})).await;
+        let first = member.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:host-a", "host-a"))).await.expect(200);
+        let first = first.body["attachment"]["id"].as_str().unwrap().to_string();
+
+        let body = json!({"host": host, "binary": "cinder-volume", "disabled_reason": "array firmware upgrade"});
+        let r = admin.put("/os-services/disable-log-reason", body).await.expect(200);
+        assert_eq!(r.body, json!({
+            "host": host, "binary": "cinder-volume", "service": "", "status": "disabled", "disabled": true,
+            "disabled_reason": "array firmware upgrade"
+        }));
+        let listed = service(&admin, &host).await;
+        assert_eq!((&listed["status"], &listed["disabled_reason"], &listed["state"]),
+            (&json!("disabled"), &json!("array firmware upgrade"), &json!("up")));
+        // The node itself is listed as it was.
+        let node = service(&admin, &s.service.owner().node).await;
+        assert_eq!((&node["binary"], &node["status"]), (&json!("berth-api"), &json!("enabled")));
+        let only_volumes = admin.get("/os-services?binary=cinder-volume").await.expect(200);
+        assert!(only_volumes.body["services"].as_array().unwrap().iter().all(|x| x["binary"] == "cinder-volume"));
+
+        // No new volume, and nothing of the refused one recorded.
+        let count = |c: Client| async move { c.get("/volumes").await.expect(200).body["volumes"].as_array().unwrap().len() };
+        let before = count(member.clone()).await;
+        let message = member.post("/volumes", json!({"volume": {"size": 1}})).await.fault(503, "serviceUnavailable");
+        assert!(message.contains(&host) && message.contains("takes no new volumes"), "{message}");
+        assert!(!message.contains("firmware"), "the admin's reason is for admins: {message}");
+        assert_eq!(count(member.clone()).await, before);
+
+        // Its volume is served as before: detached, and attached to another host.
+        member.delete(&format!("/attachments/{first}")).await.expect(200);
+        let second = member.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:host-b", "host-b"))).await;
+        let second = second.expect(200).body["attachment"]["id"].as_str().unwrap().to_string();
+        assert_eq!(member.volume_status(&volume).await, "attaching");
+        member.delete(&format!("/attachments/{second}")).await.expect(200);
+        assert_eq!(member.volume_status(&volume).await, "available");
+
+        // `disable` without a reason keeps the reason; members may do neither.
+        let plain = json!({"host": host, "binary": "cinder-volume"});
+        let r = admin.put("/os-services/disable", plain.clone()).await.expect(200);
+        assert_eq!(r.body, json!({"host": host, "binary": "cinder-volume", "service": "", "status": "disabled", "disabled": true}));
+        assert_eq!(service(&admin, &host).await["disabled_reason"], "array firmware upgrade");
+        let message = member.put("/os-services/enable", plain.clone()).await.fault(403, "forbidden");
+        assert_eq!(message, "Policy doesn't allow volume_extension:services:update to be performed.");
+
+        // Enabled again (`service`, Cinder's older name of `binary`, works too): volumes are made
+        // again, and the reason is gone.
+        let r = admin.put("/os-services/enable", json!({"host": host, "service": "cinder-volume"})).await.expect(200);
+        assert_eq!(r.body, json!({"host": host, "binary": "", "service": "cinder-volume", "status": "enabled", "disabled": false}));
+        let listed = service(&admin, &host).await;
+        assert_eq!((&listed["status"], &listed["disabled_reason"]), (&json!("enabled"), &Value::Null));
+        let made = member.create_volume(json!({"size": 1})).await;
+        assert_eq!(member.volume_status(&made).await, "available");
+        member.delete(&format!("/volumes/{volume}")).await.expect(202);
+    }
+
+    async fn service_changes_that_name_no_backend_or_a_bad_reason_are_refused_and_change_nothing(s) {
+        let admin = s.client("p1");
+        let node = s.service.owner().node.clone();
+        let host = format!("{node}@fake");
+        let refused = [
+            ("/os-services/disable", json!({"host": "nowhere@fake", "binary": "cinder-volume"}), 404,
+             "Could not find binary cinder-volume on host nowhere@fake."),
+            ("/os-services/disable", json!({"host": host, "binary": "cinder-backup"}), 404,
+             "Could not find binary cinder-backup on host"),
+            ("/os-services/disable", json!({"host": node, "binary": "berth-api"}), 400, "disable its backends"),
+            ("/os-services/disable", json!({"host": host}), 400, "names no binary"),
+            ("/os-services/disable", json!({"binary": "cinder-volume"}), 400, "host"),
+            ("/os-services/disable", json!({"host": host, "binary": "cinder-volume", "disabled_reason": "x"}), 400,
+             "disabled_reason"),
+            ("/os-services/disable-log-reason", json!({"host": host, "binary": "cinder-volume", "disabled_reason": "  "}), 400,
+             "Disabled reason contains invalid characters or is too long"),
+            ("/os-services/disable-log-reason", json!({"host": host, "binary": "cinder-volume"}), 400,
+             "Disabled reason contains invalid characters or is too long"),
+            ("/os-services/disable-log-reason", json!({"host": host, "binary": "cinder-volume", "disabled_reason": "x".repeat(256)}), 400,
+             "Disabled reason contains invalid characters or is too long"),
+            ("/os-services/disable-log-reason", json!({"host": host, "binary": "cinder-volume", "disabled_reason": "a\nforged log line"}), 400,
+             "Disabled reason contains invalid characters or is too long"),
+            ("/os-services/enable", json!({"host": host, "binary": "cinder-volume", "cluster": "berth@fake"}), 400,
+             "cluster"),
+        ];
+        for (path, body, status, expected) in refused {
+            let fault = if status == 404 { "itemNotFound" } else { "badRequest" };
+            let message = admin.put(path, body.clone()).await.fault(status, fault);
+            assert!(message.contains(expected), "{path} {body}: {message}");
+        }
+        let listed = service(&admin, &host).await;
+        assert_eq!((&listed["status"], &listed["disabled_reason"]), (&json!("enabled"), &Value::Null));
+        // A reason of 255 characters is taken, trimmed.
+        let reason = "r".repeat(255);
+        let body = json!({"host": host, "binary": "cinder-volume", "disabled_reason": format!(" {reason} ")});
+        admin.put("/os-services/disable-log-reason", body).await.expect(200);
+        assert_eq!(service(&admin, &host).await["disabled_reason"], json!(reason));
+    }
 }
 
 /// Two nodes on one PostgreSQL database, each with its own (node-local) backend "fake", with a
@@ -555,4 +664,25 @@ async fn while_postgresql_is_down_requests_are_refused_quickly_and_served_again_
     }
     assert!(served.is_some(), "served again once PostgreSQL is back");
     c.post("/volumes", json!({"volume": {"size": 1}})).await.expect(202);
+}
+
+/// The state is the database's: every node lists a disabled service as disabled, and only the
+/// backend disabled stops making volumes; the other node's backend of the same name goes on.
+#[tokio::test]
+async fn every_node_sees_a_service_disabled_and_only_that_nodes_backend_stops() {
+    let (a, b) = two_nodes().await;
+    let (on_a, on_b) = (a.client("p1"), b.client("p1"));
+    let body = json!({"host": "node-a@fake", "binary": "cinder-volume", "disabled_reason": "drain"});
+    on_b.put("/os-services/disable-log-reason", body).await.expect(200);
+    for c in [&on_a, &on_b] {
+        let listed = service(c, "node-a@fake").await;
+        assert_eq!((&listed["status"], &listed["disabled_reason"]), (&json!("disabled"), &json!("drain")));
+        assert_eq!(service(c, "node-b@fake").await["status"], "enabled");
+    }
+    on_a.post("/volumes", json!({"volume": {"size": 1}})).await.fault(503, "serviceUnavailable");
+    on_b.create_volume(json!({"size": 1})).await;
+    on_a.put("/os-services/enable", json!({"host": "node-a@fake", "binary": "cinder-volume"}))
+        .await
+        .expect(200);
+    on_a.create_volume(json!({"size": 1})).await;
 }

@@ -165,9 +165,9 @@ impl From<AttachError> for ApiError {
             e @ (AttachError::TooManyAttachments { .. } | AttachError::ExportCeiling { .. }) => {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
             }
-            e @ (AttachError::BackendUnavailable(_) | AttachError::Unavailable(_)) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-            }
+            e @ (AttachError::BackendUnavailable(_)
+            | AttachError::ServiceDisabled(_)
+            | AttachError::Unavailable(_)) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
             AttachError::Elsewhere(remote) => {
                 let forward = remote.forwardable();
                 let mut error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, remote.to_string());

@@ -62,6 +62,7 @@ pub enum Rule {
     Extend,
     ExtendVolumeCompletion,
     ServiceIndex,
+    ServiceUpdate,
     AttachmentEventGetAll,
     DriverGetAll,
     DriverUpgrade,
@@ -86,7 +87,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 47] = [
+    pub const ALL: [Rule; 48] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -121,6 +122,7 @@ impl Rule {
         Rule::Extend,
         Rule::ExtendVolumeCompletion,
         Rule::ServiceIndex,
+        Rule::ServiceUpdate,
         Rule::AttachmentEventGetAll,
         Rule::DriverGetAll,
         Rule::DriverUpgrade,
@@ -175,6 +177,8 @@ impl Rule {
             Rule::Extend => "volume:extend",
             Rule::ExtendVolumeCompletion => "volume_extension:volume_admin_actions:extend_volume_completion",
             Rule::ServiceIndex => "volume_extension:services:index",
+            // Disabling and enabling a backend for new volumes.
+            Rule::ServiceUpdate => "volume_extension:services:update",
             // Berth's: the attach history (members read their projects' events).
             Rule::AttachmentEventGetAll => "volume:attachment_event_get_all",
             // Berth's: the drivers each backend runs, their upgrades and rollbacks.
@@ -213,6 +217,7 @@ impl Rule {
             | Rule::ForceDetach
             | Rule::ExtendVolumeCompletion
             | Rule::ServiceIndex
+            | Rule::ServiceUpdate
             | Rule::DriverGetAll
             | Rule::DriverUpgrade
             | Rule::QuotaUpdate

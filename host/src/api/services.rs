@@ -1,27 +1,47 @@
-//! `GET /v3/{project_id}/os-services`: the nodes of this service and their backends, with their
-//! state, in Cinder's shape (what `cinder service-list` prints). Admins only, as in Cinder. A
-//! backend shared by several nodes names its cluster (`berth@backend`), as an active-active
-//! Cinder backend does.
+//! `/v3/{project_id}/os-services`: the nodes of this service and their backends, with their
+//! state, in Cinder's shape (what `cinder service-list` prints), and `disable`,
+//! `disable-log-reason` and `enable` of a node's backend (`cinder service-disable`,
+//! `service-enable`; what a disabled backend does is in `attach/services.rs`). Admins only, as in
+//! Cinder. A backend shared by several nodes names its cluster (`berth@backend`), as an
+//! active-active Cinder backend does.
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::AppState;
+use super::body::JsonBody;
 use super::error::ApiError;
 use super::openapi::Endpoint;
 use super::policy::Rule;
+use super::query::param;
 use super::views::timestamp;
 use crate::attach::Caller;
+use crate::attach::services::ServiceState;
 
 pub fn endpoints() -> Vec<Endpoint> {
+    const TAG: &str = "services";
     vec![
         Endpoint::get("/os-services", index, "listServices")
-            .summary("services", "List the nodes and their backends, up or down (admins only)")
+            .summary(TAG, "List the nodes and their backends, up or down, enabled or disabled (admins only)")
+            .query("host", "Only the service of this host (`node` or `node@backend`).")
+            .query("binary", "Only services of this binary (`berth-api` or `cinder-volume`).")
             .answers::<ServiceList>(StatusCode::OK, "The services"),
+        Endpoint::put("/os-services/disable", disable, "disableService")
+            .summary(TAG, "Disable a node's backend: it makes no new volume and serves its volumes as before")
+            .body::<ServiceChange>()
+            .answers::<ServiceChanged>(StatusCode::OK, "The service, disabled"),
+        Endpoint::put("/os-services/disable-log-reason", disable_log_reason, "disableServiceLogReason")
+            .summary(TAG, "Disable a node's backend, saying why (shown in the service list)")
+            .body::<ServiceChangeWithReason>()
+            .answers::<ServiceChanged>(StatusCode::OK, "The service, disabled"),
+        Endpoint::put("/os-services/enable", enable, "enableService")
+            .summary(TAG, "Enable a node's backend again: it makes new volumes")
+            .body::<ServiceChange>()
+            .answers::<ServiceChanged>(StatusCode::OK, "The service, enabled"),
     ]
 }
 
@@ -38,11 +58,12 @@ struct ServiceView {
     /// `node` or `node@backend`.
     host: String,
     zone: String,
-    /// Always `enabled`.
+    /// `enabled`, or `disabled` (a backend that makes no new volume).
     status: String,
     /// `up` or `down`.
     state: String,
     updated_at: String,
+    /// Why it is disabled, as the admin said.
     disabled_reason: Option<String>,
     /// `berth@backend` for a backend shared by several nodes.
     cluster: Option<String>,
@@ -81,35 +102,135 @@ struct ServiceView {
 async fn index(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::ServiceIndex)?;
+    let (host, binary) = (param(raw.as_deref(), "host"), param(raw.as_deref(), "binary"));
     let services: Vec<_> = state
         .service
         .services()
         .await?
         .into_iter()
-        .map(|s| ServiceView {
-            binary: s.binary.into(),
-            host: s.host,
-            zone: super::zones::ZONE.into(),
-            status: "enabled".into(),
-            state: if s.up { "up" } else { "down" }.into(),
-            updated_at: timestamp(s.updated_at),
-            disabled_reason: None,
-            cluster: s.cluster,
-            replication_status: "disabled".into(),
-            active_backend_id: None,
-            frozen: false,
-            driver: s.runs.as_ref().map(|r| format!("{} {}", r.driver, r.version)),
-            driver_digest: s.runs.as_ref().map(|r| r.digest.clone()),
-            driver_since: s.runs.as_ref().and_then(|r| r.since).map(timestamp),
-            driver_how: s.runs.as_ref().and_then(|r| r.how.clone()),
-            shared: s.runs.as_ref().map(|r| r.shared),
-            lease_seconds: s.lease_seconds,
-            version: s.version,
-            luns: s.luns,
-            lun_ceiling: s.runs.as_ref().and_then(|r| r.lun_ceiling),
+        .filter(|s| {
+            host.as_ref().is_none_or(|h| *h == s.host) && binary.as_ref().is_none_or(|b| b == s.binary)
         })
+        .map(view)
         .collect();
     Ok(Json(ServiceList { services }).into_response())
+}
+
+fn view(s: ServiceState) -> ServiceView {
+    ServiceView {
+        binary: s.binary.into(),
+        host: s.host,
+        zone: super::zones::ZONE.into(),
+        status: status(s.disabled.is_some()).into(),
+        state: if s.up { "up" } else { "down" }.into(),
+        updated_at: timestamp(s.updated_at),
+        disabled_reason: s.disabled.and_then(|d| d.reason),
+        cluster: s.cluster,
+        replication_status: "disabled".into(),
+        active_backend_id: None,
+        frozen: false,
+        driver: s.runs.as_ref().map(|r| format!("{} {}", r.driver, r.version)),
+        driver_digest: s.runs.as_ref().map(|r| r.digest.clone()),
+        driver_since: s.runs.as_ref().and_then(|r| r.since).map(timestamp),
+        driver_how: s.runs.as_ref().and_then(|r| r.how.clone()),
+        shared: s.runs.as_ref().map(|r| r.shared),
+        lease_seconds: s.lease_seconds,
+        version: s.version,
+        luns: s.luns,
+        lun_ceiling: s.runs.as_ref().and_then(|r| r.lun_ceiling),
+    }
+}
+
+fn status(disabled: bool) -> &'static str {
+    if disabled { "disabled" } else { "enabled" }
+}
+
+/// `{"host": "node@backend", "binary": "cinder-volume"}` (`service`: Cinder's older name of
+/// `binary`).
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ServiceChange {
+    host: String,
+    binary: Option<String>,
+    service: Option<String>,
+}
+
+/// [`ServiceChange`] with `disabled_reason` (1 to 255 characters).
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ServiceChangeWithReason {
+    host: String,
+    binary: Option<String>,
+    service: Option<String>,
+    disabled_reason: Option<String>,
+}
+
+/// The service after the change, as Cinder answers it.
+#[derive(Serialize, JsonSchema)]
+struct ServiceChanged {
+    host: String,
+    binary: String,
+    /// The `service` the request named, or `""`.
+    service: String,
+    /// `enabled` or `disabled`.
+    status: String,
+    disabled: bool,
+    /// `disable-log-reason`'s only: the reason it now has.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disabled_reason: Option<String>,
+}
+
+async fn disable(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<ServiceChange>,
+) -> Result<Response, ApiError> {
+    change(&state, &caller, body.host, body.binary, body.service, true, None).await
+}
+
+async fn disable_log_reason(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<ServiceChangeWithReason>,
+) -> Result<Response, ApiError> {
+    let reason = Some(body.disabled_reason.unwrap_or_default());
+    change(&state, &caller, body.host, body.binary, body.service, true, reason).await
+}
+
+async fn enable(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<ServiceChange>,
+) -> Result<Response, ApiError> {
+    change(&state, &caller, body.host, body.binary, body.service, false, None).await
+}
+
+async fn change(
+    state: &AppState,
+    caller: &Caller,
+    host: String,
+    binary: Option<String>,
+    service: Option<String>,
+    disabled: bool,
+    reason: Option<String>,
+) -> Result<Response, ApiError> {
+    state.authorize(caller, Rule::ServiceUpdate)?;
+    // Cinder's: `binary`, or the deprecated `service`, names it.
+    let Some(named) = binary.clone().or(service.clone()).filter(|b| !b.is_empty()) else {
+        return Err(ApiError::bad_request("Invalid input: the request names no binary (`binary`)"));
+    };
+    let with_reason = reason.is_some();
+    let now = state.service.set_service_disabled(&host, &named, disabled, reason).await?;
+    Ok(Json(ServiceChanged {
+        host: now.host,
+        binary: binary.unwrap_or_default(),
+        service: service.unwrap_or_default(),
+        status: status(now.disabled.is_some()).into(),
+        disabled: now.disabled.is_some(),
+        disabled_reason: now.disabled.and_then(|d| d.reason).filter(|_| with_reason),
+    })
+    .into_response())
 }

@@ -48,6 +48,12 @@ pub enum AttachError {
          add it back (or start the node that serves it) and retry"
     )]
     BackendUnavailable(String),
+    /// This node's backend for a new volume, `node@backend`, is disabled (`attach/services.rs`).
+    #[error(
+        "No valid backend was found: backend {0} takes no new volumes now (an admin disabled it); retry \
+         later, or choose a volume type of another backend"
+    )]
+    ServiceDisabled(String),
     /// The volume cannot be changed right now (another node's operation holds it, or an
     /// interrupted operation could not be finished yet); retrying later may succeed.
     #[error("{0}")]

@@ -39,6 +39,7 @@ pub mod nodes;
 pub mod ops;
 pub mod reconcile;
 pub mod recover;
+pub mod services;
 pub mod transfers;
 pub mod volumes;
 

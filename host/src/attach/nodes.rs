@@ -85,29 +85,8 @@ pub struct Peer {
     pub runs: Option<BackendInfo>,
 }
 
-/// One line of the services listing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceState {
-    /// `berth-api` for a node, `cinder-volume` for one of its backends (as Cinder names it, so
-    /// that clients that look for volume services find them).
-    pub binary: &'static str,
-    /// `node` or `node@backend`.
-    pub host: String,
-    /// `berth@backend` for a shared backend (its cluster, in Cinder's words).
-    pub cluster: Option<String>,
-    pub up: bool,
-    pub updated_at: i64,
-    /// A backend's driver, as the node that serves it registered it.
-    pub runs: Option<BackendInfo>,
-    /// A node's operations lease, in seconds, and its version.
-    pub lease_seconds: Option<i64>,
-    pub version: Option<String>,
-    /// A backend's LUNs in its target service now (this node's backends only).
-    pub luns: Option<u64>,
-}
-
 /// The `service_uuid` of each backend of a node.
-fn backends_of(n: &Node) -> impl Iterator<Item = (String, &String, bool)> {
+pub(super) fn backends_of(n: &Node) -> impl Iterator<Item = (String, &String, bool)> {
     n.backends.iter().map(move |b| {
         let shared = n.shared_backends.contains(b);
         let uuid = if shared { shared_service_uuid(b) } else { service_uuid(&n.name, b) };
@@ -274,7 +253,7 @@ impl Service {
     }
 
     /// The LUNs a backend of this node holds in its target service, and its ceiling.
-    fn luns_of(&self, b: &super::Backend) -> Option<crate::capabilities::iscsi::LunCapacity> {
+    pub(super) fn luns_of(&self, b: &super::Backend) -> Option<crate::capabilities::iscsi::LunCapacity> {
         b.driver.target_service().filter(|_| b.uses_targets).and_then(|s| s.lun_capacity())
     }
 
@@ -414,46 +393,6 @@ impl Service {
             .filter(|n| n.shared_backends.iter().any(|b| b == backend))
             .map(|n| Peer { runs: n.backend_info.get(backend).cloned(), node: n.name, url: n.url })
             .collect())
-    }
-
-    /// Every node and backend, with whether it is up.
-    pub async fn services(&self) -> Result<Vec<ServiceState>, AttachError> {
-        let nodes: Vec<Node> = self.store.read(async |tx| nodes::list(tx).await).await?;
-        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
-        let now = now_micros();
-        let mut out = Vec::new();
-        for n in &nodes {
-            let up = now - n.heartbeat_at <= lease;
-            out.push(ServiceState {
-                binary: "berth-api",
-                host: n.name.clone(),
-                cluster: None,
-                up,
-                updated_at: n.heartbeat_at,
-                runs: None,
-                lease_seconds: Some(n.lease_seconds),
-                version: Some(n.version.clone()),
-                luns: None,
-            });
-            for (_, b, shared) in backends_of(n) {
-                out.push(ServiceState {
-                    binary: "cinder-volume",
-                    host: format!("{}@{b}", n.name),
-                    cluster: shared.then(|| format!("{CLUSTER}@{b}")),
-                    up,
-                    updated_at: n.heartbeat_at,
-                    runs: n.backend_info.get(b).cloned(),
-                    lease_seconds: None,
-                    version: None,
-                    // Known live for this node's own backends only.
-                    luns: (n.name == self.owner.node)
-                        .then(|| self.catalog.backend(b.as_str()).and_then(|b| self.luns_of(&b)))
-                        .flatten()
-                        .map(|c| c.held),
-                });
-            }
-        }
-        Ok(out)
     }
 }
 

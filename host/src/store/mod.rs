@@ -26,6 +26,7 @@ mod batch;
 pub mod events;
 pub mod nodes;
 pub mod operations;
+pub mod services;
 pub mod sql;
 pub mod targets;
 pub mod transfers;

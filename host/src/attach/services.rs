@@ -1,0 +1,157 @@
+//! Disabling a service (`cinder service-disable`, `PUT /os-services/disable` and
+//! `disable-log-reason`) and enabling it again. A service here is a node's backend,
+//! `node@backend` (binary `cinder-volume`, as `GET /os-services` lists it): a disabled one makes
+//! no new volume, as a disabled Cinder volume service is given none by the scheduler, and serves
+//! the volumes it has as before: attaches, detaches, extends, deletes. It is how an operator
+//! drains a backend before its array's maintenance or retirement. The state is in the database
+//! (`store/services.rs`), so every node sees it, and a create checks it in the transaction that
+//! records the volume: once `disable` has answered, no new volume lands there.
+//!
+//! A node (`berth-api`) cannot be disabled: what it would stop is not a scheduling decision
+//! (its volumes are served only by it); disable its backends.
+//!
+//! The listing itself (`GET /os-services`) is here too: each node, up or down by its heartbeat
+//! (`attach/nodes.rs`), and each of its backends, enabled or disabled.
+
+use super::catalog::CLUSTER;
+use super::nodes::backends_of;
+use super::{AttachError, Service};
+use crate::store::nodes::{self, BackendInfo, Node};
+use crate::store::services::{self, Disabled};
+use crate::store::{StoreError, now_micros};
+
+/// The binary of a node's backend in `GET /os-services`, as Cinder names a volume service.
+pub const VOLUME_BINARY: &str = "cinder-volume";
+
+/// The longest reason (Cinder's limit).
+pub const MAX_REASON: usize = 255;
+
+/// One line of the services listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceState {
+    /// `berth-api` for a node, `cinder-volume` for one of its backends (as Cinder names it, so
+    /// that clients that look for volume services find them).
+    pub binary: &'static str,
+    /// `node` or `node@backend`.
+    pub host: String,
+    /// `berth@backend` for a shared backend (its cluster, in Cinder's words).
+    pub cluster: Option<String>,
+    pub up: bool,
+    pub updated_at: i64,
+    /// A backend's driver, as the node that serves it registered it.
+    pub runs: Option<BackendInfo>,
+    /// A node's operations lease, in seconds, and its version.
+    pub lease_seconds: Option<i64>,
+    pub version: Option<String>,
+    /// A backend's LUNs in its target service now (this node's backends only).
+    pub luns: Option<u64>,
+    /// Since when and why a backend is disabled; `None`: enabled.
+    pub disabled: Option<Disabled>,
+}
+
+impl Service {
+    /// Every node and backend, with whether it is up.
+    pub async fn services(&self) -> Result<Vec<ServiceState>, AttachError> {
+        let (nodes, disabled): (Vec<Node>, Vec<Disabled>) = self
+            .store
+            .read(async |tx| Ok::<_, StoreError>((nodes::list(tx).await?, services::list(tx).await?)))
+            .await?;
+        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
+        let now = now_micros();
+        let mut out = Vec::new();
+        for n in &nodes {
+            let up = now - n.heartbeat_at <= lease;
+            out.push(ServiceState {
+                binary: "berth-api",
+                host: n.name.clone(),
+                cluster: None,
+                up,
+                updated_at: n.heartbeat_at,
+                runs: None,
+                lease_seconds: Some(n.lease_seconds),
+                version: Some(n.version.clone()),
+                luns: None,
+                disabled: None,
+            });
+            for (_, b, shared) in backends_of(n) {
+                let host = format!("{}@{b}", n.name);
+                out.push(ServiceState {
+                    binary: VOLUME_BINARY,
+                    disabled: disabled.iter().find(|d| d.host == host).cloned(),
+                    host,
+                    cluster: shared.then(|| format!("{CLUSTER}@{b}")),
+                    up,
+                    updated_at: n.heartbeat_at,
+                    runs: n.backend_info.get(b).cloned(),
+                    lease_seconds: None,
+                    version: None,
+                    // Known live for this node's own backends only.
+                    luns: (n.name == self.owner.node)
+                        .then(|| self.catalog.backend(b.as_str()).and_then(|b| self.luns_of(&b)))
+                        .flatten()
+                        .map(|c| c.held),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Disables `host` (`node@backend`), with `reason` if given (otherwise a reason given before
+    /// stays), or enables it; answers the service as it is now.
+    pub async fn set_service_disabled(
+        &self,
+        host: &str,
+        binary: &str,
+        disabled: bool,
+        reason: Option<String>,
+    ) -> Result<ServiceState, AttachError> {
+        let reason = match reason.map(|r| r.trim().to_string()) {
+            Some(r) if r.is_empty() || r.chars().count() > MAX_REASON || r.chars().any(char::is_control) => {
+                return Err(AttachError::InvalidInput(format!(
+                    "Disabled reason contains invalid characters or is too long: it must be 1 to {MAX_REASON} \
+                     characters, none of them a control character"
+                )));
+            }
+            other => other,
+        };
+        let Some(service) = self.services().await?.into_iter().find(|s| s.host == host && s.binary == binary)
+        else {
+            return Err(AttachError::NotFound(format!("Could not find binary {binary} on host {host}.")));
+        };
+        if service.binary != VOLUME_BINARY {
+            return Err(AttachError::InvalidInput(format!(
+                "Service {host} is a Berth node ({binary}), which cannot be disabled: disable its backends \
+                 (binary {VOLUME_BINARY}, host {host}@<backend>), each then makes no new volume"
+            )));
+        }
+        let now = self
+            .store
+            .write(async |tx| {
+                if disabled {
+                    services::disable(tx, host, reason.as_deref()).await?;
+                } else {
+                    services::enable(tx, host).await?;
+                }
+                services::get(tx, host).await
+            })
+            .await?;
+        match &now {
+            Some(d) => tracing::info!(service = host, reason = d.reason.as_deref(), "service disabled"),
+            None => tracing::info!(service = host, "service enabled"),
+        }
+        Ok(ServiceState { disabled: now, ..service })
+    }
+
+    /// Refuses a new volume on `backend` of this node while that service is disabled.
+    pub(crate) async fn check_enabled(
+        &self,
+        tx: &mut crate::store::sql::Tx,
+        backend: &str,
+    ) -> Result<(), AttachError> {
+        let host = format!("{}@{backend}", self.owner.node);
+        match services::get(tx, &host).await? {
+            Some(_) => Err(AttachError::ServiceDisabled(host)),
+            None => Ok(()),
+        }
+    }
+}
