@@ -149,7 +149,10 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert_eq!(services.len(), 1, "{services:?}");
     let host = services[0][1].clone();
     assert!(host.ends_with("@fake"), "{services:?}");
+    let pools = cli(&["get-pools", "--detail"]);
+    assert!(pools.contains(&format!("{host}#fake")) && pools.contains("allocated_capacity_gb"), "{pools}");
     cli(&["service-disable", &host, "cinder-volume", "--reason", "array maintenance"]);
+    assert!(!cli(&["get-pools"]).contains(&host), "a disabled backend is no pool");
     let listed = list(&cli(&["service-list", "--host", &host]));
     assert!(
         listed.len() == 1

@@ -1,6 +1,7 @@
 //! openstacksdk (PyPI) against a running `berth serve`: its block-storage proxy creates a volume,
 //! then creates an attachment with a connector, gets it, lists it, completes it and deletes it,
-//! unchanged, and reads the project's quotas (`tests/python/openstacksdk_attachments.py`).
+//! unchanged, reads the project's quotas, and disables and enables the backend, whose pool goes
+//! and comes back (`tests/python/openstacksdk_attachments.py`).
 
 use berth_tests::process::BerthProcess;
 use berth_tests::python::{run, venv};
@@ -24,4 +25,6 @@ fn openstacksdk_walks_the_attachment_lifecycle_unchanged() {
     assert_eq!(lines[4], "deleted available []", "{out}");
     assert_eq!(lines[5], "updated sdk-renamed True", "{out}");
     assert_eq!(lines[6], "quotas -1 0 1 1", "no quota, and what the project uses: {out}");
+    assert_eq!(lines[7], "disabled [('disabled', 'sdk drain')] []", "a drained backend is no pool: {out}");
+    assert_eq!(lines[8], "enabled ['enabled'] [True]", "{out}");
 }

@@ -178,6 +178,7 @@ fn routes() -> Vec<Route> {
         route("list volume types", Method::GET, "/types", None, Nothing, Reader, Global, 200),
         route("show a volume type", Method::GET, "/types/default", None, Nothing, Reader, Global, 200),
         route("list services", Method::GET, "/os-services", None, Nothing, Admin, Global, 200),
+        route("list pools", Method::GET, "/scheduler-stats/get_pools", None, Nothing, Admin, Global, 200),
         route(
             "enable a service",
             Method::PUT,

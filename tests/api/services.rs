@@ -153,6 +153,82 @@ both_databases! {
     }
 }
 
+/// The names of the pools `get_pools` lists.
+async fn pool_names(c: &Client, query: &str) -> Vec<String> {
+    let r = c.get(&format!("/scheduler-stats/get_pools{query}")).await.expect(200);
+    r.body["pools"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap().to_string()).collect()
+}
+
+/// `get_pools`, on both databases.
+mod pools {
+    use super::*;
+
+    both_databases! {
+        async fn the_pools_are_the_backends_that_take_new_volumes_with_what_berth_made_there(s) {
+            let admin = s.client("p1");
+            let pool = format!("{}@fake#fake", s.service.owner().node);
+            let r = admin.get("/scheduler-stats/get_pools").await.expect(200);
+            assert_eq!(r.body, json!({"pools": [{"name": pool}]}));
+
+            let one = admin.create_volume(json!({"size": 1})).await;
+            admin.create_volume(json!({"size": 3})).await;
+            admin.create_volume(json!({"size": 2, "volume_type": "multiattach"})).await;
+            admin.delete(&format!("/volumes/{one}")).await.expect(202);
+            let r = admin.get("/scheduler-stats/get_pools?detail=true").await.expect(200);
+            let c = &r.body["pools"][0]["capabilities"];
+            assert_eq!(r.body["pools"][0]["name"], json!(pool));
+            assert_eq!(
+                (&c["allocated_capacity_gb"], &c["total_volumes"], &c["total_capacity_gb"], &c["free_capacity_gb"]),
+                (&json!(5), &json!(2), &json!("unknown"), &json!("unknown")),
+                "{c}"
+            );
+            assert_eq!((&c["volume_backend_name"], &c["storage_protocol"], &c["vendor_name"]), (&json!("fake"), &json!("iSCSI"), &json!("Berth")));
+            assert_eq!((&c["multiattach"], &c["backend_state"]), (&json!(true), &json!("up")));
+            assert_eq!(c["volume_types"], json!(["__DEFAULT__", "multiattach"]));
+            assert!(c["driver_version"].as_str().unwrap().starts_with("fake "), "{c}");
+
+            // Filters: from 3.28 the name, from 3.35 the volume type; below, none.
+            assert_eq!(pool_names(&admin.at("3.28"), &format!("?name={}", pool.replace('#', "%23"))).await, vec![pool.clone()]);
+            assert!(pool_names(&admin.at("3.28"), "?name=elsewhere@fake%23fake").await.is_empty());
+            assert_eq!(pool_names(&admin.at("3.27"), "?name=elsewhere@fake%23fake").await, vec![pool.clone()]);
+            assert_eq!(pool_names(&admin.at("3.35"), "?volume_type=multiattach").await, vec![pool.clone()]);
+            let bad = [
+                ("3.35", "?volume_type=nothing", 404, "itemNotFound"),
+                ("3.34", "?volume_type=multiattach", 400, "badRequest"),
+                ("3.28", "?colour=blue", 400, "badRequest"),
+                ("3.0", "?detail=maybe", 400, "badRequest"),
+            ];
+            for (version, query, status, fault) in bad {
+                admin.at(version).get(&format!("/scheduler-stats/get_pools{query}")).await.fault(status, fault);
+            }
+            let message = s.client("p1").with_roles("member").get("/scheduler-stats/get_pools").await.fault(403, "forbidden");
+            assert_eq!(message, "Policy doesn't allow scheduler_extension:scheduler_stats:get_pools to be performed.");
+
+            // A disabled backend takes no new volume: it is no pool, until it is enabled.
+            let host = json!({"host": format!("{}@fake", s.service.owner().node), "binary": "cinder-volume"});
+            admin.put("/os-services/disable", host.clone()).await.expect(200);
+            assert!(pool_names(&admin, "").await.is_empty());
+            admin.put("/os-services/enable", host).await.expect(200);
+            assert_eq!(pool_names(&admin, "").await, [pool]);
+        }
+    }
+}
+
+/// Each backend is a pool; a volume type's are its backend's.
+#[tokio::test]
+async fn each_backend_is_a_pool_and_a_volume_type_leads_to_its_own() {
+    let s = TestServer::start_with(Db::Sqlite, berth_tests::server::fake_config_with_backend("second")).await;
+    let admin = s.client("p1").at("3.35");
+    let node = &s.service.owner().node;
+    let (fake, second) = (format!("{node}@fake#fake"), format!("{node}@second#second"));
+    assert_eq!(pool_names(&admin, "").await, [fake.clone(), second.clone()]);
+    assert_eq!(pool_names(&admin, "?volume_type=second").await, vec![second.clone()]);
+    assert_eq!(pool_names(&admin, "?volume_type=__DEFAULT__").await, [fake]);
+    admin.create_volume(json!({"size": 4, "volume_type": "second"})).await;
+    let r = admin.get("/scheduler-stats/get_pools?detail=true&volume_type=second").await.expect(200);
+    assert_eq!(r.body["pools"][0]["capabilities"]["allocated_capacity_gb"], 4);
+}
+
 /// Two nodes on one PostgreSQL database, each with its own (node-local) backend "fake", with a
 /// short lease so that a stopped node is soon seen down.
 async fn two_nodes() -> (TestServer, TestServer) {
@@ -681,8 +757,10 @@ async fn every_node_sees_a_service_disabled_and_only_that_nodes_backend_stops() 
     }
     on_a.post("/volumes", json!({"volume": {"size": 1}})).await.fault(503, "serviceUnavailable");
     on_b.create_volume(json!({"size": 1})).await;
+    assert_eq!(pool_names(&on_a, "").await, ["node-b@fake#fake"]);
     on_a.put("/os-services/enable", json!({"host": "node-a@fake", "binary": "cinder-volume"}))
         .await
         .expect(200);
     on_a.create_volume(json!({"size": 1})).await;
+    assert_eq!(pool_names(&on_b, "").await, ["node-a@fake#fake", "node-b@fake#fake"]);
 }

@@ -1,5 +1,6 @@
 """openstacksdk's block-storage proxy against Berth, unchanged: volumes and attachments (create
-with a connector, get, list, complete, delete), a volume's update and the project's quotas. Prints one line per step for tests/openstacksdk.rs
+with a connector, get, list, complete, delete), a volume's update, the project's quotas and (an admin's)
+disabling and enabling the backend, with its pools. Prints one line per step for tests/openstacksdk.rs
 and tests/keystone.rs to check.
 
   openstacksdk_attachments.py ENDPOINT   a token endpoint, as a keystone-less deployment does
@@ -31,3 +32,11 @@ u = bs.update_volume(v, name="sdk-renamed", description="renamed by openstacksdk
 print("updated", bs.get_volume(v.id).name, bs.get_volume(v.id).description == "renamed by openstacksdk")
 q = bs.get_quota_set(conn.current_project_id or "p1", usage=True)
 print("quotas", q.volumes, q.snapshots, q.usage["volumes"], q.usage["gigabytes"])
+if sys.argv[1] != "keystone":
+    # An admin's (noauth callers are): drain the backend and see its pool go, then enable it.
+    svc = list(bs.services(binary="cinder-volume"))[0]
+    bs.disable_service(svc, reason="sdk drain")
+    drained = [(s.status, s.disabled_reason) for s in bs.services(binary="cinder-volume")]
+    print("disabled", drained, [p.name for p in bs.backend_pools()])
+    bs.enable_service(svc)
+    print("enabled", [s.status for s in bs.services(binary="cinder-volume")], [p.name.endswith("@fake#fake") for p in bs.backend_pools()])

@@ -57,6 +57,9 @@ pub const VOLUME_SUMMARY_METADATA: Version = Version::new(3, 36);
 pub const LIMITS_OF_A_PROJECT: Version = Version::new(3, 39);
 pub const NEW_ATTACH: Version = Version::new(3, 27);
 pub const RESOURCE_FILTER: Version = Version::new(3, 31);
+/// `get_pools` takes filters (`name`) from 3.28, and `volume_type` from 3.35.
+pub const POOL_FILTER: Version = Version::new(3, 28);
+pub const POOL_TYPE_FILTER: Version = Version::new(3, 35);
 pub const NEW_ATTACH_COMPLETION: Version = Version::new(3, 44);
 pub const VOLUME_LIST_COUNT: Version = Version::new(3, 45);
 pub const SHARED_TARGETS: Version = Version::new(3, 48);

@@ -24,6 +24,7 @@ pub mod microversion;
 pub mod openapi;
 pub mod path;
 pub mod policy;
+pub mod pools;
 pub mod query;
 pub mod quotas;
 pub mod server;
@@ -100,6 +101,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         history::endpoints(),
         types::endpoints(),
         services::endpoints(),
+        pools::endpoints(),
         drivers::endpoints(),
         zones::endpoints(),
         limits::endpoints(),

@@ -63,6 +63,7 @@ pub enum Rule {
     ExtendVolumeCompletion,
     ServiceIndex,
     ServiceUpdate,
+    GetPools,
     AttachmentEventGetAll,
     DriverGetAll,
     DriverUpgrade,
@@ -87,7 +88,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 48] = [
+    pub const ALL: [Rule; 49] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -123,6 +124,7 @@ impl Rule {
         Rule::ExtendVolumeCompletion,
         Rule::ServiceIndex,
         Rule::ServiceUpdate,
+        Rule::GetPools,
         Rule::AttachmentEventGetAll,
         Rule::DriverGetAll,
         Rule::DriverUpgrade,
@@ -179,6 +181,7 @@ impl Rule {
             Rule::ServiceIndex => "volume_extension:services:index",
             // Disabling and enabling a backend for new volumes.
             Rule::ServiceUpdate => "volume_extension:services:update",
+            Rule::GetPools => "scheduler_extension:scheduler_stats:get_pools",
             // Berth's: the attach history (members read their projects' events).
             Rule::AttachmentEventGetAll => "volume:attachment_event_get_all",
             // Berth's: the drivers each backend runs, their upgrades and rollbacks.
@@ -218,6 +221,7 @@ impl Rule {
             | Rule::ExtendVolumeCompletion
             | Rule::ServiceIndex
             | Rule::ServiceUpdate
+            | Rule::GetPools
             | Rule::DriverGetAll
             | Rule::DriverUpgrade
             | Rule::QuotaUpdate

@@ -167,6 +167,20 @@ impl Catalog {
     }
 }
 
+/// A protocol as Cinder's drivers report it in their stats (`storage_protocol`).
+pub fn storage_protocol(p: &crate::runtime::contract::Protocol) -> String {
+    use crate::runtime::contract::Protocol;
+    match p {
+        Protocol::Iscsi => "iSCSI".into(),
+        Protocol::Iser => "iSER".into(),
+        Protocol::Nvmeof => "NVMe-oF".into(),
+        Protocol::FibreChannel => "FC".into(),
+        Protocol::Rbd => "ceph".into(),
+        Protocol::Nfs => "NFS".into(),
+        Protocol::Other(name) => name.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -273,6 +273,9 @@ impl Service {
                     lun_ceiling: self.luns_of(b).map(|c| c.ceiling),
                     since: running.as_ref().map(|r| r.since),
                     how: running.map(|r| r.how.to_string()),
+                    vendor: info.vendor.clone(),
+                    protocols: info.protocols.iter().map(super::catalog::storage_protocol).collect(),
+                    multiattach: info.capabilities.multiattach,
                 };
                 (b.name.clone(), run)
             })

@@ -11,14 +11,17 @@
 //! (its volumes are served only by it); disable its backends.
 //!
 //! The listing itself (`GET /os-services`) is here too: each node, up or down by its heartbeat
-//! (`attach/nodes.rs`), and each of its backends, enabled or disabled.
+//! (`attach/nodes.rs`), and each of its backends, enabled or disabled; and the pools, as Cinder's
+//! scheduler lists them (`cinder get-pools`): the backends that take new volumes now.
+
+use std::collections::BTreeMap;
 
 use super::catalog::CLUSTER;
 use super::nodes::backends_of;
 use super::{AttachError, Service};
 use crate::store::nodes::{self, BackendInfo, Node};
 use crate::store::services::{self, Disabled};
-use crate::store::{StoreError, now_micros};
+use crate::store::{StoreError, now_micros, volumes};
 
 /// The binary of a node's backend in `GET /os-services`, as Cinder names a volume service.
 pub const VOLUME_BINARY: &str = "cinder-volume";
@@ -49,7 +52,78 @@ pub struct ServiceState {
     pub disabled: Option<Disabled>,
 }
 
+/// A pool, as Cinder's scheduler reports it: a backend that takes new volumes now (a node that
+/// serves it is up, and has not disabled it). Its name is the host its volumes show
+/// (`node@backend`, or `berth@backend` for a shared backend, listed once for all its nodes), then
+/// `#` and the backend: each backend is one pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool {
+    pub name: String,
+    pub backend: String,
+    /// The newest heartbeat of the nodes that serve it.
+    pub updated_at: i64,
+    /// The driver, as one of those nodes registered it.
+    pub runs: BackendInfo,
+    /// The volume types that lead to it.
+    pub volume_types: Vec<String>,
+    /// Its live volumes, and their GiB.
+    pub volumes: i64,
+    pub allocated_gib: i64,
+}
+
 impl Service {
+    /// The pools (see [`Pool`]), by name.
+    pub async fn pools(&self) -> Result<Vec<Pool>, AttachError> {
+        let (nodes, disabled, usage) = self
+            .store
+            .read(async |tx| {
+                Ok::<_, StoreError>((
+                    nodes::list(tx).await?,
+                    services::list(tx).await?,
+                    volumes::usage_by_service(tx).await?,
+                ))
+            })
+            .await?;
+        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
+        let now = now_micros();
+        let mut pools: BTreeMap<String, Pool> = BTreeMap::new();
+        for n in nodes.iter().filter(|n| now - n.heartbeat_at <= lease) {
+            for (uuid, b, shared) in backends_of(n) {
+                let host = format!("{}@{b}", n.name);
+                if disabled.iter().any(|d| d.host == host) {
+                    continue;
+                }
+                let (count, gib) = usage
+                    .iter()
+                    .filter(|(u, backend, _, _)| {
+                        backend == b
+                            && (u.as_deref() == Some(uuid.as_str())
+                                // A volume from before nodes had names is this node's.
+                                || (u.is_none() && n.name == self.owner.node))
+                    })
+                    .fold((0, 0), |(c, g), (_, _, count, gib)| (c + count, g + gib));
+                let name = format!("{}@{b}#{b}", if shared { CLUSTER } else { n.name.as_str() });
+                let pool = pools.entry(name.clone()).or_insert_with(|| Pool {
+                    name,
+                    backend: b.clone(),
+                    updated_at: n.heartbeat_at,
+                    runs: n.backend_info.get(b).cloned().unwrap_or_default(),
+                    volume_types: self
+                        .catalog
+                        .types
+                        .iter()
+                        .filter(|t| t.backend == *b)
+                        .map(|t| t.name.clone())
+                        .collect(),
+                    volumes: count,
+                    allocated_gib: gib,
+                });
+                pool.updated_at = pool.updated_at.max(n.heartbeat_at);
+            }
+        }
+        Ok(pools.into_values().collect())
+    }
+
     /// Every node and backend, with whether it is up.
     pub async fn services(&self) -> Result<Vec<ServiceState>, AttachError> {
         let (nodes, disabled): (Vec<Node>, Vec<Disabled>) = self

@@ -27,6 +27,15 @@ pub struct BackendInfo {
     pub since: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub how: Option<String>,
+    /// The driver's vendor, the protocols it speaks (as Cinder's `storage_protocol` names them)
+    /// and whether its volumes may have several attachments: what `get_pools` shows. Not
+    /// compared between nodes (the digest is).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub vendor: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub protocols: Vec<String>,
+    #[serde(default)]
+    pub multiattach: bool,
 }
 
 /// A registered node.

@@ -467,6 +467,19 @@ pub async fn usage_by_type(tx: &mut Tx, scope: Scope<'_>) -> Result<Vec<(String,
     rows.iter().map(|r| Ok((r.text(0)?, r.int(1)?, r.int(2)?))).collect()
 }
 
+/// The live volumes of each service (`service_uuid`; `None` for volumes from before nodes had
+/// names) and backend: how many, and their GiB.
+pub async fn usage_by_service(tx: &mut Tx) -> Result<Vec<(Option<String>, String, i64, i64)>, StoreError> {
+    let all = VolumeFilter::default();
+    let q = filtered(
+        "SELECT service_uuid, backend, COUNT(*), CAST(COALESCE(SUM(size_gib), 0) AS BIGINT)",
+        Scope::All,
+        &all,
+    );
+    let rows = tx.query(&format!("{} GROUP BY service_uuid, backend", q.sql), &q.params).await?;
+    rows.iter().map(|r| Ok((r.opt_text(0)?, r.text(1)?, r.int(2)?, r.int(3)?))).collect()
+}
+
 /// How many live volumes in `scope` match `filter`.
 pub async fn count(tx: &mut Tx, scope: Scope<'_>, filter: &VolumeFilter) -> Result<i64, StoreError> {
     let q = filtered("SELECT COUNT(*)", scope, filter);

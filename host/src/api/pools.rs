@@ -1,0 +1,142 @@
+//! `GET /v3/{project_id}/scheduler-stats/get_pools`: the pools new volumes may go to, as Cinder's
+//! scheduler lists them (`cinder get-pools`, `openstack volume backend pool list`), admins only.
+//! Each backend that takes new volumes now is one pool (`attach/services.rs`): with `detail`,
+//! its capabilities in Cinder's keys. Berth's drivers do not report their capacity (the contract
+//! has no call for it), so `total_capacity_gb` and `free_capacity_gb` are `unknown`, as Cinder
+//! drivers say when they cannot tell; `allocated_capacity_gb` is what the volumes Berth made there
+//! add up to. Filters: `name` from 3.28, `volume_type` (name or id) from 3.35.
+
+use axum::extract::{RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use super::AppState;
+use super::error::ApiError;
+use super::microversion::{POOL_FILTER, POOL_TYPE_FILTER, Version};
+use super::openapi::Endpoint;
+use super::policy::Rule;
+use super::views::timestamp;
+use crate::attach::Caller;
+use crate::attach::services::Pool;
+
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![
+        Endpoint::get("/scheduler-stats/get_pools", index, "listPools")
+            .summary(
+                "pools",
+                "The pools new volumes may go to: each backend that takes them now (admins only)",
+            )
+            .query("detail", "`true`: each pool with its capabilities.")
+            .query("name", "From 3.28: only the pool of this name (`host@backend#backend`).")
+            .query("volume_type", "From 3.35: only the pools of this volume type (name or id).")
+            .answers::<PoolList>(StatusCode::OK, "The pools"),
+    ]
+}
+
+/// `{"pools": [...]}`.
+#[derive(Serialize, JsonSchema)]
+struct PoolList {
+    pools: Vec<PoolView>,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct PoolView {
+    /// `node@backend#backend`, or `berth@backend#backend` for a shared backend.
+    name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capabilities: Option<Capabilities>,
+}
+
+/// A pool's capabilities, in the keys of Cinder's driver stats.
+#[derive(Serialize, JsonSchema)]
+struct Capabilities {
+    pool_name: String,
+    volume_backend_name: String,
+    vendor_name: String,
+    /// The driver's name and version.
+    driver_version: String,
+    /// `iSCSI`, `ceph`, ... (the first the driver speaks).
+    storage_protocol: String,
+    /// `unknown`: no driver reports its capacity.
+    total_capacity_gb: String,
+    free_capacity_gb: String,
+    /// The GiB of the volumes Berth made there.
+    allocated_capacity_gb: i64,
+    provisioned_capacity_gb: i64,
+    total_volumes: i64,
+    reserved_percentage: i64,
+    multiattach: bool,
+    #[serde(rename = "QoS_support")]
+    qos_support: bool,
+    backend_state: String,
+    /// The newest heartbeat of the nodes that serve it.
+    timestamp: String,
+    /// Berth's: the volume types that lead to it.
+    volume_types: Vec<String>,
+}
+
+fn capabilities(p: &Pool) -> Capabilities {
+    Capabilities {
+        pool_name: p.backend.clone(),
+        volume_backend_name: p.backend.clone(),
+        vendor_name: p.runs.vendor.clone(),
+        driver_version: format!("{} {}", p.runs.driver, p.runs.version).trim().to_string(),
+        storage_protocol: p.runs.protocols.first().cloned().unwrap_or_else(|| "unknown".into()),
+        total_capacity_gb: "unknown".into(),
+        free_capacity_gb: "unknown".into(),
+        allocated_capacity_gb: p.allocated_gib,
+        provisioned_capacity_gb: p.allocated_gib,
+        total_volumes: p.volumes,
+        reserved_percentage: 0,
+        multiattach: p.runs.multiattach,
+        qos_support: false,
+        backend_state: "up".into(),
+        timestamp: timestamp(p.updated_at),
+        volume_types: p.volume_types.clone(),
+    }
+}
+
+async fn index(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Extension(version): Extension<Version>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::GetPools)?;
+    let mut detail = false;
+    let (mut name, mut volume_type) = (None, None);
+    for (key, value) in form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes()) {
+        match key.as_ref() {
+            "detail" => detail = super::volumes::boolean("detail", &value)?,
+            // Below 3.28 Cinder ignores every filter.
+            _ if version < POOL_FILTER => {}
+            "name" => name = Some(value.into_owned()),
+            "volume_type" if version >= POOL_TYPE_FILTER => volume_type = Some(value.into_owned()),
+            other => return Err(ApiError::bad_request(format!("Invalid filters {other} are provided."))),
+        }
+    }
+    let backend = match &volume_type {
+        Some(t) => {
+            let types = &state.service.catalog().types;
+            let Some(found) = types.iter().find(|x| x.name == *t || x.id == *t) else {
+                return Err(ApiError::not_found(format!("Volume type with name {t} could not be found.")));
+            };
+            Some(found.backend.clone())
+        }
+        None => None,
+    };
+    let pools = state
+        .service
+        .pools()
+        .await?
+        .into_iter()
+        .filter(|p| {
+            name.as_ref().is_none_or(|n| *n == p.name) && backend.as_ref().is_none_or(|b| *b == p.backend)
+        })
+        .map(|p| PoolView { capabilities: detail.then(|| capabilities(&p)), name: p.name })
+        .collect();
+    Ok(Json(PoolList { pools }).into_response())
+}
