@@ -201,4 +201,58 @@ both_databases! {
         complete(&c, &id).await;
         assert_eq!(attachment(&c, &id).await["status"], "attached");
     }
+
+    /// Nova's swap volume (`nova volume-update`, and the copy of a Cinder migration) with
+    /// attachments of 3.44 (`nova/compute/api.py` `swap_volume`, `nova/compute/manager.py`
+    /// `_swap_volume`): `os-begin_detaching` on the old volume, an attachment of the server to
+    /// the new one without connector, updated with the host's connector and completed once the
+    /// hypervisor has copied the disk, then the old attachment deleted. Nova calls
+    /// `os-migrate_volume_completion` only for a migration Cinder began (Berth begins none) or for
+    /// attachments from before 3.44. When the copy fails, Nova rolls the old volume's detach back
+    /// and deletes the new attachment: both volumes are then as they were.
+    async fn a_swap_moves_a_server_to_another_volume_and_a_failed_one_leaves_both_as_they_were(s) {
+        let c = nova(&s.client("p1"));
+        let old = c.create_volume(json!({"size": 1})).await;
+        let new = c.create_volume(json!({"size": 2})).await;
+        let first = attach(&c, &old, INSTANCE_1, "iqn.1993-08.org.debian:01:h1", "h1").await;
+
+        // A failed swap: the new volume's connection fails on the array.
+        c.post(&format!("/volumes/{new}/metadata"), json!({"metadata": {"fake.initialize-connection": "backend"}}))
+            .await
+            .expect(200);
+        begin_detaching(&c, &old).await;
+        let body = json!({"attachment": {"volume_uuid": new, "instance_uuid": INSTANCE_1}});
+        let made = c.post("/attachments", body.clone()).await.expect(200);
+        let failed = made.body["attachment"]["id"].as_str().unwrap().to_string();
+        // Nova passes the device in the connector (`nova/volume/cinder.py` `attachment_update`).
+        let mut on_h1 = connector("iqn.1993-08.org.debian:01:h1", "h1");
+        on_h1["mountpoint"] = json!("/dev/vdb");
+        let update = json!({"attachment": {"connector": on_h1}});
+        let refused = c.put(&format!("/attachments/{failed}"), update.clone()).await;
+        assert!(refused.status >= 500, "the array's failure: {}", refused.body);
+        c.post(&format!("/volumes/{old}/action"), json!({"os-roll_detaching": null})).await.expect(202);
+        c.delete(&format!("/attachments/{failed}")).await.expect(200);
+        assert_eq!((c.volume_status(&old).await, c.volume_status(&new).await), ("in-use".into(), "available".into()));
+        assert_eq!(attachment(&c, &first).await["status"], "attached");
+
+        // The swap that works.
+        c.post(&format!("/volumes/{new}/metadata"), json!({"metadata": {"fake.initialize-connection": "ok"}}))
+            .await
+            .expect(200);
+        begin_detaching(&c, &old).await;
+        let made = c.post("/attachments", body).await.expect(200);
+        let second = made.body["attachment"]["id"].as_str().unwrap().to_string();
+        let updated = c.put(&format!("/attachments/{second}"), update).await.expect(200);
+        assert_eq!(updated.body["attachment"]["connection_info"]["driver_volume_type"], "iscsi");
+        complete(&c, &second).await;
+        c.delete(&format!("/attachments/{first}")).await.expect(200);
+        assert_eq!((c.volume_status(&old).await, c.volume_status(&new).await), ("available".into(), "in-use".into()));
+        let shown = attachment(&c, &second).await;
+        assert_eq!((&shown["instance"], &shown["status"]), (&json!(INSTANCE_1), &json!("attached")));
+        let volume = c.get(&format!("/volumes/{new}")).await.expect(200).body["volume"].clone();
+        assert_eq!(volume["attachments"][0]["device"], "/dev/vdb", "{volume}");
+        // The old volume's access ended with its attachment: the history says so.
+        let revoked = c.get(&format!("/os-attachment-events?volume_id={old}&access=revoked")).await.expect(200);
+        assert_eq!(revoked.body["attachment_events"].as_array().unwrap().len(), 1, "{}", revoked.body);
+    }
 }
