@@ -46,6 +46,8 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert!(summary.contains("total_count") && summary.contains("purpose"), "{summary}");
     let limits = cli(&["absolute-limits"]);
     assert!(limits.contains("| totalVolumesUsed         | 1 "), "{limits}");
+    let specs = cli(&["extra-specs-list"]);
+    assert!(specs.contains("gold") && specs.contains("{}"), "{specs}");
     let zones = cli(&["availability-zone-list"]);
     assert!(zones.contains("| nova | available |"), "{zones}");
     // Quotas: none enforced, and what the project uses.

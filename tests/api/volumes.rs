@@ -1,7 +1,7 @@
 //! Volumes: create, show, list, list detail, delete, metadata, and the view per microversion.
 
 use berth_tests::both_databases;
-use berth_tests::server::connector;
+use berth_tests::server::{Db, TestServer, connector};
 use serde_json::json;
 
 both_databases! {
@@ -56,6 +56,15 @@ both_databases! {
         assert_eq!(message, "Volume type with name gold could not be found.");
         c.get("/types/nope").await.fault(404, "itemNotFound");
         c.post("/volumes", json!({"volume": {"size": 1, "multiattach": true}})).await.fault(400, "badRequest");
+        // Its extra specs, as `cinder extra-specs-list` reads them (by id), and one of them.
+        let specs = c.get(&format!("/types/{}/extra_specs", multi["id"].as_str().unwrap())).await.expect(200);
+        assert_eq!(specs.body, json!({"extra_specs": {"multiattach": "<is> True"}}));
+        let one = c.get("/types/multiattach/extra_specs/multiattach").await.expect(200);
+        assert_eq!(one.body, json!({"multiattach": "<is> True"}));
+        let message = c.get("/types/multiattach/extra_specs/colour").await.fault(404, "itemNotFound");
+        assert_eq!(message, "Volume Type multiattach has no extra specs with key colour.");
+        c.get("/types/nope/extra_specs").await.fault(404, "itemNotFound");
+        assert_eq!(c.get("/types/default/extra_specs").await.expect(200).body, json!({"extra_specs": {}}));
     }
 
     async fn shared_targets_and_service_uuid_appear_from_3_48(s) {
@@ -512,7 +521,7 @@ fn urlencoding(value: &str) -> String {
 #[tokio::test]
 async fn a_retype_to_another_backend_is_refused_as_a_migration() {
     let config = berth_tests::server::fake_config_with_backend("second");
-    let s = berth_tests::server::TestServer::start_with(berth_tests::server::Db::Sqlite, config).await;
+    let s = TestServer::start_with(Db::Sqlite, config).await;
     let c = s.client("p1");
     let id = c.create_volume(json!({"size": 1})).await;
     for policy in ["never", "on-demand"] {
@@ -527,4 +536,21 @@ async fn a_retype_to_another_backend_is_refused_as_a_migration() {
         c.get(&format!("/volumes/{id}")).await.expect(200).body["volume"]["volume_type"],
         "__DEFAULT__"
     );
+}
+
+/// A member reads only the extra specs Cinder shows users; the others are an admin's (they may
+/// name the array's internals).
+#[tokio::test]
+async fn a_member_reads_only_the_extra_specs_cinder_shows_users() {
+    let mut config = berth_tests::server::fake_config();
+    config.volume_types[1].extra_specs.insert("array:pool".into(), "ssd-tier-3".into());
+    let s = TestServer::start_with(Db::Sqlite, config).await;
+    let admin = s.client("p1");
+    let member = s.client("p1").with_roles("member");
+    let all = admin.get("/types/multiattach/extra_specs").await.expect(200);
+    assert_eq!(all.body["extra_specs"], json!({"multiattach": "<is> True", "array:pool": "ssd-tier-3"}));
+    let visible = member.get("/types/multiattach/extra_specs").await.expect(200);
+    assert_eq!(visible.body["extra_specs"], json!({"multiattach": "<is> True"}));
+    member.get("/types/multiattach/extra_specs/array:pool").await.fault(404, "itemNotFound");
+    admin.get("/types/multiattach/extra_specs/array:pool").await.expect(200);
 }

@@ -64,6 +64,8 @@ pub enum Rule {
     ServiceIndex,
     ServiceUpdate,
     GetPools,
+    ExtraSpecsGetAll,
+    ExtraSpecsGet,
     AttachmentEventGetAll,
     DriverGetAll,
     DriverUpgrade,
@@ -88,7 +90,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 49] = [
+    pub const ALL: [Rule; 51] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -125,6 +127,8 @@ impl Rule {
         Rule::ServiceIndex,
         Rule::ServiceUpdate,
         Rule::GetPools,
+        Rule::ExtraSpecsGetAll,
+        Rule::ExtraSpecsGet,
         Rule::AttachmentEventGetAll,
         Rule::DriverGetAll,
         Rule::DriverUpgrade,
@@ -182,6 +186,8 @@ impl Rule {
             // Disabling and enabling a backend for new volumes.
             Rule::ServiceUpdate => "volume_extension:services:update",
             Rule::GetPools => "scheduler_extension:scheduler_stats:get_pools",
+            Rule::ExtraSpecsGetAll => "volume_extension:types_extra_specs:index",
+            Rule::ExtraSpecsGet => "volume_extension:types_extra_specs:show",
             // Berth's: the attach history (members read their projects' events).
             Rule::AttachmentEventGetAll => "volume:attachment_event_get_all",
             // Berth's: the drivers each backend runs, their upgrades and rollbacks.
@@ -207,6 +213,8 @@ impl Rule {
             | Rule::MetadataGet
             | Rule::TypeGet
             | Rule::TypeGetAll
+            | Rule::ExtraSpecsGetAll
+            | Rule::ExtraSpecsGet
             | Rule::AttachmentGet
             | Rule::AttachmentGetAll
             | Rule::AttachmentEventGetAll

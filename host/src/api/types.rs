@@ -1,4 +1,9 @@
-//! `/v3/{project_id}/types`: the configured volume types, each naming a backend.
+//! `/v3/{project_id}/types`: the configured volume types, each naming a backend, and their extra
+//! specs (`cinder extra-specs-list`). Types are Berth's configuration (`[[volume_types]]`), so
+//! there is no call that makes or changes one. A member sees only the extra specs Cinder shows
+//! users (`multiattach`, ...); an admin sees all.
+
+use std::collections::BTreeMap;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -11,6 +16,7 @@ use super::openapi::Endpoint;
 use super::policy::Rule;
 use super::views::{VolumeTypeBody, VolumeTypeList, volume_type};
 use crate::attach::Caller;
+use crate::attach::catalog::VolumeType;
 
 pub fn endpoints() -> Vec<Endpoint> {
     const TAG: &str = "volume types";
@@ -21,7 +27,57 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::get("/types/{id}", show, "showVolumeType")
             .summary(TAG, "Show a volume type (by id or name; `default` for the default type)")
             .answers::<VolumeTypeBody>(StatusCode::OK, "The type"),
+        Endpoint::get("/types/{id}/extra_specs", extra_specs, "listVolumeTypeExtraSpecs")
+            .summary(TAG, "A volume type's extra specs (a member's: those Cinder shows users)")
+            .answers::<ExtraSpecs>(StatusCode::OK, "The extra specs"),
+        Endpoint::get("/types/{id}/extra_specs/{key}", extra_spec, "showVolumeTypeExtraSpec")
+            .summary(TAG, "One extra spec of a volume type")
+            .answers::<BTreeMap<String, String>>(StatusCode::OK, "`{key: value}`"),
     ]
+}
+
+/// `{"extra_specs": {...}}`.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+struct ExtraSpecs {
+    extra_specs: BTreeMap<String, String>,
+}
+
+/// A type by id or name (`default`: the default type).
+fn find<'a>(
+    types: &'a [VolumeType],
+    default: Option<&'a VolumeType>,
+    id: &str,
+) -> Result<&'a VolumeType, ApiError> {
+    match id {
+        "default" => default,
+        id => types.iter().find(|t| t.id == id || t.name == id),
+    }
+    .ok_or_else(|| ApiError::not_found(format!("Volume type {id} could not be found.")))
+}
+
+async fn extra_specs(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::ExtraSpecsGetAll)?;
+    let catalog = state.service.catalog();
+    let t = find(&catalog.types, catalog.volume_type(None), &id)?;
+    Ok(Json(ExtraSpecs { extra_specs: volume_type(t, &caller).extra_specs }).into_response())
+}
+
+async fn extra_spec(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, key)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::ExtraSpecsGet)?;
+    let catalog = state.service.catalog();
+    let t = find(&catalog.types, catalog.volume_type(None), &id)?;
+    let Some(value) = volume_type(t, &caller).extra_specs.remove(&key) else {
+        return Err(ApiError::not_found(format!("Volume Type {id} has no extra specs with key {key}.")));
+    };
+    Ok(Json(BTreeMap::from([(key, value)])).into_response())
 }
 
 async fn index(
@@ -40,10 +96,6 @@ async fn show(
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::TypeGet)?;
     let catalog = state.service.catalog();
-    let t = match id.as_str() {
-        "default" => catalog.volume_type(None),
-        id => catalog.types.iter().find(|t| t.id == id || t.name == id),
-    }
-    .ok_or_else(|| ApiError::not_found(format!("Volume type {id} could not be found.")))?;
+    let t = find(&catalog.types, catalog.volume_type(None), &id)?;
     Ok(Json(VolumeTypeBody { volume_type: volume_type(t, &caller) }).into_response())
 }
