@@ -46,6 +46,8 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert!(summary.contains("total_count") && summary.contains("purpose"), "{summary}");
     let limits = cli(&["absolute-limits"]);
     assert!(limits.contains("| totalVolumesUsed         | 1 "), "{limits}");
+    let filters = cli(&["list-filters", "--resource", "volume"]);
+    assert!(filters.contains("volume") && filters.contains("metadata"), "{filters}");
     let specs = cli(&["extra-specs-list"]);
     assert!(specs.contains("gold") && specs.contains("{}"), "{specs}");
     let zones = cli(&["availability-zone-list"]);
@@ -57,6 +59,7 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert!(usage.lines().any(|l| l.replace(' ', "") == "|gigabytes|1|0|-1||"), "{usage}");
     assert_eq!(table(&cli(&["quota-defaults", "compat"]))["gigabytes"], "-1");
     assert_eq!(table(&cli(&["quota-update", "--volumes", "-1", "compat"]))["volumes"], "-1");
+    assert_eq!(table(&cli(&["quota-class-show", "default"]))["gigabytes"], "-1");
     let mut refused = cinder(&server.base, "compat", "3.54");
     refused.args(["quota-update", "--volumes", "10", "compat"]);
     let out = refused.output().unwrap();

@@ -272,6 +272,18 @@ both_databases! {
         c.with_roles("member").delete("/os-quota-sets/p1").await.fault(403, "forbidden");
         c.delete("/os-quota-sets/p1").await.expect(200);
         assert_eq!(c.get("/os-quota-sets/p1").await.expect(200).body, json!({"quota_set": limits}));
+
+        // Quota classes (`cinder quota-class-show default`, admins): the same defaults, and the
+        // same refusal of any other value.
+        let mut class = limits.clone();
+        class["id"] = json!("default");
+        assert_eq!(c.get("/os-quota-class-sets/default").await.expect(200).body, json!({"quota_class_set": class}));
+        let message = c.with_roles("member").get("/os-quota-class-sets/default").await.fault(403, "forbidden");
+        assert_eq!(message, "Policy doesn't allow volume_extension:quota_classes:get to be performed.");
+        let message = c.put("/os-quota-class-sets/default", json!({"quota_class_set": {"gigabytes": 100}})).await.fault(400, "badRequest");
+        assert!(message.contains("Berth enforces no volume quotas"), "{message}");
+        let r = c.put("/os-quota-class-sets/default", json!({"quota_class_set": {"gigabytes": -1}})).await.expect(200);
+        assert_eq!(r.body["quota_class_set"]["gigabytes"], -1);
     }
 
     /// `os-set_bootable` (`cinder set-bootable`): whether a volume may be booted from, which Nova
@@ -553,4 +565,66 @@ async fn a_member_reads_only_the_extra_specs_cinder_shows_users() {
     assert_eq!(visible.body["extra_specs"], json!({"multiattach": "<is> True"}));
     member.get("/types/multiattach/extra_specs/array:pool").await.fault(404, "itemNotFound");
     admin.get("/types/multiattach/extra_specs/array:pool").await.expect(200);
+}
+
+/// `cinder list-filters` (`GET /resource_filters`, 3.33): the filters each list takes. Each one
+/// advertised is sent to its list, which takes it.
+#[tokio::test]
+async fn every_filter_resource_filters_advertises_is_taken_by_its_list() {
+    let s = TestServer::start(Db::Sqlite).await;
+    let admin = s.client("p1").at("3.71");
+    let r = admin.get("/resource_filters").await.expect(200);
+    let lists = r.body["resource_filters"].as_array().unwrap().clone();
+    let id = "0f0e2a4c-1b57-4a3e-8f6d-6b1c2d3e4f51";
+    let mut sent = 0;
+    for list in &lists {
+        let resource = list["resource"].as_str().unwrap();
+        let path = match resource {
+            "volume" => "/volumes/detail",
+            "attachment" => "/attachments",
+            "pool" => "/scheduler-stats/get_pools",
+            "attachment_event" => "/os-attachment-events",
+            other => panic!("a resource without a list: {other}"),
+        };
+        for filter in list["filters"].as_array().unwrap() {
+            let key = filter.as_str().unwrap();
+            let value = match key {
+                "name" | "host" => "x",
+                "status" if resource == "volume" => "available",
+                "status" | "attach_status" => "attached",
+                "volume_type" => "__DEFAULT__",
+                "multiattach" | "bootable" => "false",
+                "consumes_quota" => "true",
+                "metadata" | "glance_metadata" => "{'k': 'v'}",
+                "size" => "1",
+                "availability_zone" => "nova",
+                "created_at" | "updated_at" => "gt:2020-01-01T00:00:00",
+                "migration_status" => "migrating",
+                "group_id" | "volume_id" | "attachment_id" | "instance_id" | "instance_uuid" => id,
+                "outcome" => "ok",
+                "access" => "granted",
+                "since" | "until" => "2020-01-01T00:00:00Z",
+                other => panic!("no sample value for {resource}'s filter {other}: add one"),
+            };
+            let query: String =
+                form_urlencoded::Serializer::new(String::new()).append_pair(key, value).finish();
+            admin.get(&format!("{path}?{query}")).await.expect(200);
+            sent += 1;
+        }
+    }
+    assert!(sent >= 20, "{lists:?}");
+    let volume = lists.iter().find(|l| l["resource"] == "volume").unwrap();
+    for key in ["name", "status", "metadata", "size", "bootable", "created_at"] {
+        assert!(volume["filters"].as_array().unwrap().contains(&json!(key)), "{volume}");
+    }
+    let pools = admin.get("/resource_filters?resource=pool").await.expect(200);
+    assert_eq!(
+        pools.body,
+        json!({"resource_filters": [{"resource": "pool", "filters": ["name", "volume_type"]}]})
+    );
+    assert_eq!(
+        admin.get("/resource_filters?resource=snapshot").await.expect(200).body,
+        json!({"resource_filters": []})
+    );
+    s.client("p1").at("3.32").get("/resource_filters").await.fault(404, "itemNotFound");
 }

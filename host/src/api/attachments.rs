@@ -224,7 +224,7 @@ pub(super) fn connector(json: Map<String, Value>) -> Result<Connector, ApiError>
     Connector::parse(json).map_err(|e| AttachError::InvalidInput(e).into())
 }
 
-const LIST: ListSpec = ListSpec {
+pub(super) const LIST: ListSpec = ListSpec {
     sort_keys: ATTACHMENT_SORT_KEYS,
     sort_aliases: &[],
     filters: &[

@@ -33,7 +33,7 @@ pub fn endpoints() -> Vec<Endpoint> {
     ]
 }
 
-const LIST: ListSpec = ListSpec {
+pub(super) const LIST: ListSpec = ListSpec {
     sort_keys: &[],
     sort_aliases: &[],
     filters: &[

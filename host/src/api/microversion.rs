@@ -57,6 +57,8 @@ pub const VOLUME_SUMMARY_METADATA: Version = Version::new(3, 36);
 pub const LIMITS_OF_A_PROJECT: Version = Version::new(3, 39);
 pub const NEW_ATTACH: Version = Version::new(3, 27);
 pub const RESOURCE_FILTER: Version = Version::new(3, 31);
+/// `GET /resource_filters`: the filters each list takes.
+pub const RESOURCE_FILTER_CONFIG: Version = Version::new(3, 33);
 /// `get_pools` takes filters (`name`) from 3.28, and `volume_type` from 3.35.
 pub const POOL_FILTER: Version = Version::new(3, 28);
 pub const POOL_TYPE_FILTER: Version = Version::new(3, 35);

@@ -17,6 +17,7 @@ pub mod drivers;
 pub mod error;
 #[cfg(feature = "failpoints")]
 mod failpoints;
+pub mod filters;
 pub mod forward;
 pub mod history;
 pub mod limits;
@@ -102,6 +103,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         types::endpoints(),
         services::endpoints(),
         pools::endpoints(),
+        filters::endpoints(),
         drivers::endpoints(),
         zones::endpoints(),
         limits::endpoints(),

@@ -74,6 +74,8 @@ pub enum Rule {
     QuotaShow,
     QuotaUpdate,
     QuotaDelete,
+    QuotaClassShow,
+    QuotaClassUpdate,
     TransferCreate,
     TransferAccept,
     TransferDelete,
@@ -90,7 +92,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 51] = [
+    pub const ALL: [Rule; 53] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -137,6 +139,8 @@ impl Rule {
         Rule::QuotaShow,
         Rule::QuotaUpdate,
         Rule::QuotaDelete,
+        Rule::QuotaClassShow,
+        Rule::QuotaClassUpdate,
         Rule::TransferCreate,
         Rule::TransferAccept,
         Rule::TransferDelete,
@@ -198,6 +202,8 @@ impl Rule {
             Rule::QuotaShow => "volume_extension:quotas:show",
             Rule::QuotaUpdate => "volume_extension:quotas:update",
             Rule::QuotaDelete => "volume_extension:quotas:delete",
+            Rule::QuotaClassShow => "volume_extension:quota_classes:get",
+            Rule::QuotaClassUpdate => "volume_extension:quota_classes:update",
             Rule::TransferCreate => "volume:create_transfer",
             Rule::TransferAccept => "volume:accept_transfer",
             Rule::TransferDelete => "volume:delete_transfer",
@@ -233,7 +239,9 @@ impl Rule {
             | Rule::DriverGetAll
             | Rule::DriverUpgrade
             | Rule::QuotaUpdate
-            | Rule::QuotaDelete => Least::Admin,
+            | Rule::QuotaDelete
+            | Rule::QuotaClassShow
+            | Rule::QuotaClassUpdate => Least::Admin,
             _ => Least::Member,
         }
     }

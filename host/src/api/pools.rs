@@ -22,6 +22,9 @@ use super::views::timestamp;
 use crate::attach::Caller;
 use crate::attach::services::Pool;
 
+/// The filters a list of pools takes (`name` from 3.28, `volume_type` from 3.35).
+pub const FILTERS: [&str; 2] = ["name", "volume_type"];
+
 pub fn endpoints() -> Vec<Endpoint> {
     vec![
         Endpoint::get("/scheduler-stats/get_pools", index, "listPools")

@@ -5,7 +5,9 @@
 //! groups, so none are allowed (`0`). With `usage=true` each quota says what the project uses.
 //! An update may only name a quota with the value it has (a no-op, so that a tool that writes
 //! back what it read works); any other value is refused with 400, saying why. A delete (back to
-//! the defaults) changes nothing: the defaults are all there is.
+//! the defaults) changes nothing: the defaults are all there is. Quota classes
+//! (`/os-quota-class-sets/{class}`, `cinder quota-class-show`, `quota-class-update`; admins) are
+//! the same defaults, whatever the class.
 
 use std::collections::BTreeMap;
 
@@ -40,6 +42,13 @@ pub fn endpoints() -> Vec<Endpoint> {
             .summary(TAG, "Set quotas: only to the values they have (none enforced)")
             .body::<QuotaUpdate>()
             .answers::<QuotaSetBody>(StatusCode::OK, "The quotas"),
+        Endpoint::get("/os-quota-class-sets/{id}", show_class, "showQuotaClassSet")
+            .summary(TAG, "A quota class's volume quotas: the defaults (none enforced)")
+            .answers::<QuotaClassSetBody>(StatusCode::OK, "The quotas"),
+        Endpoint::put("/os-quota-class-sets/{id}", update_class, "updateQuotaClassSet")
+            .summary(TAG, "Set a quota class's quotas: only to the values they have (none enforced)")
+            .body::<QuotaClassUpdate>()
+            .answers::<QuotaClassSetBody>(StatusCode::OK, "The quotas"),
         Endpoint::delete("/os-quota-sets/{id}", remove, "deleteQuotaSet")
             .summary(TAG, "Reset a project's quotas to the defaults (nothing to do: none enforced)")
             .answers_empty(StatusCode::OK, "Done"),
@@ -149,9 +158,18 @@ async fn update(
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::QuotaUpdate)?;
     check_project(&id)?;
-    let mut set = quota_set(&state, &id, None);
+    let set = written(quota_set(&state, &id, None), &body.quota_set)?;
+    Ok(Json(QuotaSetBody { quota_set: set }).into_response())
+}
+
+/// `set` after writing `asked` to it: every quota named with the value it has (a no-op), or a
+/// 400 that says Berth enforces none.
+fn written(
+    mut set: BTreeMap<String, Quota>,
+    asked: &BTreeMap<String, serde_json::Value>,
+) -> Result<BTreeMap<String, Quota>, ApiError> {
     // Cinder skips these keys of a quota set, as not quotas.
-    for (key, value) in body.quota_set.iter().filter(|(k, _)| !matches!(k.as_str(), "id" | "tenant_id")) {
+    for (key, value) in asked.iter().filter(|(k, _)| !matches!(k.as_str(), "id" | "tenant_id")) {
         let Some(Quota::Limit(limit)) = set.get(key) else {
             return Err(ApiError::bad_request(format!("Bad key(s) in quota set: {key}")));
         };
@@ -165,7 +183,42 @@ async fn update(
         }
     }
     set.remove("id");
-    Ok(Json(QuotaSetBody { quota_set: set }).into_response())
+    Ok(set)
+}
+
+/// `{"quota_class_set": {"id": "<class>", "volumes": -1, ...}}`.
+#[derive(Serialize, JsonSchema)]
+struct QuotaClassSetBody {
+    quota_class_set: BTreeMap<String, Quota>,
+}
+
+/// `{"quota_class_set": {"volumes": -1, ...}}`: the quotas of a class to set.
+#[derive(Deserialize, JsonSchema)]
+struct QuotaClassUpdate {
+    quota_class_set: BTreeMap<String, serde_json::Value>,
+}
+
+/// A quota class (`default`, or any name: every class has the defaults, as every project does).
+async fn show_class(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(class): Path<String>,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::QuotaClassShow)?;
+    check_project(&class)?;
+    Ok(Json(QuotaClassSetBody { quota_class_set: quota_set(&state, &class, None) }).into_response())
+}
+
+async fn update_class(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(class): Path<String>,
+    JsonBody(body): JsonBody<QuotaClassUpdate>,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::QuotaClassUpdate)?;
+    check_project(&class)?;
+    let set = written(quota_set(&state, &class, None), &body.quota_class_set)?;
+    Ok(Json(QuotaClassSetBody { quota_class_set: set }).into_response())
 }
 
 async fn remove(

@@ -470,7 +470,7 @@ async fn hosts(state: &AppState, caller: &Caller) -> Result<Option<Hosts>, ApiEr
     Ok(Some(state.service.hosts().await?))
 }
 
-const LIST: ListSpec = ListSpec {
+pub(super) const LIST: ListSpec = ListSpec {
     sort_keys: VOLUME_SORT_KEYS,
     // cinderclient's `--sort name` sends `display_name`; Cinder's column for the size is `size`.
     sort_aliases: &[("display_name", "name"), ("size", "size_gib")],
