@@ -46,6 +46,7 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert!(summary.contains("total_count") && summary.contains("purpose"), "{summary}");
     let limits = cli(&["absolute-limits"]);
     assert!(limits.contains("| totalVolumesUsed         | 1 "), "{limits}");
+    assert!(list(&cli(&["cluster-list"])).is_empty(), "one node: no shared backend, no cluster");
     let filters = cli(&["list-filters", "--resource", "volume"]);
     assert!(filters.contains("volume") && filters.contains("metadata"), "{filters}");
     let specs = cli(&["extra-specs-list"]);
@@ -237,4 +238,28 @@ fn python_cinderclient_legacy_calls_succeed() {
     assert_eq!(attachment["server_id"], "5f1a7b52-8d2c-4f63-9a0e-3b7c1d2e4f60");
     assert_eq!(attachment["device"], "/dev/vdb");
     assert_eq!(seen["attachments_after"], serde_json::json!([]));
+}
+
+/// A shared backend is a cluster (`berth@backend`): `cluster-disable` stops new volumes on it,
+/// `cluster-enable` ends that, as the real client sends them.
+#[test]
+fn python_cinderclient_disables_and_enables_a_cluster() {
+    let server =
+        BerthProcess::start(&CONFIG.replacen("driver = \"fake\"\n", "driver = \"fake\"\nshared = true\n", 1));
+    let cli = |args: &[&str]| {
+        let mut c = cinder(&server.base, "compat", "3.71");
+        c.args(args);
+        run(c)
+    };
+    let clusters = list(&cli(&["cluster-list"]));
+    assert!(clusters.len() == 1 && clusters[0][0] == "berth@fake", "{clusters:?}");
+    cli(&["cluster-disable", "berth@fake", "--reason", "array swap"]);
+    let shown = table(&cli(&["cluster-show", "berth@fake"]));
+    assert_eq!((shown["status"].as_str(), shown["disabled_reason"].as_str()), ("disabled", "array swap"));
+    let mut refused = cinder(&server.base, "compat", "3.71");
+    refused.args(["create", "1"]);
+    let out = refused.output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("takes no new volumes"));
+    cli(&["cluster-enable", "berth@fake"]);
+    assert_eq!(table(&cli(&["create", "1"]))["status"], "available");
 }

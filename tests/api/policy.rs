@@ -200,6 +200,7 @@ fn routes() -> Vec<Route> {
         route("list services", Method::GET, "/os-services", None, Nothing, Admin, Global, 200),
         route("list pools", Method::GET, "/scheduler-stats/get_pools", None, Nothing, Admin, Global, 200),
         route("list resource filters", Method::GET, "/resource_filters", None, Nothing, Reader, Global, 200),
+        route("list clusters", Method::GET, "/clusters", None, Nothing, Admin, Global, 200),
         route(
             "show a quota class",
             Method::GET,

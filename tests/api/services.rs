@@ -764,3 +764,107 @@ async fn every_node_sees_a_service_disabled_and_only_that_nodes_backend_stops() 
     on_a.create_volume(json!({"size": 1})).await;
     assert_eq!(pool_names(&on_b, "").await, ["node-a@fake#fake", "node-b@fake#fake"]);
 }
+
+/// A shared backend is a cluster, `berth@backend` (`cinder cluster-list`, 3.7): disabling it
+/// stops new volumes on it through every node; its volumes are served as before; enabling it ends
+/// that. Admins only.
+#[tokio::test]
+async fn a_shared_backend_is_a_cluster_that_an_admin_disables_for_every_node() {
+    let url = berth_tests::pg::fresh_database().await;
+    let node = |name: &str| {
+        let mut config = berth_tests::server::fake_config();
+        config.node = Some(name.into());
+        config.backends[0].shared = true;
+        config
+    };
+    let a = TestServer::start_on(Db::Postgres, Some(url.clone()), node("node-a")).await;
+    let b = TestServer::start_on(Db::Postgres, Some(url), node("node-b")).await;
+    let (on_a, on_b) = (a.client("p1").at("3.7"), b.client("p1").at("3.7"));
+    let r = on_a.get("/clusters").await.expect(200);
+    assert_eq!(
+        r.body,
+        json!({"clusters": [{"name": "berth@fake", "binary": "cinder-volume", "state": "up", "status": "enabled"}]})
+    );
+    let detail = on_b.get("/clusters/detail").await.expect(200);
+    let c = &detail.body["clusters"][0];
+    assert_eq!(
+        (&c["num_hosts"], &c["num_down_hosts"], &c["disabled_reason"]),
+        (&json!(2), &json!(0), &Value::Null)
+    );
+    let volume = on_a.create_volume(json!({"size": 1})).await;
+
+    let body = json!({"name": "berth@fake", "disabled_reason": " array swap "});
+    let r = on_b.put("/clusters/disable", body).await.expect(200);
+    assert_eq!(
+        r.body,
+        json!({"cluster": {"name": "berth@fake", "binary": "cinder-volume", "state": "up", "status": "disabled",
+            "disabled_reason": "array swap"}})
+    );
+    for c in [&on_a, &on_b] {
+        let message =
+            c.post("/volumes", json!({"volume": {"size": 1}})).await.fault(503, "serviceUnavailable");
+        assert!(message.contains("berth@fake"), "{message}");
+        assert!(pool_names(c, "").await.is_empty(), "a disabled cluster is no pool");
+    }
+    // Its volume is served as before.
+    let made = on_b
+        .at("3.54")
+        .attach(&volume, Some(connector("iqn.1993-08.org.debian:01:h1", "h1")))
+        .await
+        .expect(200);
+    on_a.at("3.54")
+        .delete(&format!("/attachments/{}", made.body["attachment"]["id"].as_str().unwrap()))
+        .await
+        .expect(200);
+    let shown = on_a.get("/clusters/berth@fake").await.expect(200);
+    assert_eq!(
+        (&shown.body["cluster"]["status"], &shown.body["cluster"]["disabled_reason"]),
+        (&json!("disabled"), &json!("array swap"))
+    );
+    // Filters, replication fields from 3.26, and what is refused.
+    assert_eq!(
+        on_a.get("/clusters?disabled=true").await.expect(200).body["clusters"].as_array().unwrap().len(),
+        1
+    );
+    assert!(
+        on_a.get("/clusters?is_up=false").await.expect(200).body["clusters"].as_array().unwrap().is_empty()
+    );
+    assert!(
+        on_a.get("/clusters?num_hosts=3").await.expect(200).body["clusters"].as_array().unwrap().is_empty()
+    );
+    on_a.get("/clusters?colour=blue").await.fault(400, "badRequest");
+    on_a.get("/clusters?frozen=false").await.fault(400, "badRequest");
+    let later = on_a.at("3.26").get("/clusters/detail?frozen=false").await.expect(200);
+    assert_eq!(
+        (&later.body["clusters"][0]["replication_status"], &later.body["clusters"][0]["frozen"]),
+        (&json!("disabled"), &json!(false))
+    );
+    on_a.get("/clusters/berth@nothing").await.fault(404, "itemNotFound");
+    on_a.put("/clusters/disable", json!({"name": "berth@nothing"})).await.fault(404, "itemNotFound");
+    on_a.put("/clusters/enable", json!({"name": "berth@fake", "disabled_reason": "x"}))
+        .await
+        .fault(400, "badRequest");
+    on_a.at("3.6").get("/clusters").await.fault(404, "itemNotFound");
+    let message =
+        a.client("p1").with_roles("member").at("3.7").get("/clusters").await.fault(403, "forbidden");
+    assert_eq!(message, "Policy doesn't allow clusters:get_all to be performed.");
+
+    let r = on_a
+        .put("/clusters/enable", json!({"name": "berth@fake", "binary": "cinder-volume"}))
+        .await
+        .expect(200);
+    assert_eq!(
+        (&r.body["cluster"]["status"], &r.body["cluster"]["disabled_reason"]),
+        (&json!("enabled"), &Value::Null)
+    );
+    on_a.create_volume(json!({"size": 1})).await;
+    on_b.create_volume(json!({"size": 1})).await;
+    assert_eq!(pool_names(&on_b, "").await, ["berth@fake#fake"]);
+    // One node alone has no cluster.
+    drop((a, b));
+    let single = TestServer::start(Db::Sqlite).await;
+    assert_eq!(
+        single.client("p1").at("3.7").get("/clusters").await.expect(200).body,
+        json!({"clusters": []})
+    );
+}

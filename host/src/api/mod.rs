@@ -13,6 +13,7 @@ pub mod actions;
 pub mod attachments;
 pub mod auth;
 pub mod body;
+pub mod clusters;
 pub mod drivers;
 pub mod error;
 #[cfg(feature = "failpoints")]
@@ -103,6 +104,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         types::endpoints(),
         services::endpoints(),
         pools::endpoints(),
+        clusters::endpoints(),
         filters::endpoints(),
         drivers::endpoints(),
         zones::endpoints(),

@@ -64,6 +64,9 @@ pub enum Rule {
     ServiceIndex,
     ServiceUpdate,
     GetPools,
+    ClusterGetAll,
+    ClusterGet,
+    ClusterUpdate,
     ExtraSpecsGetAll,
     ExtraSpecsGet,
     AttachmentEventGetAll,
@@ -92,7 +95,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 53] = [
+    pub const ALL: [Rule; 56] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -129,6 +132,9 @@ impl Rule {
         Rule::ServiceIndex,
         Rule::ServiceUpdate,
         Rule::GetPools,
+        Rule::ClusterGetAll,
+        Rule::ClusterGet,
+        Rule::ClusterUpdate,
         Rule::ExtraSpecsGetAll,
         Rule::ExtraSpecsGet,
         Rule::AttachmentEventGetAll,
@@ -190,6 +196,9 @@ impl Rule {
             // Disabling and enabling a backend for new volumes.
             Rule::ServiceUpdate => "volume_extension:services:update",
             Rule::GetPools => "scheduler_extension:scheduler_stats:get_pools",
+            Rule::ClusterGetAll => "clusters:get_all",
+            Rule::ClusterGet => "clusters:get",
+            Rule::ClusterUpdate => "clusters:update",
             Rule::ExtraSpecsGetAll => "volume_extension:types_extra_specs:index",
             Rule::ExtraSpecsGet => "volume_extension:types_extra_specs:show",
             // Berth's: the attach history (members read their projects' events).
@@ -236,6 +245,9 @@ impl Rule {
             | Rule::ServiceIndex
             | Rule::ServiceUpdate
             | Rule::GetPools
+            | Rule::ClusterGetAll
+            | Rule::ClusterGet
+            | Rule::ClusterUpdate
             | Rule::DriverGetAll
             | Rule::DriverUpgrade
             | Rule::QuotaUpdate

@@ -7,6 +7,9 @@
 //! (`store/services.rs`), so every node sees it, and a create checks it in the transaction that
 //! records the volume: once `disable` has answered, no new volume lands there.
 //!
+//! A shared backend's services together are its cluster, `berth@backend` ([`Cluster`]):
+//! disabling the cluster stops new volumes on it through every node.
+//!
 //! A node (`berth-api`) cannot be disabled: what it would stop is not a scheduling decision
 //! (its volumes are served only by it); disable its backends.
 //!
@@ -90,7 +93,8 @@ impl Service {
         for n in nodes.iter().filter(|n| now - n.heartbeat_at <= lease) {
             for (uuid, b, shared) in backends_of(n) {
                 let host = format!("{}@{b}", n.name);
-                if disabled.iter().any(|d| d.host == host) {
+                let cluster = shared.then(|| format!("{CLUSTER}@{b}"));
+                if disabled.iter().any(|d| d.host == host || Some(&d.host) == cluster.as_ref()) {
                     continue;
                 }
                 let (count, gib) = usage
@@ -179,15 +183,7 @@ impl Service {
         disabled: bool,
         reason: Option<String>,
     ) -> Result<ServiceState, AttachError> {
-        let reason = match reason.map(|r| r.trim().to_string()) {
-            Some(r) if r.is_empty() || r.chars().count() > MAX_REASON || r.chars().any(char::is_control) => {
-                return Err(AttachError::InvalidInput(format!(
-                    "Disabled reason contains invalid characters or is too long: it must be 1 to {MAX_REASON} \
-                     characters, none of them a control character"
-                )));
-            }
-            other => other,
-        };
+        let reason = checked_reason(reason)?;
         let Some(service) = self.services().await?.into_iter().find(|s| s.host == host && s.binary == binary)
         else {
             return Err(AttachError::NotFound(format!("Could not find binary {binary} on host {host}.")));
@@ -216,16 +212,112 @@ impl Service {
         Ok(ServiceState { disabled: now, ..service })
     }
 
-    /// Refuses a new volume on `backend` of this node while that service is disabled.
+    /// Refuses a new volume on `backend` of this node while that service is disabled, or the
+    /// backend's cluster if it is shared.
     pub(crate) async fn check_enabled(
         &self,
         tx: &mut crate::store::sql::Tx,
-        backend: &str,
+        backend: &super::Backend,
     ) -> Result<(), AttachError> {
-        let host = format!("{}@{backend}", self.owner.node);
-        match services::get(tx, &host).await? {
-            Some(_) => Err(AttachError::ServiceDisabled(host)),
-            None => Ok(()),
+        let host = format!("{}@{}", self.owner.node, backend.name);
+        if services::get(tx, &host).await?.is_some() {
+            return Err(AttachError::ServiceDisabled(host));
         }
+        let cluster = format!("{CLUSTER}@{}", backend.name);
+        if backend.shared && services::get(tx, &cluster).await?.is_some() {
+            return Err(AttachError::ServiceDisabled(cluster));
+        }
+        Ok(())
     }
+
+    /// The clusters: each shared backend, `berth@backend`, with the nodes that serve it.
+    pub async fn clusters(&self) -> Result<Vec<Cluster>, AttachError> {
+        let (nodes, disabled) = self
+            .store
+            .read(async |tx| Ok::<_, StoreError>((nodes::list(tx).await?, services::list(tx).await?)))
+            .await?;
+        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
+        let now = now_micros();
+        let mut clusters: BTreeMap<String, Cluster> = BTreeMap::new();
+        for n in &nodes {
+            for (_, b, _) in backends_of(n).filter(|(_, _, shared)| *shared) {
+                let name = format!("{CLUSTER}@{b}");
+                let c = clusters.entry(name.clone()).or_insert_with(|| Cluster {
+                    disabled: disabled.iter().find(|d| d.host == name).cloned(),
+                    name,
+                    backend: b.clone(),
+                    num_hosts: 0,
+                    num_down_hosts: 0,
+                    last_heartbeat: 0,
+                    created_at: n.started_at,
+                });
+                c.num_hosts += 1;
+                c.num_down_hosts += i64::from(now - n.heartbeat_at > lease);
+                c.last_heartbeat = c.last_heartbeat.max(n.heartbeat_at);
+                c.created_at = c.created_at.min(n.started_at);
+            }
+        }
+        Ok(clusters.into_values().collect())
+    }
+
+    /// Disables the cluster `name` (`berth@backend`), with `reason`, or enables it; answers it
+    /// as it is now.
+    pub async fn set_cluster_disabled(
+        &self,
+        name: &str,
+        binary: &str,
+        disabled: bool,
+        reason: Option<String>,
+    ) -> Result<Cluster, AttachError> {
+        let reason = checked_reason(reason)?;
+        let found = self.clusters().await?.into_iter().find(|c| c.name == name && binary == VOLUME_BINARY);
+        let Some(cluster) = found else {
+            return Err(AttachError::NotFound(format!("Cluster {name} could not be found.")));
+        };
+        let now = self
+            .store
+            .write(async |tx| {
+                // A cluster's reason is what this request says, as Cinder's (none: none).
+                services::enable(tx, name).await?;
+                if disabled {
+                    services::disable(tx, name, reason.as_deref()).await?;
+                }
+                services::get(tx, name).await
+            })
+            .await?;
+        match &now {
+            Some(d) => tracing::info!(cluster = name, reason = d.reason.as_deref(), "cluster disabled"),
+            None => tracing::info!(cluster = name, "cluster enabled"),
+        }
+        Ok(Cluster { disabled: now, ..cluster })
+    }
+}
+
+/// A reason given to disable a service or cluster, trimmed: 1 to 255 characters, none of them a
+/// control character.
+fn checked_reason(reason: Option<String>) -> Result<Option<String>, AttachError> {
+    match reason.map(|r| r.trim().to_string()) {
+        Some(r) if r.is_empty() || r.chars().count() > MAX_REASON || r.chars().any(char::is_control) => {
+            Err(AttachError::InvalidInput(format!(
+                "Disabled reason contains invalid characters or is too long: it must be 1 to {MAX_REASON} \
+                 characters, none of them a control character"
+            )))
+        }
+        other => Ok(other),
+    }
+}
+
+/// A shared backend as Cinder names an active-active backend's services together: a cluster,
+/// `berth@backend`. Disabled, it makes no new volume on any node (`[`Service::check_enabled`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    pub name: String,
+    pub backend: String,
+    /// The nodes that serve it, and those of them down.
+    pub num_hosts: i64,
+    pub num_down_hosts: i64,
+    /// The newest heartbeat of its nodes, and the earliest start.
+    pub last_heartbeat: i64,
+    pub created_at: i64,
+    pub disabled: Option<Disabled>,
 }
