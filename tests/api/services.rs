@@ -767,7 +767,7 @@ async fn every_node_sees_a_service_disabled_and_only_that_nodes_backend_stops() 
 
 /// A shared backend is a cluster, `berth@backend` (`cinder cluster-list`, 3.7): disabling it
 /// stops new volumes on it through every node; its volumes are served as before; enabling it ends
-/// that. Admins only.
+/// that. Admins only. One node's service of it disabled sends that node's creates to another.
 #[tokio::test]
 async fn a_shared_backend_is_a_cluster_that_an_admin_disables_for_every_node() {
     let url = berth_tests::pg::fresh_database().await;
@@ -777,8 +777,8 @@ async fn a_shared_backend_is_a_cluster_that_an_admin_disables_for_every_node() {
         config.backends[0].shared = true;
         config
     };
-    let a = TestServer::start_on(Db::Postgres, Some(url.clone()), node("node-a")).await;
-    let b = TestServer::start_on(Db::Postgres, Some(url), node("node-b")).await;
+    let a = TestServer::start_on(Db::Postgres, Some(url.clone()), node("shared-a")).await;
+    let b = TestServer::start_on(Db::Postgres, Some(url), node("shared-b")).await;
     let (on_a, on_b) = (a.client("p1").at("3.7"), b.client("p1").at("3.7"));
     let r = on_a.get("/clusters").await.expect(200);
     assert_eq!(
@@ -792,6 +792,17 @@ async fn a_shared_backend_is_a_cluster_that_an_admin_disables_for_every_node() {
         (&json!(2), &json!(0), &Value::Null)
     );
     let volume = on_a.create_volume(json!({"size": 1})).await;
+
+    // One node's service disabled: a create that reaches it is made by the other node of the
+    // cluster, as Cinder's scheduler would send it to another service of the cluster.
+    let node_a = json!({"host": "shared-a@fake", "binary": "cinder-volume"});
+    on_b.put("/os-services/disable", node_a.clone()).await.expect(200);
+    let before = forwarded_to("shared-b");
+    let made = on_a.create_volume(json!({"size": 1})).await;
+    assert_eq!(on_b.volume_status(&made).await, "available");
+    assert_eq!(forwarded_to("shared-b"), before + 1, "node shared-b made it");
+    assert_eq!(pool_names(&on_a, "").await, ["berth@fake#fake"], "node b still serves the pool");
+    on_b.put("/os-services/enable", node_a).await.expect(200);
 
     let body = json!({"name": "berth@fake", "disabled_reason": " array swap "});
     let r = on_b.put("/clusters/disable", body).await.expect(200);

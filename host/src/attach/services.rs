@@ -212,22 +212,47 @@ impl Service {
         Ok(ServiceState { disabled: now, ..service })
     }
 
-    /// Refuses a new volume on `backend` of this node while that service is disabled, or the
-    /// backend's cluster if it is shared.
+    /// Whether this node may make a new volume, `volume`, on `backend`: not while the backend's
+    /// cluster is disabled (a shared backend), nor while this node's service of it is. A shared
+    /// backend's volume is then made by another node of the cluster whose service is enabled
+    /// and up: the request is forwarded there ([`AttachError::Elsewhere`]), as Cinder's scheduler
+    /// would send it to another service of the cluster.
     pub(crate) async fn check_enabled(
         &self,
         tx: &mut crate::store::sql::Tx,
         backend: &super::Backend,
+        volume: &str,
     ) -> Result<(), AttachError> {
-        let host = format!("{}@{}", self.owner.node, backend.name);
-        if services::get(tx, &host).await?.is_some() {
-            return Err(AttachError::ServiceDisabled(host));
-        }
         let cluster = format!("{CLUSTER}@{}", backend.name);
         if backend.shared && services::get(tx, &cluster).await?.is_some() {
             return Err(AttachError::ServiceDisabled(cluster));
         }
-        Ok(())
+        let host = format!("{}@{}", self.owner.node, backend.name);
+        if services::get(tx, &host).await?.is_none() {
+            return Ok(());
+        }
+        if backend.shared {
+            let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
+            let now = now_micros();
+            let disabled = services::list(tx).await?;
+            let other = nodes::list(tx).await?.into_iter().find(|n| {
+                n.name != self.owner.node
+                    && n.url.is_some()
+                    && now - n.heartbeat_at <= lease
+                    && n.shared_backends.contains(&backend.name)
+                    && !disabled.iter().any(|d| d.host == format!("{}@{}", n.name, backend.name))
+            });
+            if let Some(n) = other {
+                return Err(AttachError::Elsewhere(super::nodes::Remote {
+                    volume: volume.to_string(),
+                    up: true,
+                    silent_for: (now - n.heartbeat_at) / 1_000_000,
+                    node: n.name,
+                    url: n.url,
+                }));
+            }
+        }
+        Err(AttachError::ServiceDisabled(host))
     }
 
     /// The clusters: each shared backend, `berth@backend`, with the nodes that serve it.

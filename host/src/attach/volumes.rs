@@ -234,7 +234,7 @@ impl Volumes<'_> {
         let op = self.operation(OpKind::CreateVolume, &row.id, None, None);
         self.store
             .write(async |tx| {
-                self.check_enabled(tx, &backend).await?;
+                self.check_enabled(tx, &backend, &row.id).await?;
                 volumes::insert(tx, &row).await?;
                 op.begin(tx).await
             })
