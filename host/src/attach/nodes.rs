@@ -188,7 +188,31 @@ impl std::fmt::Display for Remote {
     }
 }
 
+/// Whether nodes are up, as of one moment: a node whose heartbeat is younger than a lease is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Liveness {
+    lease: i64,
+    now: i64,
+}
+
+impl Liveness {
+    pub(crate) fn up(&self, n: &Node) -> bool {
+        self.now - n.heartbeat_at <= self.lease
+    }
+
+    /// Seconds since its last heartbeat.
+    pub(crate) fn silent_for(&self, n: &Node) -> i64 {
+        (self.now - n.heartbeat_at) / 1_000_000
+    }
+}
+
 impl Service {
+    /// Whether nodes are up now.
+    pub(crate) fn liveness(&self) -> Liveness {
+        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
+        Liveness { lease, now: now_micros() }
+    }
+
     /// Which node serves each backend (for `os-vol-host-attr:host`).
     pub async fn hosts(&self) -> Result<Hosts, AttachError> {
         let nodes: Vec<Node> = self.store.read(async |tx| nodes::list(tx).await).await?;
@@ -212,16 +236,15 @@ impl Service {
             return Ok(Placement::Here);
         }
         // The nodes that serve it, those up first.
-        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
-        let now = now_micros();
+        let live = self.liveness();
         let mut candidates: Vec<Remote> = nodes::list(tx)
             .await?
             .into_iter()
             .filter(|n| n.name != self.owner.node && backends_of(n).any(|(uuid, _, _)| uuid == *owner))
             .map(|n| Remote {
                 volume: volume_id.to_string(),
-                up: now - n.heartbeat_at <= lease,
-                silent_for: (now - n.heartbeat_at) / 1_000_000,
+                up: live.up(&n),
+                silent_for: live.silent_for(&n),
                 node: n.name,
                 url: n.url,
             })
@@ -370,8 +393,8 @@ impl Service {
     /// Whether a node is down now (no heartbeat for a lease, or stopped).
     pub async fn is_down(&self, node: &str) -> Result<bool, AttachError> {
         let nodes = self.store.read(async |tx| nodes::list(tx).await).await?;
-        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
-        Ok(nodes.iter().find(|n| n.name == node).is_none_or(|n| now_micros() - n.heartbeat_at > lease))
+        let live = self.liveness();
+        Ok(nodes.iter().find(|n| n.name == node).is_none_or(|n| !live.up(n)))
     }
 
     /// Returns once `node` is down, checking a few times a lease.
@@ -388,11 +411,10 @@ impl Service {
     /// The other nodes up now that serve the shared backend `backend`, and what each runs for it.
     pub async fn peers_serving(&self, backend: &str) -> Result<Vec<Peer>, AttachError> {
         let nodes: Vec<Node> = self.store.read(async |tx| nodes::list(tx).await).await?;
-        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
-        let now = now_micros();
+        let live = self.liveness();
         Ok(nodes
             .into_iter()
-            .filter(|n| n.name != self.owner.node && now - n.heartbeat_at <= lease)
+            .filter(|n| n.name != self.owner.node && live.up(n))
             .filter(|n| n.shared_backends.iter().any(|b| b == backend))
             .map(|n| Peer { runs: n.backend_info.get(backend).cloned(), node: n.name, url: n.url })
             .collect())

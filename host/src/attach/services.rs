@@ -24,7 +24,7 @@ use super::nodes::backends_of;
 use super::{AttachError, Service};
 use crate::store::nodes::{self, BackendInfo, Node};
 use crate::store::services::{self, Disabled};
-use crate::store::{StoreError, now_micros, volumes};
+use crate::store::{StoreError, volumes};
 
 /// The binary of a node's backend in `GET /os-services`, as Cinder names a volume service.
 pub const VOLUME_BINARY: &str = "cinder-volume";
@@ -87,10 +87,9 @@ impl Service {
                 ))
             })
             .await?;
-        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
-        let now = now_micros();
+        let live = self.liveness();
         let mut pools: BTreeMap<String, Pool> = BTreeMap::new();
-        for n in nodes.iter().filter(|n| now - n.heartbeat_at <= lease) {
+        for n in nodes.iter().filter(|n| live.up(n)) {
             for (uuid, b, shared) in backends_of(n) {
                 let host = format!("{}@{b}", n.name);
                 let cluster = shared.then(|| format!("{CLUSTER}@{b}"));
@@ -134,11 +133,10 @@ impl Service {
             .store
             .read(async |tx| Ok::<_, StoreError>((nodes::list(tx).await?, services::list(tx).await?)))
             .await?;
-        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
-        let now = now_micros();
+        let live = self.liveness();
         let mut out = Vec::new();
         for n in &nodes {
-            let up = now - n.heartbeat_at <= lease;
+            let up = live.up(n);
             out.push(ServiceState {
                 binary: "berth-api",
                 host: n.name.clone(),
@@ -232,13 +230,12 @@ impl Service {
             return Ok(());
         }
         if backend.shared {
-            let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
-            let now = now_micros();
+            let live = self.liveness();
             let disabled = services::list(tx).await?;
             let other = nodes::list(tx).await?.into_iter().find(|n| {
                 n.name != self.owner.node
                     && n.url.is_some()
-                    && now - n.heartbeat_at <= lease
+                    && live.up(n)
                     && n.shared_backends.contains(&backend.name)
                     && !disabled.iter().any(|d| d.host == format!("{}@{}", n.name, backend.name))
             });
@@ -246,7 +243,7 @@ impl Service {
                 return Err(AttachError::Elsewhere(super::nodes::Remote {
                     volume: volume.to_string(),
                     up: true,
-                    silent_for: (now - n.heartbeat_at) / 1_000_000,
+                    silent_for: live.silent_for(&n),
                     node: n.name,
                     url: n.url,
                 }));
@@ -261,8 +258,7 @@ impl Service {
             .store
             .read(async |tx| Ok::<_, StoreError>((nodes::list(tx).await?, services::list(tx).await?)))
             .await?;
-        let lease = i64::try_from(self.owner.lease.as_micros()).unwrap_or(i64::MAX);
-        let now = now_micros();
+        let live = self.liveness();
         let mut clusters: BTreeMap<String, Cluster> = BTreeMap::new();
         for n in &nodes {
             for (_, b, _) in backends_of(n).filter(|(_, _, shared)| *shared) {
@@ -277,7 +273,7 @@ impl Service {
                     created_at: n.started_at,
                 });
                 c.num_hosts += 1;
-                c.num_down_hosts += i64::from(now - n.heartbeat_at > lease);
+                c.num_down_hosts += i64::from(!live.up(n));
                 c.last_heartbeat = c.last_heartbeat.max(n.heartbeat_at);
                 c.created_at = c.created_at.min(n.started_at);
             }
