@@ -192,21 +192,8 @@ impl Service {
                  (binary {VOLUME_BINARY}, host {host}@<backend>), each then makes no new volume"
             )));
         }
-        let now = self
-            .store
-            .write(async |tx| {
-                if disabled {
-                    services::disable(tx, host, reason.as_deref()).await?;
-                } else {
-                    services::enable(tx, host).await?;
-                }
-                services::get(tx, host).await
-            })
-            .await?;
-        match &now {
-            Some(d) => tracing::info!(service = host, reason = d.reason.as_deref(), "service disabled"),
-            None => tracing::info!(service = host, "service enabled"),
-        }
+        // A service disabled again without a reason keeps the one it had, as Cinder's.
+        let now = self.write_disabled("service", host, disabled, reason, true).await?;
         Ok(ServiceState { disabled: now, ..service })
     }
 
@@ -295,22 +282,38 @@ impl Service {
         let Some(cluster) = found else {
             return Err(AttachError::NotFound(format!("Cluster {name} could not be found.")));
         };
+        // A cluster's reason is what this request says, as Cinder's (none: none).
+        let now = self.write_disabled("cluster", name, disabled, reason, false).await?;
+        Ok(Cluster { disabled: now, ..cluster })
+    }
+
+    /// Records `key` (a service or a cluster, `what`) disabled with `reason` (or, with
+    /// `keep_reason` and no reason, the one it had), or enabled; answers its state now.
+    async fn write_disabled(
+        &self,
+        what: &str,
+        key: &str,
+        disabled: bool,
+        reason: Option<String>,
+        keep_reason: bool,
+    ) -> Result<Option<Disabled>, AttachError> {
         let now = self
             .store
             .write(async |tx| {
-                // A cluster's reason is what this request says, as Cinder's (none: none).
-                services::enable(tx, name).await?;
-                if disabled {
-                    services::disable(tx, name, reason.as_deref()).await?;
+                if !disabled || !keep_reason {
+                    services::enable(tx, key).await?;
                 }
-                services::get(tx, name).await
+                if disabled {
+                    services::disable(tx, key, reason.as_deref()).await?;
+                }
+                services::get(tx, key).await
             })
             .await?;
         match &now {
-            Some(d) => tracing::info!(cluster = name, reason = d.reason.as_deref(), "cluster disabled"),
-            None => tracing::info!(cluster = name, "cluster enabled"),
+            Some(d) => tracing::info!(what, key, reason = d.reason.as_deref(), "disabled"),
+            None => tracing::info!(what, key, "enabled"),
         }
-        Ok(Cluster { disabled: now, ..cluster })
+        Ok(now)
     }
 }
 
