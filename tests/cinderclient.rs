@@ -263,3 +263,60 @@ fn python_cinderclient_disables_and_enables_a_cluster() {
     cli(&["cluster-enable", "berth@fake"]);
     assert_eq!(table(&cli(&["create", "1"]))["status"], "available");
 }
+
+/// `service-set-log` and `service-get-log` (3.32): an admin turns Berth's debug log on and off
+/// while it serves, as with Cinder's services; the debug log holds no secret either.
+#[test]
+fn python_cinderclient_sets_log_levels_while_serving_and_the_debug_log_holds_no_secret() {
+    // The service's own default (the harness starts servers at debug).
+    let server = BerthProcess::start_with_env("", CONFIG, &[("BERTH_LOG", "info,sqlx=warn")]);
+    let cli = |args: &[&str]| {
+        let mut c = cinder(&server.base, "compat", "3.71");
+        c.args(args);
+        run(c)
+    };
+    let levels = list(&cli(&["service-get-log"]));
+    assert!(levels.iter().any(|r| r[2] == "sqlx" && r[3] == "WARNING"), "{levels:?}");
+    let debug_lines = || server.log_text().lines().filter(|l| l.contains(" DEBUG ")).count();
+    assert_eq!(debug_lines(), 0, "no debug log by default");
+
+    cli(&["service-set-log", "--prefix", "berth", "DEBUG"]);
+    let levels = list(&cli(&["service-get-log", "--prefix", "berth"]));
+    assert_eq!(
+        levels.iter().map(|r| (r[2].as_str(), r[3].as_str())).collect::<Vec<_>>(),
+        [("berth", "DEBUG")]
+    );
+    let volume = table(&cli(&["create", "1"]))["id"].clone();
+    let out = cli(&[
+        "attachment-create",
+        "--connect",
+        "True",
+        "--initiator",
+        "iqn.1993-08.org.debian:01:debug",
+        "--ip",
+        "127.0.0.1",
+        "--host",
+        "debug-host",
+        &volume,
+    ]);
+    let password = out
+        .lines()
+        .find_map(|l| {
+            l.split_once("| auth_password").map(|(_, rest)| rest.trim_matches(|c| c == '|' || c == ' '))
+        })
+        .unwrap_or_default()
+        .to_string();
+    assert!(password.len() >= 12, "the connection's CHAP password: {out}");
+    let log = server.log_text();
+    assert!(debug_lines() > 0, "debug lines once set: {log}");
+    assert!(!log.contains(&password), "the CHAP password in the debug log");
+
+    cli(&["service-set-log", "--prefix", "berth", "INFO"]);
+    let before = debug_lines();
+    cli(&["list"]);
+    assert_eq!(debug_lines(), before, "no debug line once set back");
+    let mut refused = cinder(&server.base, "compat", "3.71");
+    refused.args(["service-set-log", "--prefix", "berth,sqlx=trace", "DEBUG"]);
+    let out = refused.output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not a module path"));
+}

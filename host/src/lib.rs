@@ -14,6 +14,7 @@ pub mod conformance;
 pub mod domain;
 pub mod failpoint;
 pub mod keystone;
+pub mod logging;
 pub mod metrics;
 pub mod runtime;
 pub mod serve;
@@ -33,6 +34,7 @@ mod floors {
 
     const FLOORS: &[&str] = &[
         "failpoint",
+        "logging",
         "metrics",
         "keystone",
         "capabilities",

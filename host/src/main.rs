@@ -330,13 +330,10 @@ enum LogFormat {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
-        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).init(),
-    }
+    berth::logging::init(match format {
+        LogFormat::Text => berth::logging::Format::Text,
+        LogFormat::Json => berth::logging::Format::Json,
+    });
 }
 
 fn main() -> ExitCode {

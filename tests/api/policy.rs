@@ -202,6 +202,16 @@ fn routes() -> Vec<Route> {
         route("list resource filters", Method::GET, "/resource_filters", None, Nothing, Reader, Global, 200),
         route("list clusters", Method::GET, "/clusters", None, Nothing, Admin, Global, 200),
         route(
+            "read log levels",
+            Method::PUT,
+            "/os-services/get-log",
+            Some(json!({"binary": "cinder-backup"})),
+            Nothing,
+            Admin,
+            Global,
+            200,
+        ),
+        route(
             "show a quota class",
             Method::GET,
             "/os-quota-class-sets/default",

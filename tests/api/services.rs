@@ -879,3 +879,41 @@ async fn a_shared_backend_is_a_cluster_that_an_admin_disables_for_every_node() {
         json!({"clusters": []})
     );
 }
+
+/// `os-services/set-log` and `get-log` (3.32; admins): a level and a prefix are checked before
+/// anything changes, and only this node's log is changed here (the real change of a running
+/// `berth serve` is `cinderclient::python_cinderclient_sets_log_levels_while_serving_...`). A
+/// service in a process whose log `berth serve` did not set up says so.
+#[tokio::test]
+async fn log_level_requests_are_checked_and_touch_only_this_nodes_log() {
+    let s = TestServer::start(Db::Sqlite).await;
+    let admin = s.client("p1").at("3.32");
+    let refused = [
+        (json!({"level": "LOUD"}), "is not one of DEBUG"),
+        (json!({"prefix": "berth,sqlx=trace", "level": "DEBUG"}), "is not a module path"),
+        (json!({"prefix": "berth"}), "names no level"),
+        (json!({"server": "another-node", "level": "DEBUG"}), "is not this node"),
+        (json!({"binary": "nova-compute", "level": "DEBUG"}), "binary"),
+        (json!({"level": "DEBUG", "colour": "blue"}), "colour"),
+    ];
+    for (body, expected) in refused {
+        let message = admin.put("/os-services/set-log", body.clone()).await.fault(400, "badRequest");
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+    // Berth has no backup service: its log is none, and setting it changes nothing.
+    admin.put("/os-services/set-log", json!({"binary": "cinder-backup", "level": "DEBUG"})).await.expect(202);
+    let none = admin.put("/os-services/get-log", json!({"binary": "cinder-backup"})).await.expect(200);
+    assert_eq!(none.body, json!({"log_levels": []}));
+    let message =
+        admin.put("/os-services/set-log", json!({"level": "DEBUG"})).await.fault(409, "conflictingRequest");
+    assert!(message.contains("not set up by berth serve"), "{message}");
+    let message = s
+        .client("p1")
+        .with_roles("member")
+        .at("3.32")
+        .put("/os-services/get-log", json!({}))
+        .await
+        .fault(403, "forbidden");
+    assert_eq!(message, "Policy doesn't allow volume_extension:services:update to be performed.");
+    s.client("p1").at("3.31").put("/os-services/get-log", json!({})).await.fault(404, "itemNotFound");
+}

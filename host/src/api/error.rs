@@ -199,6 +199,18 @@ impl From<crate::upgrade::UpgradeError> for ApiError {
     }
 }
 
+/// A log level not set: 400 for a level or prefix that is not one, 409 when this process's log
+/// is not `berth serve`'s.
+impl From<crate::logging::LogError> for ApiError {
+    fn from(e: crate::logging::LogError) -> Self {
+        use crate::logging::LogError as L;
+        match e {
+            L::Level(_) | L::Prefix(_) => ApiError::bad_request(e.to_string()),
+            L::NotServing => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e.unavailable() {

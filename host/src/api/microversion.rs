@@ -62,6 +62,8 @@ pub const RESOURCE_FILTER_CONFIG: Version = Version::new(3, 33);
 /// `/clusters` (a shared backend's nodes together), and their replication fields from 3.26.
 pub const CLUSTER_SUPPORT: Version = Version::new(3, 7);
 pub const REPLICATION_CLUSTER: Version = Version::new(3, 26);
+/// `os-services/set-log` and `get-log`: log levels changed while serving.
+pub const LOG_LEVEL: Version = Version::new(3, 32);
 /// `get_pools` takes filters (`name`) from 3.28, and `volume_type` from 3.35.
 pub const POOL_FILTER: Version = Version::new(3, 28);
 pub const POOL_TYPE_FILTER: Version = Version::new(3, 35);

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::AppState;
 use super::body::JsonBody;
 use super::error::ApiError;
+use super::microversion::LOG_LEVEL;
 use super::openapi::Endpoint;
 use super::policy::Rule;
 use super::query::param;
@@ -38,6 +39,16 @@ pub fn endpoints() -> Vec<Endpoint> {
             .summary(TAG, "Disable a node's backend, saying why (shown in the service list)")
             .body::<ServiceChangeWithReason>()
             .answers::<ServiceChanged>(StatusCode::OK, "The service, disabled"),
+        Endpoint::put("/os-services/set-log", set_log, "setServiceLogLevels")
+            .since(LOG_LEVEL)
+            .summary(TAG, "Set a log level of this node while it serves (a module path's, or the default)")
+            .body::<SetLog>()
+            .answers_empty(StatusCode::ACCEPTED, "Set"),
+        Endpoint::put("/os-services/get-log", get_log, "getServiceLogLevels")
+            .since(LOG_LEVEL)
+            .summary(TAG, "The log levels of this node, by module path")
+            .body::<GetLog>()
+            .answers::<LogLevels>(StatusCode::OK, "The levels"),
         Endpoint::put("/os-services/enable", enable, "enableService")
             .summary(TAG, "Enable a node's backend again: it makes new volumes")
             .body::<ServiceChange>()
@@ -233,4 +244,95 @@ async fn change(
         disabled_reason: now.disabled.and_then(|d| d.reason).filter(|_| with_reason),
     })
     .into_response())
+}
+
+/// `{"binary": "*", "server": "node", "prefix": "berth::attach", "level": "DEBUG"}`: every key but
+/// `level` may be left out (the default level: no `prefix`).
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SetLog {
+    binary: Option<String>,
+    server: Option<String>,
+    prefix: Option<String>,
+    level: Option<String>,
+}
+
+/// `{"binary": "*", "server": "node", "prefix": "berth"}`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct GetLog {
+    binary: Option<String>,
+    server: Option<String>,
+    prefix: Option<String>,
+}
+
+/// `{"log_levels": [{"host": "node", "binary": "berth-api", "levels": {"berth::attach": "DEBUG"}}]}`.
+#[derive(Serialize, JsonSchema)]
+struct LogLevels {
+    log_levels: Vec<LogLevelsOf>,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct LogLevelsOf {
+    host: String,
+    binary: String,
+    /// By module path (`""`: the default).
+    levels: std::collections::BTreeMap<String, String>,
+}
+
+/// Whether a log request is for this node's log: its binaries are those of this one process (the
+/// node's and its backends'; Berth has no scheduler or backup service, whose logs are then none),
+/// and its `server` this node or one of its backends. Another node's log is changed at that node.
+fn this_nodes_log(state: &AppState, binary: Option<&str>, server: Option<&str>) -> Result<bool, ApiError> {
+    match binary.unwrap_or("") {
+        "" | "*" | "berth-api" | "cinder-api" | "cinder-volume" => {}
+        "cinder-scheduler" | "cinder-backup" => return Ok(false),
+        b => {
+            return Err(ApiError::bad_request(format!(
+                "Invalid input received: binary {b:?}: a node's log is that of berth-api and cinder-volume"
+            )));
+        }
+    }
+    let node = &state.service.owner().node;
+    match server.filter(|s| !s.is_empty()) {
+        Some(s) if s != node && s.split_once('@').is_none_or(|(n, _)| n != node) => {
+            Err(ApiError::bad_request(format!(
+                "Invalid input received: server {s:?} is not this node ({node}): a node's log levels are set \
+                 through that node's own address"
+            )))
+        }
+        _ => Ok(true),
+    }
+}
+
+async fn set_log(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<SetLog>,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::ServiceUpdate)?;
+    let ours = this_nodes_log(&state, body.binary.as_deref(), body.server.as_deref())?;
+    let Some(level) = body.level else {
+        return Err(ApiError::bad_request("Invalid input received: the request names no level (`level`)"));
+    };
+    crate::logging::checked(body.prefix.as_deref(), &level)?;
+    if ours {
+        crate::logging::set(body.prefix.as_deref(), &level)?;
+    }
+    Ok(StatusCode::ACCEPTED.into_response())
+}
+
+async fn get_log(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<GetLog>,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::ServiceUpdate)?;
+    if !this_nodes_log(&state, body.binary.as_deref(), body.server.as_deref())? {
+        return Ok(Json(LogLevels { log_levels: Vec::new() }).into_response());
+    }
+    let levels = crate::logging::levels(body.prefix.as_deref())?;
+    let host = state.service.owner().node.clone();
+    Ok(Json(LogLevels { log_levels: vec![LogLevelsOf { host, binary: "berth-api".into(), levels }] })
+        .into_response())
 }
