@@ -155,6 +155,11 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert_eq!(services.len(), 1, "{services:?}");
     let host = services[0][1].clone();
     assert!(host.ends_with("@fake"), "{services:?}");
+    let capabilities = table(&cli(&["get-capabilities", &host]));
+    assert_eq!(
+        (capabilities["volume_backend_name"].as_str(), capabilities["storage_protocol"].as_str()),
+        ("fake", "iSCSI")
+    );
     let pools = cli(&["get-pools", "--detail"]);
     assert!(pools.contains(&format!("{host}#fake")) && pools.contains("allocated_capacity_gb"), "{pools}");
     cli(&["service-disable", &host, "cinder-volume", "--reason", "array maintenance"]);

@@ -214,6 +214,34 @@ mod pools {
     }
 }
 
+/// `GET /capabilities/{host}` (`cinder get-capabilities`, admins): a backend's driver and what a
+/// volume type may ask of it.
+#[tokio::test]
+async fn a_backends_capabilities_name_its_driver_and_what_a_volume_type_may_ask() {
+    let s = TestServer::start(Db::Sqlite).await;
+    let admin = s.client("p1");
+    let host = format!("{}@fake", s.service.owner().node);
+    let r = admin.get(&format!("/capabilities/{host}")).await.expect(200);
+    let c = &r.body;
+    assert_eq!(c["namespace"], json!(format!("OS::Storage::Capabilities::{host}")));
+    assert_eq!(
+        (&c["volume_backend_name"], &c["vendor_name"], &c["storage_protocol"]),
+        (&json!("fake"), &json!("Berth"), &json!("iSCSI"))
+    );
+    assert!(c["driver_version"].as_str().unwrap().starts_with("fake "), "{c}");
+    assert_eq!(c["properties"]["multiattach"]["type"], "boolean");
+    let message = admin.get("/capabilities/nowhere@fake").await.fault(404, "itemNotFound");
+    assert_eq!(message, "Can't find service: nowhere@fake");
+    admin.get(&format!("/capabilities/{}", s.service.owner().node)).await.fault(404, "itemNotFound");
+    let message = s
+        .client("p1")
+        .with_roles("member")
+        .get(&format!("/capabilities/{host}"))
+        .await
+        .fault(403, "forbidden");
+    assert_eq!(message, "Policy doesn't allow volume_extension:capabilities to be performed.");
+}
+
 /// Each backend is a pool; a volume type's are its backend's.
 #[tokio::test]
 async fn each_backend_is_a_pool_and_a_volume_type_leads_to_its_own() {

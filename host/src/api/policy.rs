@@ -64,6 +64,7 @@ pub enum Rule {
     ServiceIndex,
     ServiceUpdate,
     GetPools,
+    Capabilities,
     ClusterGetAll,
     ClusterGet,
     ClusterUpdate,
@@ -95,7 +96,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 56] = [
+    pub const ALL: [Rule; 57] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -132,6 +133,7 @@ impl Rule {
         Rule::ServiceIndex,
         Rule::ServiceUpdate,
         Rule::GetPools,
+        Rule::Capabilities,
         Rule::ClusterGetAll,
         Rule::ClusterGet,
         Rule::ClusterUpdate,
@@ -196,6 +198,7 @@ impl Rule {
             // Disabling and enabling a backend for new volumes.
             Rule::ServiceUpdate => "volume_extension:services:update",
             Rule::GetPools => "scheduler_extension:scheduler_stats:get_pools",
+            Rule::Capabilities => "volume_extension:capabilities",
             Rule::ClusterGetAll => "clusters:get_all",
             Rule::ClusterGet => "clusters:get",
             Rule::ClusterUpdate => "clusters:update",
@@ -245,6 +248,7 @@ impl Rule {
             | Rule::ServiceIndex
             | Rule::ServiceUpdate
             | Rule::GetPools
+            | Rule::Capabilities
             | Rule::ClusterGetAll
             | Rule::ClusterGet
             | Rule::ClusterUpdate

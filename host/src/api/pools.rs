@@ -4,7 +4,9 @@
 //! its capabilities in Cinder's keys. Berth's drivers do not report their capacity (the contract
 //! has no call for it), so `total_capacity_gb` and `free_capacity_gb` are `unknown`, as Cinder
 //! drivers say when they cannot tell; `allocated_capacity_gb` is what the volumes Berth made there
-//! add up to. Filters: `name` from 3.28, `volume_type` (name or id) from 3.35.
+//! add up to. Filters: `name` from 3.28, `volume_type` (name or id) from 3.35. And
+//! `GET /capabilities/{host}` (`cinder get-capabilities`): a backend's driver and the properties
+//! a volume type may ask of it.
 
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
@@ -36,7 +38,81 @@ pub fn endpoints() -> Vec<Endpoint> {
             .query("name", "From 3.28: only the pool of this name (`host@backend#backend`).")
             .query("volume_type", "From 3.35: only the pools of this volume type (name or id).")
             .answers::<PoolList>(StatusCode::OK, "The pools"),
+        Endpoint::get("/capabilities/{id}", capabilities_of, "showBackendCapabilities")
+            .summary(
+                "pools",
+                "A backend's capabilities (`node@backend`, or a shared one's `berth@backend`; admins only)",
+            )
+            .answers::<BackendCapabilities>(StatusCode::OK, "The capabilities"),
     ]
+}
+
+/// A backend's capabilities, as `cinder get-capabilities` prints them: its driver, and the
+/// properties a volume type's extra specs may ask of it.
+#[derive(Serialize, JsonSchema)]
+struct BackendCapabilities {
+    namespace: String,
+    vendor_name: String,
+    volume_backend_name: String,
+    pool_name: String,
+    driver_version: String,
+    storage_protocol: String,
+    display_name: String,
+    description: Option<String>,
+    visibility: Option<String>,
+    replication_targets: Vec<String>,
+    properties: std::collections::BTreeMap<String, Property>,
+}
+
+/// A property a volume type may ask for.
+#[derive(Serialize, JsonSchema)]
+struct Property {
+    title: String,
+    description: String,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+async fn capabilities_of(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    axum::extract::Path(host): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::Capabilities)?;
+    let services = state.service.services().await?;
+    let runs = services
+        .into_iter()
+        .filter(|s| s.binary == crate::attach::services::VOLUME_BINARY)
+        .find(|s| s.host == host || s.cluster.as_deref() == Some(host.as_str()))
+        .and_then(|s| s.runs.map(|r| (s.host, r)));
+    let Some((service, runs)) = runs else {
+        return Err(ApiError::not_found(format!("Can't find service: {host}")));
+    };
+    let backend = service.split_once('@').map_or(service.as_str(), |(_, b)| b).to_string();
+    let multiattach = Property {
+        title: "Multiattach".into(),
+        description: if runs.multiattach {
+            "Volumes of a type with `multiattach = <is> True` may be attached to several hosts at once."
+        } else {
+            "This driver attaches a volume to one host at a time: no type of it may be multiattach."
+        }
+        .into(),
+        kind: "boolean".into(),
+    };
+    Ok(Json(BackendCapabilities {
+        namespace: format!("OS::Storage::Capabilities::{host}"),
+        vendor_name: runs.vendor.clone(),
+        volume_backend_name: backend.clone(),
+        pool_name: backend,
+        driver_version: format!("{} {}", runs.driver, runs.version).trim().to_string(),
+        storage_protocol: runs.protocols.first().cloned().unwrap_or_else(|| "unknown".into()),
+        display_name: format!("Capabilities of the Berth driver {}", runs.driver),
+        description: None,
+        visibility: None,
+        replication_targets: Vec::new(),
+        properties: [("multiattach".to_string(), multiattach)].into(),
+    })
+    .into_response())
 }
 
 /// `{"pools": [...]}`.
