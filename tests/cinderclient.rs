@@ -150,6 +150,21 @@ fn python_cinderclient_runs_every_attachment_command() {
     cli(&["unmanage", &kept]);
     assert!(list(&cli(&["list"])).is_empty());
 
+    // A project's default type (3.62): its volumes made without a type get it.
+    let at_3_62 = |args: &[&str]| {
+        let mut c = cinder(&server.base, "compat", "3.62");
+        c.args(args);
+        run(c)
+    };
+    at_3_62(&["default-type-set", "gold", "compat"]);
+    let defaults = list(&at_3_62(&["default-type-list"]));
+    assert!(defaults.len() == 1 && defaults[0].contains(&"compat".to_string()), "{defaults:?}");
+    let golden = table(&cli(&["create", "1"]));
+    assert_eq!(golden["volume_type"], "gold");
+    at_3_62(&["default-type-unset", "compat"]);
+    assert!(list(&at_3_62(&["default-type-list"])).is_empty());
+    cli(&["delete", &golden["id"]]);
+
     // Draining the backend: `service-disable` with a reason, then `service-enable`.
     let services = list(&cli(&["service-list", "--binary", "cinder-volume"]));
     assert_eq!(services.len(), 1, "{services:?}");

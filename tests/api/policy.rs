@@ -631,6 +631,11 @@ async fn a_policy_file_can_keep_multiattach_volumes_to_admins() {
         false
     );
     s.client("p1").with_roles("admin").post(&format!("/volumes/{volume}/action"), retype).await.expect(202);
+    // Nor is such a volume made as the project's default type (3.62).
+    let admin = s.client("p1").with_roles("admin").at("3.62");
+    admin.put("/default-types/p1", json!({"default_type": {"volume_type": "multiattach"}})).await.expect(200);
+    member.post("/volumes", json!({"volume": {"size": 1}})).await.fault(403, "forbidden");
+    admin.delete("/default-types/p1").await.expect(204);
     let between = json!({"os-retype": {"new_type": "shared"}});
     member.post(&format!("/volumes/{volume}/action"), between).await.expect(202);
     let shown = member.get(&format!("/volumes/{volume}")).await.expect(200).body;

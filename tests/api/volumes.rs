@@ -286,6 +286,51 @@ both_databases! {
         assert_eq!(r.body["quota_class_set"]["gigabytes"], -1);
     }
 
+    /// A project's own default volume type (3.62, admins): a volume made there without a type
+    /// gets it, and `GET /types/default` shows it; other projects keep the configured default.
+    async fn a_projects_default_type_is_what_its_volumes_get_without_a_type(s) {
+        let admin = s.client("p1").at("3.62");
+        let multi_id = admin.get("/types/multiattach").await.expect(200).body["volume_type"]["id"].clone();
+        let r = admin.put("/default-types/p1", json!({"default_type": {"volume_type": "multiattach"}})).await.expect(200);
+        assert_eq!(r.body, json!({"default_type": {"project_id": "p1", "volume_type_id": multi_id}}));
+        let member = s.client("p1").with_roles("member").at("3.62");
+        let v = member.post("/volumes", json!({"volume": {"size": 1}})).await.expect(202);
+        assert_eq!((&v.body["volume"]["volume_type"], &v.body["volume"]["multiattach"]), (&json!("multiattach"), &json!(true)));
+        assert_eq!(member.get("/types/default").await.expect(200).body["volume_type"]["name"], "multiattach");
+        let named = member.post("/volumes", json!({"volume": {"size": 1, "volume_type": "__DEFAULT__"}})).await.expect(202);
+        assert_eq!(named.body["volume"]["volume_type"], "__DEFAULT__", "a type named is the type");
+        let other = s.client("p2").with_roles("member").at("3.62");
+        let v = other.post("/volumes", json!({"volume": {"size": 1}})).await.expect(202);
+        assert_eq!(v.body["volume"]["volume_type"], "__DEFAULT__");
+        assert_eq!(other.get("/types/default").await.expect(200).body["volume_type"]["name"], "__DEFAULT__");
+
+        // Listed and shown to admins only.
+        let listed = admin.get("/default-types").await.expect(200);
+        assert_eq!(listed.body, json!({"default_types": [{"project_id": "p1", "volume_type_id": multi_id}]}));
+        assert_eq!(admin.get("/default-types/p1").await.expect(200).body["default_type"]["volume_type_id"], multi_id);
+        let message = admin.get("/default-types/p2").await.fault(404, "itemNotFound");
+        assert_eq!(message, "Default type for project p2 not found.");
+        let message = member.get("/default-types/p1").await.fault(403, "forbidden");
+        assert_eq!(message, "Policy doesn't allow volume_extension:default_get to be performed.");
+        member.put("/default-types/p1", json!({"default_type": {"volume_type": "__DEFAULT__"}})).await.fault(403, "forbidden");
+        member.delete("/default-types/p1").await.fault(403, "forbidden");
+
+        // A type that does not exist, or a bad body, changes nothing.
+        let message = admin.put("/default-types/p1", json!({"default_type": {"volume_type": "gold"}})).await.fault(400, "badRequest");
+        assert_eq!(message, "Invalid input received: Volume type with name gold could not be found.");
+        admin.put("/default-types/p1", json!({"volume_type": "multiattach"})).await.fault(400, "badRequest");
+        admin.put("/default-types/bad%20id", json!({"default_type": {"volume_type": "multiattach"}})).await.fault(400, "badRequest");
+        assert_eq!(admin.get("/default-types/p1").await.expect(200).body["default_type"]["volume_type_id"], multi_id);
+        s.client("p1").at("3.61").get("/default-types").await.fault(404, "itemNotFound");
+
+        // Unset (twice: nothing to do the second time): the configured default again.
+        admin.delete("/default-types/p1").await.expect(204);
+        admin.delete("/default-types/p1").await.expect(204);
+        let v = member.post("/volumes", json!({"volume": {"size": 1}})).await.expect(202);
+        assert_eq!(v.body["volume"]["volume_type"], "__DEFAULT__");
+        assert_eq!(admin.get("/default-types").await.expect(200).body, json!({"default_types": []}));
+    }
+
     /// `os-set_bootable` (`cinder set-bootable`): whether a volume may be booted from, which Nova
     /// checks before it boots an instance from a volume; shown as Cinder shows it, and a filter
     /// of volume lists. A reader may not change it; a bad value changes nothing.
@@ -627,4 +672,31 @@ async fn every_filter_resource_filters_advertises_is_taken_by_its_list() {
         json!({"resource_filters": []})
     );
     s.client("p1").at("3.32").get("/resource_filters").await.fault(404, "itemNotFound");
+}
+
+/// A project's default type that has left the configuration is refused at the next create that
+/// would use it, naming it and the way out; a create that names a type is not affected.
+#[tokio::test]
+async fn a_projects_default_type_no_longer_configured_is_refused_by_name() {
+    let url = berth_tests::pg::fresh_database().await;
+    let mut with_gold = berth_tests::server::fake_config();
+    let mut gold = with_gold.volume_types[0].clone();
+    gold.name = "gold".into();
+    with_gold.volume_types.push(gold);
+    let before = TestServer::start_on(Db::Postgres, Some(url.clone()), with_gold).await;
+    let admin = before.client("p1").at("3.62");
+    admin.put("/default-types/p1", json!({"default_type": {"volume_type": "gold"}})).await.expect(200);
+    assert_eq!(
+        admin.post("/volumes", json!({"volume": {"size": 1}})).await.expect(202).body["volume"]["volume_type"],
+        "gold"
+    );
+    drop(before);
+    let after = TestServer::start_on(Db::Postgres, Some(url), berth_tests::server::fake_config()).await;
+    let member = after.client("p1").with_roles("member").at("3.62");
+    let message = member.post("/volumes", json!({"volume": {"size": 1}})).await.fault(404, "itemNotFound");
+    assert!(
+        message.contains("default type of project p1") && message.contains("no longer in the configuration"),
+        "{message}"
+    );
+    member.post("/volumes", json!({"volume": {"size": 1, "volume_type": "__DEFAULT__"}})).await.expect(202);
 }

@@ -41,8 +41,9 @@ pub const MIN: Version = Version::new(3, 0);
 /// `cluster_name` 3.61, `volume_type_id` 3.63, `consumes_quota` 3.65, a `null` `shared_targets`
 /// 3.69), and the actions of resources Berth does not have (`os-reimage` 3.68,
 /// `os-extend_volume_completion` 3.71) answer as Cinder does for a backend without them.
-/// Versions that change only resources Berth does not serve (snapshots, backups, groups,
-/// transfers, default types) change nothing here.
+/// So are the resources of Berth's own that came with a version (transfers 3.55, default types
+/// 3.62, clusters 3.7, log levels 3.32, resource filters 3.33). Versions that change only
+/// resources Berth does not serve (snapshots, backups, groups) change nothing here.
 pub const MAX: Version = Version::new(3, 71);
 
 // Versions where behaviour changes.
@@ -64,6 +65,8 @@ pub const CLUSTER_SUPPORT: Version = Version::new(3, 7);
 pub const REPLICATION_CLUSTER: Version = Version::new(3, 26);
 /// `os-services/set-log` and `get-log`: log levels changed while serving.
 pub const LOG_LEVEL: Version = Version::new(3, 32);
+/// `/default-types`: a project's own default volume type.
+pub const DEFAULT_TYPE_OVERRIDES: Version = Version::new(3, 62);
 /// `get_pools` takes filters (`name`) from 3.28, and `volume_type` from 3.35.
 pub const POOL_FILTER: Version = Version::new(3, 28);
 pub const POOL_TYPE_FILTER: Version = Version::new(3, 35);

@@ -14,6 +14,7 @@ pub mod attachments;
 pub mod auth;
 pub mod body;
 pub mod clusters;
+pub mod default_types;
 pub mod drivers;
 pub mod error;
 #[cfg(feature = "failpoints")]
@@ -105,6 +106,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         services::endpoints(),
         pools::endpoints(),
         clusters::endpoints(),
+        default_types::endpoints(),
         filters::endpoints(),
         drivers::endpoints(),
         zones::endpoints(),

@@ -65,6 +65,10 @@ pub enum Rule {
     ServiceUpdate,
     GetPools,
     Capabilities,
+    DefaultTypeSet,
+    DefaultTypeGet,
+    DefaultTypeGetAll,
+    DefaultTypeUnset,
     ClusterGetAll,
     ClusterGet,
     ClusterUpdate,
@@ -96,7 +100,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 57] = [
+    pub const ALL: [Rule; 61] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -134,6 +138,10 @@ impl Rule {
         Rule::ServiceUpdate,
         Rule::GetPools,
         Rule::Capabilities,
+        Rule::DefaultTypeSet,
+        Rule::DefaultTypeGet,
+        Rule::DefaultTypeGetAll,
+        Rule::DefaultTypeUnset,
         Rule::ClusterGetAll,
         Rule::ClusterGet,
         Rule::ClusterUpdate,
@@ -199,6 +207,10 @@ impl Rule {
             Rule::ServiceUpdate => "volume_extension:services:update",
             Rule::GetPools => "scheduler_extension:scheduler_stats:get_pools",
             Rule::Capabilities => "volume_extension:capabilities",
+            Rule::DefaultTypeSet => "volume_extension:default_set_or_update",
+            Rule::DefaultTypeGet => "volume_extension:default_get",
+            Rule::DefaultTypeGetAll => "volume_extension:default_get_all",
+            Rule::DefaultTypeUnset => "volume_extension:default_unset",
             Rule::ClusterGetAll => "clusters:get_all",
             Rule::ClusterGet => "clusters:get",
             Rule::ClusterUpdate => "clusters:update",
@@ -249,6 +261,10 @@ impl Rule {
             | Rule::ServiceUpdate
             | Rule::GetPools
             | Rule::Capabilities
+            | Rule::DefaultTypeSet
+            | Rule::DefaultTypeGet
+            | Rule::DefaultTypeGetAll
+            | Rule::DefaultTypeUnset
             | Rule::ClusterGetAll
             | Rule::ClusterGet
             | Rule::ClusterUpdate

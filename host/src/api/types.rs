@@ -42,17 +42,18 @@ struct ExtraSpecs {
     extra_specs: BTreeMap<String, String>,
 }
 
-/// A type by id or name (`default`: the default type).
-fn find<'a>(
-    types: &'a [VolumeType],
-    default: Option<&'a VolumeType>,
-    id: &str,
-) -> Result<&'a VolumeType, ApiError> {
-    match id {
-        "default" => default,
-        id => types.iter().find(|t| t.id == id || t.name == id),
+/// A type by id or name; `default`: the caller's project's default type (3.62), or the
+/// configured default.
+async fn find(state: &AppState, caller: &Caller, id: &str) -> Result<VolumeType, ApiError> {
+    if id == "default" {
+        return Ok(state.service.volume_type_for(&caller.project_id, None).await?);
     }
-    .ok_or_else(|| ApiError::not_found(format!("Volume type {id} could not be found.")))
+    let types = &state.service.catalog().types;
+    types
+        .iter()
+        .find(|t| t.id == id || t.name == id)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(format!("Volume type {id} could not be found.")))
 }
 
 async fn extra_specs(
@@ -61,9 +62,8 @@ async fn extra_specs(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::ExtraSpecsGetAll)?;
-    let catalog = state.service.catalog();
-    let t = find(&catalog.types, catalog.volume_type(None), &id)?;
-    Ok(Json(ExtraSpecs { extra_specs: volume_type(t, &caller).extra_specs }).into_response())
+    let t = find(&state, &caller, &id).await?;
+    Ok(Json(ExtraSpecs { extra_specs: volume_type(&t, &caller).extra_specs }).into_response())
 }
 
 async fn extra_spec(
@@ -72,9 +72,8 @@ async fn extra_spec(
     Path((id, key)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::ExtraSpecsGet)?;
-    let catalog = state.service.catalog();
-    let t = find(&catalog.types, catalog.volume_type(None), &id)?;
-    let Some(value) = volume_type(t, &caller).extra_specs.remove(&key) else {
+    let t = find(&state, &caller, &id).await?;
+    let Some(value) = volume_type(&t, &caller).extra_specs.remove(&key) else {
         return Err(ApiError::not_found(format!("Volume Type {id} has no extra specs with key {key}.")));
     };
     Ok(Json(BTreeMap::from([(key, value)])).into_response())
@@ -95,7 +94,6 @@ async fn show(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::TypeGet)?;
-    let catalog = state.service.catalog();
-    let t = find(&catalog.types, catalog.volume_type(None), &id)?;
-    Ok(Json(VolumeTypeBody { volume_type: volume_type(t, &caller) }).into_response())
+    let t = find(&state, &caller, &id).await?;
+    Ok(Json(VolumeTypeBody { volume_type: volume_type(&t, &caller) }).into_response())
 }

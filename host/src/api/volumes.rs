@@ -386,15 +386,19 @@ async fn create(
         )));
     }
     let size = size(v.size.as_ref())?;
-    let request = NewVolume {
+    let mut request = NewVolume {
         size_gib: size,
         name: v.name.or(v.display_name),
         description: v.description.or(v.display_description),
         volume_type: v.volume_type,
         metadata: v.metadata.unwrap_or_default(),
     };
-    let multiattach =
-        state.service.catalog().volume_type(request.volume_type.as_deref()).is_some_and(|t| t.multiattach());
+    // The type it will have: the one named, or the project's default (default types, 3.62), or
+    // the configured default. One that cannot be found is the create's to refuse, after its
+    // other checks.
+    let vtype = state.service.volume_type_for(&caller.project_id, request.volume_type.as_deref()).await.ok();
+    let multiattach = vtype.as_ref().is_some_and(|t| t.multiattach());
+    request.volume_type = vtype.map(|t| t.name).or(request.volume_type);
     if v.multiattach == Some(true) && !multiattach {
         return Err(ApiError::bad_request(
             "Invalid input received: multiattach comes from the volume type; use a type with \

@@ -30,6 +30,7 @@ pub mod attachments;
 pub mod catalog;
 pub mod commands;
 mod connect;
+pub mod default_types;
 mod disconnect;
 pub mod error;
 pub mod history;

@@ -195,12 +195,7 @@ impl Volumes<'_> {
                 req.size_gib
             )));
         }
-        let vtype = self.catalog.volume_type(req.volume_type.as_deref()).ok_or_else(|| {
-            AttachError::NotFound(format!(
-                "Volume type with name {} could not be found.",
-                req.volume_type.as_deref().unwrap_or(&self.catalog.default_type)
-            ))
-        })?;
+        let vtype = self.volume_type_for(&caller.project_id, req.volume_type.as_deref()).await?;
         let backend = self
             .catalog
             .backend(&vtype.backend)
