@@ -5,7 +5,8 @@
 //! the volumes it has as before: attaches, detaches, extends, deletes. It is how an operator
 //! drains a backend before its array's maintenance or retirement. The state is in the database
 //! (`store/services.rs`), so every node sees it, and a create checks it in the transaction that
-//! records the volume: once `disable` has answered, no new volume lands there.
+//! records the volume: a create that begins once `disable` has answered is refused (one that
+//! was already under way may still finish, as a Cinder volume already scheduled does).
 //!
 //! A shared backend's services together are its cluster, `berth@backend` ([`Cluster`]):
 //! disabling the cluster stops new volumes on it through every node.
