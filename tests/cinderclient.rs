@@ -49,6 +49,7 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert!(list(&cli(&["cluster-list"])).is_empty(), "one node: no shared backend, no cluster");
     let filters = cli(&["list-filters", "--resource", "volume"]);
     assert!(filters.contains("volume") && filters.contains("metadata"), "{filters}");
+    assert!(list(&cli(&["encryption-type-list"])).is_empty(), "no type is encrypted");
     let specs = cli(&["extra-specs-list"]);
     assert!(specs.contains("gold") && specs.contains("{}"), "{specs}");
     let zones = cli(&["availability-zone-list"]);

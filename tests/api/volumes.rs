@@ -65,6 +65,15 @@ both_databases! {
         assert_eq!(message, "Volume Type multiattach has no extra specs with key colour.");
         c.get("/types/nope/extra_specs").await.fault(404, "itemNotFound");
         assert_eq!(c.get("/types/default/extra_specs").await.expect(200).body, json!({"extra_specs": {}}));
+        // No type here is encrypted: Cinder's answers for an unencrypted type and its volumes.
+        assert_eq!(c.get("/types/multiattach/encryption").await.expect(200).body, json!({}));
+        c.get("/types/nope/encryption").await.fault(404, "itemNotFound");
+        let member = s.client("p1").with_roles("member");
+        member.get("/types/multiattach/encryption").await.fault(403, "forbidden");
+        let v = member.create_volume(json!({"size": 1})).await;
+        let shown = s.client("p1").with_roles("reader").get(&format!("/volumes/{v}/encryption")).await.expect(200);
+        assert_eq!(shown.body, json!({"encryption_key_id": null}));
+        s.client("p2").with_roles("member").get(&format!("/volumes/{v}/encryption")).await.fault(404, "itemNotFound");
     }
 
     async fn shared_targets_and_service_uuid_appear_from_3_48(s) {

@@ -74,6 +74,8 @@ pub enum Rule {
     ClusterUpdate,
     ExtraSpecsGetAll,
     ExtraSpecsGet,
+    TypeEncryptionGet,
+    EncryptionMetadataGet,
     AttachmentEventGetAll,
     DriverGetAll,
     DriverUpgrade,
@@ -100,7 +102,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 61] = [
+    pub const ALL: [Rule; 63] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -147,6 +149,8 @@ impl Rule {
         Rule::ClusterUpdate,
         Rule::ExtraSpecsGetAll,
         Rule::ExtraSpecsGet,
+        Rule::TypeEncryptionGet,
+        Rule::EncryptionMetadataGet,
         Rule::AttachmentEventGetAll,
         Rule::DriverGetAll,
         Rule::DriverUpgrade,
@@ -216,6 +220,8 @@ impl Rule {
             Rule::ClusterUpdate => "clusters:update",
             Rule::ExtraSpecsGetAll => "volume_extension:types_extra_specs:index",
             Rule::ExtraSpecsGet => "volume_extension:types_extra_specs:show",
+            Rule::TypeEncryptionGet => "volume_extension:volume_type_encryption:get",
+            Rule::EncryptionMetadataGet => "volume_extension:volume_encryption_metadata",
             // Berth's: the attach history (members read their projects' events).
             Rule::AttachmentEventGetAll => "volume:attachment_event_get_all",
             // Berth's: the drivers each backend runs, their upgrades and rollbacks.
@@ -245,6 +251,7 @@ impl Rule {
             | Rule::TypeGetAll
             | Rule::ExtraSpecsGetAll
             | Rule::ExtraSpecsGet
+            | Rule::EncryptionMetadataGet
             | Rule::AttachmentGet
             | Rule::AttachmentGetAll
             | Rule::AttachmentEventGetAll
@@ -261,6 +268,7 @@ impl Rule {
             | Rule::ServiceUpdate
             | Rule::GetPools
             | Rule::Capabilities
+            | Rule::TypeEncryptionGet
             | Rule::DefaultTypeSet
             | Rule::DefaultTypeGet
             | Rule::DefaultTypeGetAll

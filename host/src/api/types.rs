@@ -27,6 +27,9 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::get("/types/{id}", show, "showVolumeType")
             .summary(TAG, "Show a volume type (by id or name; `default` for the default type)")
             .answers::<VolumeTypeBody>(StatusCode::OK, "The type"),
+        Endpoint::get("/types/{id}/encryption", encryption, "showVolumeTypeEncryption")
+            .summary(TAG, "A volume type's encryption: none (`{}`; no type here is encrypted; admins only)")
+            .answers::<BTreeMap<String, String>>(StatusCode::OK, "`{}`"),
         Endpoint::get("/types/{id}/extra_specs", extra_specs, "listVolumeTypeExtraSpecs")
             .summary(TAG, "A volume type's extra specs (a member's: those Cinder shows users)")
             .answers::<ExtraSpecs>(StatusCode::OK, "The extra specs"),
@@ -54,6 +57,17 @@ async fn find(state: &AppState, caller: &Caller, id: &str) -> Result<VolumeType,
         .find(|t| t.id == id || t.name == id)
         .cloned()
         .ok_or_else(|| ApiError::not_found(format!("Volume type {id} could not be found.")))
+}
+
+/// Cinder's answer for a type without encryption, as every type here is: `{}`.
+async fn encryption(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::TypeEncryptionGet)?;
+    find(&state, &caller, &id).await?;
+    Ok(Json(BTreeMap::<String, String>::new()).into_response())
 }
 
 async fn extra_specs(

@@ -70,6 +70,9 @@ pub fn endpoints() -> Vec<Endpoint> {
             .query("force", "`true`: also a volume stuck in `creating` or `deleting` (admins only).")
             .query("cascade", "Accepted and ignored (Berth has no snapshots).")
             .answers_empty(StatusCode::ACCEPTED, "Deleted"),
+        Endpoint::get("/volumes/{id}/encryption", encryption_show, "showVolumeEncryptionMetadata")
+            .summary(TAG, "A volume's encryption metadata: none (no volume type here is encrypted)")
+            .answers::<EncryptionMetadata>(StatusCode::OK, "The encryption metadata"),
         Endpoint::get("/volumes/{id}/metadata", metadata_show, "showVolumeMetadata")
             .summary(TAG, "Show a volume's metadata")
             .answers::<MetadataBody>(StatusCode::OK, "The metadata"),
@@ -429,6 +432,23 @@ async fn show(
     let view =
         volume_detail(&volume, &attachments, &caller, version, &links(&state, &headers), hosts.as_ref());
     Ok(Json(VolumeBody { volume: view }).into_response())
+}
+
+/// `{"encryption_key_id": null}`: what Cinder answers for a volume of an unencrypted type, as
+/// every type here is (Berth has no key manager; a driver may encrypt at rest on its own).
+#[derive(Serialize, JsonSchema)]
+struct EncryptionMetadata {
+    encryption_key_id: Option<String>,
+}
+
+async fn encryption_show(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    VolumeId(id): VolumeId,
+) -> Result<Response, ApiError> {
+    state.authorize(&caller, Rule::EncryptionMetadataGet)?;
+    state.service.volumes().show(&caller, &id).await?;
+    Ok(Json(EncryptionMetadata { encryption_key_id: None }).into_response())
 }
 
 /// `{"volume-summary": {...}}`.
