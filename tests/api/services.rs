@@ -774,7 +774,15 @@ async fn while_postgresql_is_down_requests_are_refused_quickly_and_served_again_
 /// backend disabled stops making volumes; the other node's backend of the same name goes on.
 #[tokio::test]
 async fn every_node_sees_a_service_disabled_and_only_that_nodes_backend_stops() {
-    let (a, b) = two_nodes().await;
+    // The default lease: the pools listed depend on both nodes staying up.
+    let url = berth_tests::pg::fresh_database().await;
+    let node = |name: &str| {
+        let mut config = berth_tests::server::fake_config();
+        config.node = Some(name.into());
+        config
+    };
+    let a = TestServer::start_on(Db::Postgres, Some(url.clone()), node("node-a")).await;
+    let b = TestServer::start_on(Db::Postgres, Some(url), node("node-b")).await;
     let (on_a, on_b) = (a.client("p1"), b.client("p1"));
     let body = json!({"host": "node-a@fake", "binary": "cinder-volume", "disabled_reason": "drain"});
     on_b.put("/os-services/disable-log-reason", body).await.expect(200);
