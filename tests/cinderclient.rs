@@ -301,6 +301,9 @@ fn python_cinderclient_sets_log_levels_while_serving_and_the_debug_log_holds_no_
     let debug_lines = || server.log_text().lines().filter(|l| l.contains(" DEBUG ")).count();
     assert_eq!(debug_lines(), 0, "no debug log by default");
 
+    // Every target at debug (the default, sqlx, Berth), as an admin hunting a problem would.
+    cli(&["service-set-log", "DEBUG"]);
+    cli(&["service-set-log", "--prefix", "sqlx", "DEBUG"]);
     cli(&["service-set-log", "--prefix", "berth", "DEBUG"]);
     let levels = list(&cli(&["service-get-log", "--prefix", "berth"]));
     assert_eq!(
@@ -332,6 +335,8 @@ fn python_cinderclient_sets_log_levels_while_serving_and_the_debug_log_holds_no_
     assert!(debug_lines() > 0, "debug lines once set: {log}");
     assert!(!log.contains(&password), "the CHAP password in the debug log");
 
+    cli(&["service-set-log", "INFO"]);
+    cli(&["service-set-log", "--prefix", "sqlx", "WARNING"]);
     cli(&["service-set-log", "--prefix", "berth", "INFO"]);
     let before = debug_lines();
     cli(&["list"]);
