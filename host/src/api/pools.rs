@@ -8,7 +8,7 @@
 //! `GET /capabilities/{host}` (`cinder get-capabilities`): a backend's driver and the properties
 //! a volume type may ask of it.
 
-use axum::extract::{RawQuery, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -76,7 +76,7 @@ struct Property {
 async fn capabilities_of(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    axum::extract::Path(host): axum::extract::Path<String>,
+    Path(host): Path<String>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::Capabilities)?;
     let services = state.service.services().await?;

@@ -25,6 +25,7 @@ use super::nodes::backends_of;
 use super::{AttachError, Service};
 use crate::store::nodes::{self, BackendInfo, Node};
 use crate::store::services::{self, Disabled};
+use crate::store::sql::Tx;
 use crate::store::{StoreError, volumes};
 
 /// The binary of a node's backend in `GET /os-services`, as Cinder names a volume service.
@@ -78,14 +79,10 @@ pub struct Pool {
 impl Service {
     /// The pools (see [`Pool`]), by name.
     pub async fn pools(&self) -> Result<Vec<Pool>, AttachError> {
-        let (nodes, disabled, usage) = self
+        let ((nodes, disabled), usage) = self
             .store
             .read(async |tx| {
-                Ok::<_, StoreError>((
-                    nodes::list(tx).await?,
-                    services::list(tx).await?,
-                    volumes::usage_by_service(tx).await?,
-                ))
+                Ok::<_, StoreError>((placement(tx).await?, volumes::usage_by_service(tx).await?))
             })
             .await?;
         let live = self.liveness();
@@ -130,10 +127,7 @@ impl Service {
 
     /// Every node and backend, with whether it is up.
     pub async fn services(&self) -> Result<Vec<ServiceState>, AttachError> {
-        let (nodes, disabled): (Vec<Node>, Vec<Disabled>) = self
-            .store
-            .read(async |tx| Ok::<_, StoreError>((nodes::list(tx).await?, services::list(tx).await?)))
-            .await?;
+        let (nodes, disabled) = self.store.read(async |tx| placement(tx).await).await?;
         let live = self.liveness();
         let mut out = Vec::new();
         for n in &nodes {
@@ -205,7 +199,7 @@ impl Service {
     /// would send it to another service of the cluster.
     pub(crate) async fn check_enabled(
         &self,
-        tx: &mut crate::store::sql::Tx,
+        tx: &mut Tx,
         backend: &super::Backend,
         volume: &str,
     ) -> Result<(), AttachError> {
@@ -219,8 +213,8 @@ impl Service {
         }
         if backend.shared {
             let live = self.liveness();
-            let disabled = services::list(tx).await?;
-            let other = nodes::list(tx).await?.into_iter().find(|n| {
+            let (nodes, disabled) = placement(tx).await?;
+            let other = nodes.into_iter().find(|n| {
                 n.name != self.owner.node
                     && n.url.is_some()
                     && live.up(n)
@@ -242,10 +236,7 @@ impl Service {
 
     /// The clusters: each shared backend, `berth@backend`, with the nodes that serve it.
     pub async fn clusters(&self) -> Result<Vec<Cluster>, AttachError> {
-        let (nodes, disabled) = self
-            .store
-            .read(async |tx| Ok::<_, StoreError>((nodes::list(tx).await?, services::list(tx).await?)))
-            .await?;
+        let (nodes, disabled) = self.store.read(async |tx| placement(tx).await).await?;
         let live = self.liveness();
         let mut clusters: BTreeMap<String, Cluster> = BTreeMap::new();
         for n in &nodes {
@@ -316,6 +307,12 @@ impl Service {
         }
         Ok(now)
     }
+}
+
+/// The nodes, and the services and clusters disabled, as one read sees them: what decides where
+/// a new volume may be made.
+async fn placement(tx: &mut Tx) -> Result<(Vec<Node>, Vec<Disabled>), StoreError> {
+    Ok((nodes::list(tx).await?, services::list(tx).await?))
 }
 
 /// A reason given to disable a service or cluster, trimmed: 1 to 255 characters, none of them a
