@@ -12,8 +12,9 @@
 //! the operation there fails as a failing disk would (`store.wal.sync <path of the log>`: a
 //! sync of SQLite's write-ahead log). They are not step boundaries and are not traced.
 //! Places where a test makes a flow wait while another process acts ([`pause`]: armed with
-//! `sleep`; `attach.remove.read`, between a detach's read of the volume and its operation) are
-//! not step boundaries either: nothing was written there for a kill to test.
+//! `sleep`; `attach.remove.read`, between a detach's read of the volume and its operation, and
+//! `volume.create.check <node>`, in a create's transaction after it found the backend enabled)
+//! are not step boundaries either: nothing was written there for a kill to test.
 //!
 //! Names are `<flow>.<step>` (`attach.connect.intent`, `volume.delete.commit`) and
 //! `capability.<interface>.<op>` for the end of a capability call. Every hit is traced (when
@@ -21,7 +22,7 @@
 //! kill the process at each of them.
 
 #[cfg(feature = "failpoints")]
-pub use active::{Action, arm, fails, hit, hits, pause, reset};
+pub use active::{Action, arm, fails, hit, hits, pause, reset, seen};
 
 /// Marks a failpoint (does nothing: this build has no failpoints).
 #[cfg(not(feature = "failpoints"))]
@@ -160,6 +161,12 @@ mod active {
         if let Some((_, millis)) = fire {
             std::thread::sleep(Duration::from_millis(millis));
         }
+    }
+
+    /// How many times the points armed as `name` were passed since they were armed: a test waits
+    /// on it to act while a flow is held at a [`pause`].
+    pub fn seen(name: &str) -> u32 {
+        state().armed.iter().filter(|a| a.name == name).map(|a| a.seen).max().unwrap_or(0)
     }
 
     /// Arms `name` to act at its `nth` hit from now.

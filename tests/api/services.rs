@@ -113,6 +113,37 @@ both_databases! {
         member.delete(&format!("/volumes/{volume}")).await.expect(202);
     }
 
+    /// A disable answers once every create it let through is recorded: a create held in its
+    /// transaction after it found the backend enabled (1.5 s at a failpoint) is listed when the
+    /// disable answers, and made; the create sent after the answer is refused. On PostgreSQL the
+    /// disable waits for it (a lock); without, it answered while the create was held, and the
+    /// volume appeared after.
+    async fn a_disable_answers_once_the_creates_it_let_through_are_recorded(s) {
+        let admin = s.client("p1");
+        let member = s.client("p1").with_roles("member").at("3.54");
+        let node = s.service.owner().node.clone();
+        let held = format!("volume.create.check {node}");
+        berth::failpoint::arm(&held, 1, berth::failpoint::Action::Sleep, 1500);
+        let create = {
+            let member = member.clone();
+            tokio::spawn(async move { member.post("/volumes", json!({"volume": {"size": 1, "name": "under-way"}})).await })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while berth::failpoint::seen(&held) == 0 {
+            assert!(std::time::Instant::now() < deadline, "the create never reached its check");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let body = json!({"host": format!("{node}@fake"), "binary": "cinder-volume"});
+        admin.put("/os-services/disable", body.clone()).await.expect(200);
+        let listed = admin.get("/volumes/detail?name=under-way").await.expect(200).body;
+        assert_eq!(listed["volumes"].as_array().unwrap().len(), 1, "the disable answered before the create it let through was recorded: {listed}");
+        let made = create.await.unwrap().expect(202);
+        let volume = made.body["volume"]["id"].as_str().unwrap().to_string();
+        assert_eq!(member.volume_status(&volume).await, "available");
+        member.post("/volumes", json!({"volume": {"size": 1}})).await.fault(503, "serviceUnavailable");
+        admin.put("/os-services/enable", body).await.expect(200);
+    }
+
     async fn service_changes_that_name_no_backend_or_a_bad_reason_are_refused_and_change_nothing(s) {
         let admin = s.client("p1");
         let node = s.service.owner().node.clone();

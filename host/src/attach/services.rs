@@ -5,8 +5,10 @@
 //! the volumes it has as before: attaches, detaches, extends, deletes. It is how an operator
 //! drains a backend before its array's maintenance or retirement. The state is in the database
 //! (`store/services.rs`), so every node sees it, and a create checks it in the transaction that
-//! records the volume: a create that begins once `disable` has answered is refused (one that
-//! was already under way may still finish, as a Cinder volume already scheduled does).
+//! records the volume, on PostgreSQL under a lock that a disable waits for
+//! (`store/services.rs`): a disable answers once every create that read it as enabled is
+//! recorded, and a create that begins once `disable` has answered is refused. A create already
+//! recorded may still finish (its driver call), as a Cinder volume already scheduled does.
 //!
 //! A shared backend's services together are its cluster, `berth@backend` ([`Cluster`]):
 //! disabling the cluster stops new volumes on it through every node.
@@ -203,6 +205,7 @@ impl Service {
         backend: &super::Backend,
         volume: &str,
     ) -> Result<(), AttachError> {
+        services::hold_for_create(tx).await?;
         let cluster = format!("{CLUSTER}@{}", backend.name);
         if backend.shared && services::get(tx, &cluster).await?.is_some() {
             return Err(AttachError::ServiceDisabled(cluster));
@@ -292,6 +295,7 @@ impl Service {
         let now = self
             .store
             .write(async |tx| {
+                services::hold_for_change(tx).await?;
                 if !disabled || !keep_reason {
                     services::enable(tx, key).await?;
                 }

@@ -230,6 +230,7 @@ impl Volumes<'_> {
         self.store
             .write(async |tx| {
                 self.check_enabled(tx, &backend, &row.id).await?;
+                failpoint::pause(&format!("volume.create.check {}", self.owner.node));
                 volumes::insert(tx, &row).await?;
                 op.begin(tx).await
             })

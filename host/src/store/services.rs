@@ -2,7 +2,7 @@
 //! reason given (`attach/services.rs`). A row per disabled service; enabling deletes it.
 
 use super::sql::{Row, Tx};
-use super::{StoreError, now_micros};
+use super::{DbKind, StoreError, now_micros};
 use crate::params;
 
 /// A disabled service.
@@ -16,6 +16,32 @@ pub struct Disabled {
 
 fn from_row(r: &Row) -> Result<Disabled, StoreError> {
     Ok(Disabled { host: r.text(0)?, reason: r.opt_text(1)?, disabled_at: r.int(2)? })
+}
+
+/// The PostgreSQL advisory lock that orders the changes of this table against the creates that
+/// read it (any number no other part of Berth takes: "berthsvc").
+const ORDER_LOCK: i64 = 0x6265_7274_6873_7663;
+
+/// Holds, until the transaction ends, the right to read this table for a new volume: shared with
+/// the other creates, never with a disable or enable ([`hold_for_change`]). So a disable answers
+/// only once every create that read the table before it has committed, and every create that
+/// reads it later sees the disable: on PostgreSQL, whose writes at `READ COMMITTED` would otherwise
+/// let a create that read the table before a disable commit after the disable answered. SQLite's
+/// one writer orders them already.
+pub async fn hold_for_create(tx: &mut Tx) -> Result<(), StoreError> {
+    if tx.kind() == DbKind::Postgres {
+        tx.execute("SELECT pg_advisory_xact_lock_shared($1)", &params![ORDER_LOCK]).await?;
+    }
+    Ok(())
+}
+
+/// Holds, until the transaction ends, the right to change this table: alone, once the creates
+/// that read it have ended ([`hold_for_create`]).
+pub async fn hold_for_change(tx: &mut Tx) -> Result<(), StoreError> {
+    if tx.kind() == DbKind::Postgres {
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &params![ORDER_LOCK]).await?;
+    }
+    Ok(())
 }
 
 /// Every disabled service.
