@@ -30,7 +30,7 @@ pub struct Config {
     /// The volume type used when a request names none (default: the first configured type).
     pub default_volume_type: Option<String>,
     /// This node's name, which owns its operations (default: generated once and kept in the data
-    /// directory, `node-id`).
+    /// directory, `node-id`). Not `berth` (the clusters' name), and without `@`, `#` or spaces.
     pub node: Option<String>,
     /// The URL other nodes on the same database forward requests for this node's volumes to
     /// (`http://host:port`; default: the listen address, or this machine's host name and the

@@ -337,10 +337,25 @@ fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     Ok(file)
 }
 
-/// The node's name: configured, or generated once and kept in the data directory.
+/// The node's name: configured, or generated once and kept in the data directory. A configured
+/// name is refused where it would mean something else in a host name (`node@backend#pool`): a
+/// name with `@`, `#`, a space or a control character, or the clusters' name (`berth@backend` is
+/// a shared backend, `attach/catalog.rs`).
 fn node_name(config: &Config, dir: &std::path::Path) -> anyhow::Result<String> {
-    if let Some(node) = config.node.as_deref().filter(|n| !n.trim().is_empty()) {
-        return Ok(node.trim().to_string());
+    if let Some(node) = config.node.as_deref().map(str::trim).filter(|n| !n.is_empty()) {
+        if node == crate::attach::catalog::CLUSTER {
+            bail!(
+                "node = \"{node}\" is the name of the clusters (a shared backend is {node}@backend): give the \
+                 node another name"
+            );
+        }
+        if node.chars().any(|c| c == '@' || c == '#' || c.is_whitespace() || c.is_control()) {
+            bail!(
+                "node = {node:?}: a node's name is part of its volumes' host (node@backend#pool) and cannot \
+                 hold '@', '#', a space or a control character"
+            );
+        }
+        return Ok(node.to_string());
     }
     let path = dir.join("node-id");
     match std::fs::read_to_string(&path) {
@@ -650,6 +665,25 @@ mod tests {
         assert!(e.ends_with("; a component file is named by `wasm = \"/opt/d.wasm\"`"), "{e}");
         let e = source(&backend("driver = \"fake\"\nwasm = \"/opt/d.wasm\"")).unwrap_err().to_string();
         assert_eq!(e, "backend b: set exactly one of driver or wasm");
+    }
+
+    #[test]
+    fn a_node_name_that_would_mean_something_else_in_a_host_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let named = |name: &str| {
+            let config = Config { node: Some(name.into()), ..Config::default() };
+            node_name(&config, dir.path()).map_err(|e| e.to_string())
+        };
+        assert_eq!(named(" node-1 "), Ok("node-1".into()));
+        let e = named("berth").unwrap_err();
+        assert!(e.contains("the name of the clusters"), "{e}");
+        for bad in ["a@b", "a#b", "a b", "a\tb"] {
+            let e = named(bad).unwrap_err();
+            assert!(e.contains("cannot hold '@', '#'"), "{bad}: {e}");
+        }
+        // Unset: generated once, then the same.
+        let generated = node_name(&Config::default(), dir.path()).unwrap();
+        assert_eq!(node_name(&Config::default(), dir.path()).unwrap(), generated);
     }
 
     #[test]
