@@ -78,6 +78,8 @@ struct Route {
     /// The instance's connected attachment would be ended (OSSA-2023-003).
     ends_instance_access: bool,
     ok: u16,
+    /// The microversion its requests are sent at (3.54, or the route's own where it came later).
+    version: &'static str,
 }
 
 const INSTANCE: &str = "c0ffee00-0000-4000-8000-000000000001";
@@ -97,6 +99,7 @@ fn routes() -> Vec<Route> {
         reach: ById,
         ends_instance_access: ends,
         ok,
+        version: "3.54",
     };
     let route = |name, method, path, body: Option<Value>, fixture, least, reach, ok| Route {
         name,
@@ -108,6 +111,7 @@ fn routes() -> Vec<Route> {
         reach,
         ends_instance_access: false,
         ok,
+        version: "3.54",
     };
     vec![
         route("list volumes", Method::GET, "/volumes", None, Volume, Reader, List, 200),
@@ -417,6 +421,51 @@ fn routes() -> Vec<Route> {
             202,
         ),
         route("list transfers", Method::GET, "/os-volume-transfer", None, Volume, Reader, List, 200),
+        // A project's default type (3.62), of a project of its own (`pd`): set, then read, then
+        // unset, so that each read finds one.
+        Route {
+            version: "3.62",
+            ..route(
+                "set a project's default type",
+                Method::PUT,
+                "/default-types/pd",
+                Some(json!({"default_type": {"volume_type": "__DEFAULT__"}})),
+                Nothing,
+                Admin,
+                Global,
+                200,
+            )
+        },
+        Route {
+            version: "3.62",
+            ..route("list default types", Method::GET, "/default-types", None, Nothing, Admin, Global, 200)
+        },
+        Route {
+            version: "3.62",
+            ..route(
+                "show a project's default type",
+                Method::GET,
+                "/default-types/pd",
+                None,
+                Nothing,
+                Admin,
+                Global,
+                200,
+            )
+        },
+        Route {
+            version: "3.62",
+            ..route(
+                "unset a project's default type",
+                Method::DELETE,
+                "/default-types/pd",
+                None,
+                Nothing,
+                Admin,
+                Global,
+                204,
+            )
+        },
     ]
 }
 
@@ -536,7 +585,7 @@ async fn every_route_answers_each_role_in_each_project_as_the_policy_says() {
             for whose in [Whose::Own, Whose::Other] {
                 cells += 1;
                 let (volume, attachment) = build(&owner, route.fixture).await;
-                let c = caller(&s, who, whose);
+                let c = caller(&s, who, whose).at(route.version);
                 let body = route.body.as_ref().map(|b| {
                     serde_json::from_str(&fill(&b.to_string(), &volume, &attachment, node)).unwrap()
                 });
