@@ -422,6 +422,74 @@ async fn a_request_forwarded_to_a_stalled_owner_fails_once_the_owner_is_down() {
     eprintln!("node b answered 503 after {waited:?} (lease 3 s)");
 }
 
+/// `cinder service-set-log` and `service-get-log` (3.32) reach every node, as Cinder's reach
+/// every service: without `server`, the node that takes the call sets its own level and sends the
+/// request on to each other node up, and lists every node's levels; with `server`, the node it
+/// names is sent the request through any node; a node that is down is refused by name, and the
+/// others are set without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_levels_are_set_and_read_on_every_node_through_any_node() {
+    let cluster = Cluster::start(2, 3).await;
+    let (a, b) = (cluster.nodes[0].client().at("3.32"), cluster.nodes[1].client().at("3.32"));
+    let (name_a, name_b) = (cluster.nodes[0].name.clone(), cluster.nodes[1].name.clone());
+    let levels = |answer: &Value| -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = answer["log_levels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                let level = l["levels"]["berth::attach"].as_str().unwrap_or("unset");
+                (l["host"].as_str().unwrap().to_string(), level.to_string())
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let of = |c: &Client, server: Option<&str>| {
+        let (c, body) = (c.clone(), json!({"server": server, "prefix": "berth::attach"}));
+        async move { c.put("/os-services/get-log", body).await.expect(200).body }
+    };
+
+    // Set through a, on both: b shows it, asked for itself.
+    a.put("/os-services/set-log", json!({"prefix": "berth::attach", "level": "DEBUG"})).await.expect(202);
+    assert_eq!(levels(&of(&b, Some(&name_b)).await), vec![(name_b.clone(), "DEBUG".to_string())]);
+    // Any node lists every node's.
+    let both = vec![(name_a.clone(), "DEBUG".to_string()), (name_b.clone(), "DEBUG".to_string())];
+    assert_eq!(levels(&of(&b, None).await), both);
+    assert_eq!(levels(&of(&a, None).await), both);
+
+    // Named (a backend of it names it too): that node alone, through the other.
+    let body = json!({"server": format!("{name_b}@tgt"), "prefix": "berth::attach", "level": "WARNING"});
+    a.put("/os-services/set-log", body).await.expect(202);
+    assert_eq!(levels(&of(&b, Some(&name_b)).await), vec![(name_b.clone(), "WARNING".to_string())]);
+    assert_eq!(levels(&of(&b, Some(&name_a)).await), vec![(name_a.clone(), "DEBUG".to_string())]);
+    let message = a
+        .put("/os-services/set-log", json!({"server": "node-z", "level": "DEBUG"}))
+        .await
+        .fault(400, "badRequest");
+    assert!(message.contains("\"node-z\" is no Berth node"), "{message}");
+
+    // b stopped, past its lease: named, it is refused by name; unnamed, a is set without it.
+    let pid = cluster.nodes[1].berth.pid().expect("node b runs");
+    signal(pid, libc::SIGSTOP);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        let body = json!({"server": name_b, "prefix": "berth::attach", "level": "ERROR"});
+        let r = a.put("/os-services/set-log", body).await;
+        if r.status == 503 {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "node b never showed down: {} {}", r.status, r.body);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let message = refused.fault(503, "serviceUnavailable");
+    assert!(message.contains(&name_b) && message.contains("down"), "{message}");
+    a.put("/os-services/set-log", json!({"prefix": "berth::attach", "level": "INFO"})).await.expect(202);
+    assert_eq!(levels(&of(&a, None).await), vec![(name_a.clone(), "INFO".to_string())]);
+    signal(pid, libc::SIGCONT);
+    assert_eq!(levels(&of(&b, Some(&name_b)).await), vec![(name_b.clone(), "WARNING".to_string())]);
+}
+
 fn signal(pid: u32, sig: i32) {
     // SAFETY: kill(2) on a child process of this test.
     assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);

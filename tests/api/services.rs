@@ -952,14 +952,14 @@ async fn a_shared_backend_is_a_cluster_that_an_admin_disables_for_every_node() {
 /// `berth serve` is `cinderclient::python_cinderclient_sets_log_levels_while_serving_...`). A
 /// service in a process whose log `berth serve` did not set up says so.
 #[tokio::test]
-async fn log_level_requests_are_checked_and_touch_only_this_nodes_log() {
+async fn log_level_requests_are_checked_before_any_log_is_touched() {
     let s = TestServer::start(Db::Sqlite).await;
     let admin = s.client("p1").at("3.32");
     let refused = [
         (json!({"level": "LOUD"}), "is not one of DEBUG"),
         (json!({"prefix": "berth,sqlx=trace", "level": "DEBUG"}), "is not a module path"),
         (json!({"prefix": "berth"}), "names no level"),
-        (json!({"server": "another-node", "level": "DEBUG"}), "is not this node"),
+        (json!({"server": "another-node", "level": "DEBUG"}), "\"another-node\" is no Berth node"),
         (json!({"binary": "nova-compute", "level": "DEBUG"}), "binary"),
         (json!({"level": "DEBUG", "colour": "blue"}), "colour"),
     ];

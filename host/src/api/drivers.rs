@@ -13,20 +13,20 @@
 //! node that switched goes back, and the answer names the node and why. A rollback on one node
 //! (by hand or by its watch) is followed by the others (`Upgrades::follow`).
 
-use axum::extract::{OriginalUri, Path, State};
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
+use super::AppState;
 use super::body::JsonBody;
 use super::error::ApiError;
-use super::forward::FORWARDED_BY;
+use super::forward::Relayed;
 use super::openapi::Endpoint;
 use super::policy::Rule;
-use super::{AppState, RequestId};
 use crate::attach::Caller;
 use crate::attach::nodes::Forward;
 use crate::upgrade::Upgrades;
@@ -88,21 +88,14 @@ async fn index(
 async fn action(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    request_id: Option<Extension<RequestId>>,
-    OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
+    request: Relayed,
     Path(backend): Path<String>,
     JsonBody(body): JsonBody<DriverAction>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::DriverUpgrade)?;
     let upgrades = upgrades(&state)?.clone();
     // The first node of a shared backend's upgrade sends it on to the others.
-    let fan_out = upgrades.is_shared(&backend) && !headers.contains_key(FORWARDED_BY);
-    let request = Relayed {
-        path: uri.path_and_query().map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string()),
-        headers,
-        request_id: request_id.map(|Extension(RequestId(id))| id),
-    };
+    let fan_out = upgrades.is_shared(&backend) && !request.arrived_forwarded();
     match body {
         DriverAction::Upgrade { wasm, live } => {
             let path = std::path::PathBuf::from(&wasm);
@@ -114,7 +107,7 @@ async fn action(
             // The check takes seconds: it runs to its end even if the client goes away, so an
             // upgrade is either refused or done, never half done.
             let (service, relay) = (state.service.clone(), state.clone());
-            let forwarded = headers_forwarded(&request);
+            let forwarded = request.arrived_forwarded();
             let done = tokio::spawn(async move {
                 let done = match upgrades.upgrade(&service, &backend, &path, live).await {
                     // Sent on by another node of a shared backend, to a node that runs it
@@ -134,7 +127,7 @@ async fn action(
             Ok(Json(json!({ "upgrade": done })).into_response())
         }
         DriverAction::Rollback { from } => {
-            let why = if headers_forwarded(&request) {
+            let why = if request.arrived_forwarded() {
                 "sent on by another node of the shared backend"
             } else {
                 "by hand (berth driver rollback)"
@@ -145,23 +138,12 @@ async fn action(
                 // back at once (only from the driver this node left).
                 let from = done["previous"]["sha256"].clone();
                 for peer in peers(&state, &backend).await? {
-                    relay(&state, &peer, &request, json!({"os-rollback": {"from": from}})).await;
+                    request.send(&state, &peer, Method::POST, &json!({"os-rollback": {"from": from}})).await;
                 }
             }
             Ok(Json(json!({ "rollback": done })).into_response())
         }
     }
-}
-
-/// What a request sent on to other nodes carries from the caller's.
-struct Relayed {
-    path: String,
-    headers: HeaderMap,
-    request_id: Option<String>,
-}
-
-fn headers_forwarded(request: &Relayed) -> bool {
-    request.headers.contains_key(FORWARDED_BY)
 }
 
 async fn peers(state: &AppState, backend: &str) -> Result<Vec<Forward>, ApiError> {
@@ -179,23 +161,6 @@ async fn peers(state: &AppState, backend: &str) -> Result<Vec<Forward>, ApiError
     Ok(out)
 }
 
-/// Sends `body` as the caller's request to `peer`; its status and answer.
-async fn relay(
-    state: &AppState,
-    peer: &Forward,
-    request: &Relayed,
-    body: serde_json::Value,
-) -> (StatusCode, String) {
-    let bytes = bytes::Bytes::from(serde_json::to_vec(&body).expect("serialises"));
-    let answer = state
-        .forwarder
-        .send_to(peer, Method::POST, &request.path, &request.headers, request.request_id.as_deref(), bytes)
-        .await;
-    let status = answer.status();
-    let text = axum::body::to_bytes(answer.into_body(), 1 << 20).await.unwrap_or_default();
-    (status, String::from_utf8_lossy(&text).into_owned())
-}
-
 /// The same upgrade on every other node of a shared backend; if one refuses, every node that
 /// switched (this one included) goes back, and the answer says which node refused and why.
 async fn upgrade_peers(
@@ -211,7 +176,7 @@ async fn upgrade_peers(
     match peers(state, backend).await {
         Ok(peers) => {
             for peer in peers {
-                let (status, text) = relay(state, &peer, request, body.clone()).await;
+                let (status, text) = request.send(state, &peer, Method::POST, &body).await;
                 if status.is_success() {
                     switched.push(peer);
                 } else {
@@ -234,7 +199,8 @@ async fn upgrade_peers(
         tracing::error!(backend = %backend, "could not roll back this node after a refused upgrade: {e}");
     }
     for peer in &switched {
-        let (status, text) = relay(state, peer, request, json!({"os-rollback": {"from": new}})).await;
+        let (status, text) =
+            request.send(state, peer, Method::POST, &json!({"os-rollback": {"from": new}})).await;
         if !status.is_success() {
             tracing::error!(backend = %backend, node = %peer.node, "could not roll back node after a refused upgrade: {text}");
         }

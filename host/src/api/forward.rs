@@ -18,8 +18,9 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::extract::{FromRequestParts, OriginalUri, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -75,7 +76,7 @@ impl Forwarder {
     pub async fn send_to(
         &self,
         to: &Forward,
-        method: axum::http::Method,
+        method: Method,
         path: &str,
         caller_headers: &HeaderMap,
         request_id: Option<&str>,
@@ -125,6 +126,66 @@ impl Forwarder {
             )
             .into_response()
         })
+    }
+}
+
+/// A caller's request as a handler sends it on to other nodes itself (a driver upgrade of a
+/// shared backend, log levels set on every node): its path, its headers (the caller's
+/// credentials, which each node checks again) and its request id. Each is sent marked as
+/// forwarded, and a node that received one forwarded sends it on to no one.
+pub struct Relayed {
+    path: String,
+    headers: HeaderMap,
+    request_id: Option<String>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Relayed {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let uri = parts.extensions.get::<OriginalUri>().map_or(&parts.uri, |o| &o.0);
+        Ok(Relayed {
+            path: uri.path_and_query().map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string()),
+            headers: parts.headers.clone(),
+            request_id: parts.extensions.get::<super::RequestId>().map(|r| r.0.clone()),
+        })
+    }
+}
+
+impl Relayed {
+    /// Whether another node sent this request on (it then goes no further).
+    pub fn arrived_forwarded(&self) -> bool {
+        self.headers.contains_key(FORWARDED_BY)
+    }
+
+    /// Sends `body` as the caller's request (`method`, its path) to `peer`: its status and answer
+    /// (503 once `peer` shows down, as for a forwarded request).
+    pub async fn send(
+        &self,
+        state: &AppState,
+        peer: &Forward,
+        method: Method,
+        body: &serde_json::Value,
+    ) -> (StatusCode, String) {
+        let bytes = bytes::Bytes::from(serde_json::to_vec(body).expect("serialises"));
+        let sent = state.forwarder.send_to(
+            peer,
+            method,
+            &self.path,
+            &self.headers,
+            self.request_id.as_deref(),
+            bytes,
+        );
+        let answer = tokio::select! {
+            answer = sent => answer,
+            () = state.service.until_down(&peer.node) => {
+                let message = format!("Berth node {} went down before it answered", peer.node);
+                return (StatusCode::SERVICE_UNAVAILABLE, message);
+            }
+        };
+        let status = answer.status();
+        let text = axum::body::to_bytes(answer.into_body(), 1 << 20).await.unwrap_or_default();
+        (status, String::from_utf8_lossy(&text).into_owned())
     }
 }
 

@@ -6,7 +6,7 @@
 //! active-active Cinder backend does.
 
 use axum::extract::{RawQuery, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use schemars::JsonSchema;
@@ -15,12 +15,14 @@ use serde::{Deserialize, Serialize};
 use super::AppState;
 use super::body::JsonBody;
 use super::error::ApiError;
+use super::forward::Relayed;
 use super::microversion::LOG_LEVEL;
 use super::openapi::Endpoint;
 use super::policy::Rule;
 use super::query::param;
 use super::views::timestamp;
 use crate::attach::Caller;
+use crate::attach::nodes::Forward;
 use crate::attach::services::ServiceState;
 
 pub fn endpoints() -> Vec<Endpoint> {
@@ -41,12 +43,12 @@ pub fn endpoints() -> Vec<Endpoint> {
             .answers::<ServiceChanged>(StatusCode::OK, "The service, disabled"),
         Endpoint::put("/os-services/set-log", set_log, "setServiceLogLevels")
             .since(LOG_LEVEL)
-            .summary(TAG, "Set a log level of this node while it serves (a module path's, or the default)")
+            .summary(TAG, "Set a log level while serving (a module path's, or the default), on the node `server` names or on every node up")
             .body::<SetLog>()
             .answers_empty(StatusCode::ACCEPTED, "Set"),
         Endpoint::put("/os-services/get-log", get_log, "getServiceLogLevels")
             .since(LOG_LEVEL)
-            .summary(TAG, "The log levels of this node, by module path")
+            .summary(TAG, "The log levels by module path, of the node `server` names or of every node up")
             .body::<GetLog>()
             .answers::<LogLevels>(StatusCode::OK, "The levels"),
         Endpoint::put("/os-services/enable", enable, "enableService")
@@ -248,7 +250,7 @@ async fn change(
 
 /// `{"binary": "*", "server": "node", "prefix": "berth::attach", "level": "DEBUG"}`: every key but
 /// `level` may be left out (the default level: no `prefix`).
-#[derive(Deserialize, JsonSchema)]
+#[derive(Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct SetLog {
     binary: Option<String>,
@@ -258,7 +260,7 @@ struct SetLog {
 }
 
 /// `{"binary": "*", "server": "node", "prefix": "berth"}`.
-#[derive(Deserialize, JsonSchema)]
+#[derive(Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct GetLog {
     binary: Option<String>,
@@ -267,12 +269,12 @@ struct GetLog {
 }
 
 /// `{"log_levels": [{"host": "node", "binary": "berth-api", "levels": {"berth::attach": "DEBUG"}}]}`.
-#[derive(Serialize, JsonSchema)]
+#[derive(Serialize, Deserialize, JsonSchema)]
 struct LogLevels {
     log_levels: Vec<LogLevelsOf>,
 }
 
-#[derive(Serialize, JsonSchema)]
+#[derive(Serialize, Deserialize, JsonSchema)]
 struct LogLevelsOf {
     host: String,
     binary: String,
@@ -280,13 +282,32 @@ struct LogLevelsOf {
     levels: std::collections::BTreeMap<String, String>,
 }
 
-/// Whether a log request is for this node's log: its binaries are those of this one process (the
-/// node's and its backends'; Berth has no scheduler or backup service, whose logs are then none),
-/// and its `server` this node or one of its backends. Another node's log is changed at that node.
-fn this_nodes_log(state: &AppState, binary: Option<&str>, server: Option<&str>) -> Result<bool, ApiError> {
+/// Whose log a log request is for.
+enum LogTarget {
+    /// None of Berth's: a scheduler's or a backup service's log (Berth has neither).
+    Nobody,
+    /// This node's.
+    Here,
+    /// Another node's: the request is forwarded there.
+    Node(Forward),
+    /// Every node's (no `server`, as Cinder's changes every service's): this one's, and each
+    /// other node up, which this node sends the request on to, naming it.
+    Every(Vec<Forward>),
+}
+
+/// Whose log a request is for, by its `binary` (those of a node's one process: its own and its
+/// backends') and its `server` (a node, or one of its backends `node@backend`; none: every
+/// node). A node that is down or unknown is refused, naming it: its levels are those it starts
+/// with.
+async fn log_target(
+    state: &AppState,
+    request: &Relayed,
+    binary: Option<&str>,
+    server: Option<&str>,
+) -> Result<LogTarget, ApiError> {
     match binary.unwrap_or("") {
         "" | "*" | "berth-api" | "cinder-api" | "cinder-volume" => {}
-        "cinder-scheduler" | "cinder-backup" => return Ok(false),
+        "cinder-scheduler" | "cinder-backup" => return Ok(LogTarget::Nobody),
         b => {
             return Err(ApiError::bad_request(format!(
                 "Invalid input received: binary {b:?}: a node's log is that of berth-api and cinder-volume"
@@ -294,30 +315,86 @@ fn this_nodes_log(state: &AppState, binary: Option<&str>, server: Option<&str>) 
         }
     }
     let node = &state.service.owner().node;
-    match server.filter(|s| !s.is_empty()) {
-        Some(s) if s != node && s.split_once('@').is_none_or(|(n, _)| n != node) => {
-            Err(ApiError::bad_request(format!(
-                "Invalid input received: server {s:?} is not this node ({node}): a node's log levels are set \
-                 through that node's own address"
-            )))
+    let named = server.filter(|s| !s.is_empty()).map(|s| s.split_once('@').map_or(s, |(n, _)| n));
+    if named.is_none_or(|n| n == node) {
+        if named.is_some() || request.arrived_forwarded() {
+            return Ok(LogTarget::Here);
         }
-        _ => Ok(true),
+        let peers = state.service.others().await?.into_iter().filter_map(|(n, up)| {
+            let url = n.url.filter(|_| up)?;
+            Some(Forward { node: n.name, url })
+        });
+        return Ok(LogTarget::Every(peers.collect()));
     }
+    let named = named.unwrap_or_default();
+    let others = state.service.others().await?;
+    match others.into_iter().find(|(n, _)| n.name == named) {
+        Some((n, true)) if !request.arrived_forwarded() && n.url.is_some() => {
+            Ok(LogTarget::Node(Forward { node: n.name, url: n.url.unwrap_or_default() }))
+        }
+        Some(_) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "Berth node {named} is down or cannot be reached: its log levels are those it starts with"
+            ),
+        )),
+        None => Err(ApiError::bad_request(format!(
+            "Invalid input received: server {named:?} is no Berth node (this one is {node})"
+        ))),
+    }
+}
+
+/// A request for another node's log: forwarded there (`forward.rs`), with this error as the
+/// answer if it cannot be.
+fn forwarded_to(peer: Forward) -> ApiError {
+    let message = format!("Berth node {} did not answer for its log levels", peer.node);
+    ApiError { forward: Some(peer), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message) }
+}
+
+/// What `Every` sent on to each other node that did not take it: 503 naming them (the request
+/// may be sent again, to them alone with `server`).
+fn unreached(missed: Vec<String>) -> Result<(), ApiError> {
+    if missed.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "Log levels not reached on every node: {}; retry, naming the node as server",
+            missed.join("; ")
+        ),
+    ))
 }
 
 async fn set_log(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    request: Relayed,
     JsonBody(body): JsonBody<SetLog>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::ServiceUpdate)?;
-    let ours = this_nodes_log(&state, body.binary.as_deref(), body.server.as_deref())?;
-    let Some(level) = body.level else {
+    let target = log_target(&state, &request, body.binary.as_deref(), body.server.as_deref()).await?;
+    let Some(level) = body.level.as_deref() else {
         return Err(ApiError::bad_request("Invalid input received: the request names no level (`level`)"));
     };
-    crate::logging::checked(body.prefix.as_deref(), &level)?;
-    if ours {
-        crate::logging::set(body.prefix.as_deref(), &level)?;
+    crate::logging::checked(body.prefix.as_deref(), level)?;
+    match target {
+        LogTarget::Nobody => {}
+        LogTarget::Here => crate::logging::set(body.prefix.as_deref(), level)?,
+        LogTarget::Node(peer) => return Err(forwarded_to(peer)),
+        LogTarget::Every(peers) => {
+            crate::logging::set(body.prefix.as_deref(), level)?;
+            let mut missed = Vec::new();
+            for peer in peers {
+                let sent = SetLog { server: Some(peer.node.clone()), ..body.clone() };
+                let json = serde_json::to_value(&sent).expect("serialises");
+                let (status, text) = request.send(&state, &peer, Method::PUT, &json).await;
+                if !status.is_success() {
+                    missed.push(format!("node {} answered {}: {text}", peer.node, status.as_u16()));
+                }
+            }
+            unreached(missed)?;
+        }
     }
     Ok(StatusCode::ACCEPTED.into_response())
 }
@@ -325,14 +402,30 @@ async fn set_log(
 async fn get_log(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    request: Relayed,
     JsonBody(body): JsonBody<GetLog>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::ServiceUpdate)?;
-    if !this_nodes_log(&state, body.binary.as_deref(), body.server.as_deref())? {
-        return Ok(Json(LogLevels { log_levels: Vec::new() }).into_response());
-    }
+    let target = log_target(&state, &request, body.binary.as_deref(), body.server.as_deref()).await?;
+    let peers = match target {
+        LogTarget::Nobody => return Ok(Json(LogLevels { log_levels: Vec::new() }).into_response()),
+        LogTarget::Node(peer) => return Err(forwarded_to(peer)),
+        LogTarget::Here => Vec::new(),
+        LogTarget::Every(peers) => peers,
+    };
     let levels = crate::logging::levels(body.prefix.as_deref())?;
     let host = state.service.owner().node.clone();
-    Ok(Json(LogLevels { log_levels: vec![LogLevelsOf { host, binary: "berth-api".into(), levels }] })
-        .into_response())
+    let mut log_levels = vec![LogLevelsOf { host, binary: "berth-api".into(), levels }];
+    let mut missed = Vec::new();
+    for peer in peers {
+        let sent = GetLog { server: Some(peer.node.clone()), ..body.clone() };
+        let json = serde_json::to_value(&sent).expect("serialises");
+        let (status, text) = request.send(&state, &peer, Method::PUT, &json).await;
+        match serde_json::from_str::<LogLevels>(&text) {
+            Ok(theirs) if status.is_success() => log_levels.extend(theirs.log_levels),
+            _ => missed.push(format!("node {} answered {}: {text}", peer.node, status.as_u16())),
+        }
+    }
+    unreached(missed)?;
+    Ok(Json(LogLevels { log_levels }).into_response())
 }

@@ -408,13 +408,27 @@ impl Service {
         }
     }
 
-    /// The other nodes up now that serve the shared backend `backend`, and what each runs for it.
-    pub async fn peers_serving(&self, backend: &str) -> Result<Vec<Peer>, AttachError> {
+    /// The other nodes, each with whether it is up now.
+    pub async fn others(&self) -> Result<Vec<(Node, bool)>, AttachError> {
         let nodes: Vec<Node> = self.store.read(async |tx| nodes::list(tx).await).await?;
         let live = self.liveness();
         Ok(nodes
             .into_iter()
-            .filter(|n| n.name != self.owner.node && live.up(n))
+            .filter(|n| n.name != self.owner.node)
+            .map(|n| {
+                let up = live.up(&n);
+                (n, up)
+            })
+            .collect())
+    }
+
+    /// The other nodes up now that serve the shared backend `backend`, and what each runs for it.
+    pub async fn peers_serving(&self, backend: &str) -> Result<Vec<Peer>, AttachError> {
+        Ok(self
+            .others()
+            .await?
+            .into_iter()
+            .filter_map(|(n, up)| up.then_some(n))
             .filter(|n| n.shared_backends.iter().any(|b| b == backend))
             .map(|n| Peer { runs: n.backend_info.get(backend).cloned(), node: n.name, url: n.url })
             .collect())
