@@ -261,8 +261,9 @@ fn python_cinderclient_legacy_calls_succeed() {
     assert_eq!(seen["attachments_after"], serde_json::json!([]));
 }
 
-/// A shared backend is a cluster (`berth@backend`): `cluster-disable` stops new volumes on it,
-/// `cluster-enable` ends that, as the real client sends them.
+/// A shared backend is a cluster (`berth@backend`): `cluster-disable` stops new volumes on it
+/// (and its service's backend state is no longer `up`), `cluster-enable` ends that, as the real
+/// client sends them.
 #[test]
 fn python_cinderclient_disables_and_enables_a_cluster() {
     let server =
@@ -274,7 +275,15 @@ fn python_cinderclient_disables_and_enables_a_cluster() {
     };
     let clusters = list(&cli(&["cluster-list"]));
     assert!(clusters.len() == 1 && clusters[0][0] == "berth@fake", "{clusters:?}");
+    // The backend's state (3.49): up while it takes new volumes.
+    let backend_state = || {
+        let listed = cli(&["service-list", "--binary", "cinder-volume"]);
+        assert!(listed.contains("Backend State"), "{listed}");
+        list(&listed)[0].last().cloned().unwrap_or_default()
+    };
+    assert_eq!(backend_state(), "up");
     cli(&["cluster-disable", "berth@fake", "--reason", "array swap"]);
+    assert_ne!(backend_state(), "up", "a disabled cluster's backend is no pool");
     let shown = table(&cli(&["cluster-show", "berth@fake"]));
     assert_eq!((shown["status"].as_str(), shown["disabled_reason"].as_str()), ("disabled", "array swap"));
     let mut refused = cinder(&server.base, "compat", "3.71");

@@ -63,6 +63,12 @@ both_databases! {
         let first = member.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:host-a", "host-a"))).await.expect(200);
         let first = first.body["attachment"]["id"].as_str().unwrap().to_string();
 
+        // From 3.49 a backend's state is `up` while it takes new volumes (a node has none).
+        let at_349 = admin.at("3.49");
+        assert_eq!(service(&at_349, &host).await["backend_state"], "up");
+        assert!(service(&admin.at("3.48"), &host).await.get("backend_state").is_none());
+        assert!(service(&at_349, &s.service.owner().node).await.get("backend_state").is_none());
+
         let body = json!({"host": host, "binary": "cinder-volume", "disabled_reason": "array firmware upgrade"});
         let r = admin.put("/os-services/disable-log-reason", body).await.expect(200);
         assert_eq!(r.body, json!({
@@ -72,6 +78,9 @@ both_databases! {
         let listed = service(&admin, &host).await;
         assert_eq!((&listed["status"], &listed["disabled_reason"], &listed["state"]),
             (&json!("disabled"), &json!("array firmware upgrade"), &json!("up")));
+        // Disabled, it is no pool: its backend state is null, as Cinder's.
+        let listed = service(&at_349, &host).await;
+        assert_eq!((listed.get("backend_state"), &listed["state"]), (Some(&Value::Null), &json!("up")));
         // The node itself is listed as it was.
         let node = service(&admin, &s.service.owner().node).await;
         assert_eq!((&node["binary"], &node["status"]), (&json!("berth-api"), &json!("enabled")));

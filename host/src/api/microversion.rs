@@ -73,6 +73,8 @@ pub const POOL_TYPE_FILTER: Version = Version::new(3, 35);
 pub const NEW_ATTACH_COMPLETION: Version = Version::new(3, 44);
 pub const VOLUME_LIST_COUNT: Version = Version::new(3, 45);
 pub const SHARED_TARGETS: Version = Version::new(3, 48);
+/// A volume service's `backend_state` in `GET /os-services`.
+pub const BACKEND_STATE_REPORT: Version = Version::new(3, 49);
 /// A volume update must change something (Cinder's `SUPPORT_VOLUME_SCHEMA_CHANGES`).
 pub const VOLUME_SCHEMA_CHANGES: Version = Version::new(3, 53);
 pub const ATTACHMENT_CREATE_MODE: Version = Version::new(3, 54);

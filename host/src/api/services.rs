@@ -16,14 +16,14 @@ use super::AppState;
 use super::body::JsonBody;
 use super::error::ApiError;
 use super::forward::Relayed;
-use super::microversion::LOG_LEVEL;
+use super::microversion::{BACKEND_STATE_REPORT, LOG_LEVEL, Version};
 use super::openapi::Endpoint;
 use super::policy::Rule;
 use super::query::param;
 use super::views::timestamp;
 use crate::attach::Caller;
 use crate::attach::nodes::Forward;
-use crate::attach::services::ServiceState;
+use crate::attach::services::{ServiceState, VOLUME_BINARY};
 
 pub fn endpoints() -> Vec<Endpoint> {
     const TAG: &str = "services";
@@ -80,6 +80,11 @@ struct ServiceView {
     disabled_reason: Option<String>,
     /// `berth@backend` for a backend shared by several nodes.
     cluster: Option<String>,
+    /// A backend's (3.49): `up` while it takes new volumes (one of the pools), else null, as
+    /// Cinder's for a backend its scheduler has no pool of. (Berth has no health check of a
+    /// backend beyond its node's heartbeat.)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backend_state: Option<Option<&'static str>>,
     replication_status: String,
     active_backend_id: Option<String>,
     frozen: bool,
@@ -115,6 +120,7 @@ struct ServiceView {
 async fn index(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    Extension(version): Extension<Version>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::ServiceIndex)?;
@@ -127,13 +133,16 @@ async fn index(
         .filter(|s| {
             host.as_ref().is_none_or(|h| *h == s.host) && binary.as_ref().is_none_or(|b| b == s.binary)
         })
-        .map(view)
+        .map(|s| view(s, version))
         .collect();
     Ok(Json(ServiceList { services }).into_response())
 }
 
-fn view(s: ServiceState) -> ServiceView {
+fn view(s: ServiceState, version: Version) -> ServiceView {
+    let backend_state = (version >= BACKEND_STATE_REPORT && s.binary == VOLUME_BINARY)
+        .then_some(s.takes_volumes.then_some("up"));
     ServiceView {
+        backend_state,
         binary: s.binary.into(),
         host: s.host,
         zone: super::zones::ZONE.into(),

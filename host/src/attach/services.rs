@@ -57,6 +57,9 @@ pub struct ServiceState {
     pub luns: Option<u64>,
     /// Since when and why a backend is disabled; `None`: enabled.
     pub disabled: Option<Disabled>,
+    /// A backend that takes new volumes now, one of the pools ([`Service::pools`]): its node is
+    /// up, and neither it nor its cluster is disabled.
+    pub takes_volumes: bool,
 }
 
 /// A pool, as Cinder's scheduler reports it: a backend that takes new volumes now (a node that
@@ -93,7 +96,7 @@ impl Service {
             for (uuid, b, shared) in backends_of(n) {
                 let host = format!("{}@{b}", n.name);
                 let cluster = shared.then(|| format!("{CLUSTER}@{b}"));
-                if disabled.iter().any(|d| d.host == host || Some(&d.host) == cluster.as_ref()) {
+                if !takes_volumes(&disabled, &host, cluster.as_deref()) {
                     continue;
                 }
                 let (count, gib) = usage
@@ -145,14 +148,17 @@ impl Service {
                 version: Some(n.version.clone()),
                 luns: None,
                 disabled: None,
+                takes_volumes: false,
             });
             for (_, b, shared) in backends_of(n) {
                 let host = format!("{}@{b}", n.name);
+                let cluster = shared.then(|| format!("{CLUSTER}@{b}"));
                 out.push(ServiceState {
                     binary: VOLUME_BINARY,
                     disabled: disabled.iter().find(|d| d.host == host).cloned(),
+                    takes_volumes: up && takes_volumes(&disabled, &host, cluster.as_deref()),
                     host,
-                    cluster: shared.then(|| format!("{CLUSTER}@{b}")),
+                    cluster,
                     up,
                     updated_at: n.heartbeat_at,
                     runs: n.backend_info.get(b).cloned(),
@@ -317,6 +323,12 @@ impl Service {
 /// a new volume may be made.
 async fn placement(tx: &mut Tx) -> Result<(Vec<Node>, Vec<Disabled>), StoreError> {
     Ok((nodes::list(tx).await?, services::list(tx).await?))
+}
+
+/// Whether the backend `host` (`node@backend`, of the cluster `cluster` if shared) takes new
+/// volumes while its node is up: neither it nor its cluster is disabled.
+fn takes_volumes(disabled: &[Disabled], host: &str, cluster: Option<&str>) -> bool {
+    !disabled.iter().any(|d| d.host == host || Some(d.host.as_str()) == cluster)
 }
 
 /// A reason given to disable a service or cluster, trimmed: 1 to 255 characters, none of them a
