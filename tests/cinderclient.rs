@@ -261,6 +261,44 @@ fn python_cinderclient_legacy_calls_succeed() {
     assert_eq!(seen["attachments_after"], serde_json::json!([]));
 }
 
+/// `message-list`, `message-show` and `message-delete` (3.3): a create whose driver failed left
+/// a message, in Cinder's words, that the real client lists, filters, shows and deletes.
+#[test]
+fn python_cinderclient_reads_and_deletes_the_message_a_failed_create_left() {
+    let server = BerthProcess::start(CONFIG);
+    let cli = |args: &[&str]| {
+        let mut c = cinder(&server.base, "compat", "3.71");
+        c.args(args);
+        run(c)
+    };
+    let mut failing = cinder(&server.base, "compat", "3.71");
+    failing.args(["create", "1", "--metadata", "fake.create-volume=backend:the array is on fire"]);
+    assert!(!failing.output().unwrap().status.success());
+    let volume = list(&cli(&["list"]))[0][0].clone();
+    let listed = list(&cli(&["message-list"]));
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        listed[0][1..],
+        [
+            "VOLUME".to_string(),
+            volume.clone(),
+            "VOLUME_VOLUME_008_012".to_string(),
+            "create volume from backend storage:Driver failed to create the volume.".to_string()
+        ]
+    );
+    assert_eq!(list(&cli(&["message-list", "--resource_uuid", &volume, "--level", "error"])).len(), 1);
+    assert!(list(&cli(&["message-list", "--event_id", "VOLUME_VOLUME_007_010"])).is_empty());
+    let id = listed[0][0].clone();
+    let shown = table(&cli(&["message-show", &id]));
+    assert_eq!(
+        (shown["message_level"].as_str(), shown["resource_uuid"].as_str()),
+        ("ERROR", volume.as_str())
+    );
+    assert!(shown["request_id"].starts_with("req-"), "{shown:?}");
+    cli(&["message-delete", &id]);
+    assert!(list(&cli(&["message-list"])).is_empty());
+}
+
 /// A shared backend is a cluster (`berth@backend`): `cluster-disable` stops new volumes on it
 /// (and its service's backend state is no longer `up`), `cluster-enable` ends that, as the real
 /// client sends them.

@@ -42,6 +42,7 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub attachments: AttachmentsConfig,
     pub history: HistoryConfig,
+    pub messages: MessagesConfig,
     pub upgrades: UpgradesConfig,
     pub operations: OperationsConfig,
     pub reconcile: ReconcileConfig,
@@ -71,6 +72,7 @@ impl Default for Config {
             operations: OperationsConfig::default(),
             reconcile: ReconcileConfig::default(),
             history: HistoryConfig::default(),
+            messages: MessagesConfig::default(),
             upgrades: UpgradesConfig::default(),
             runtime: RuntimeConfig::default(),
             tgt: TgtConfig::default(),
@@ -270,6 +272,22 @@ pub struct HistoryConfig {
     /// volumes deleted before then of which nothing is left. Export and archive them first
     /// (`berth history export --until`). Default: kept for ever.
     pub keep_days: Option<u32>,
+}
+
+/// User messages (`GET /messages`, `cinder message-list`): why an operation on a volume failed,
+/// for the volume's users to read afterwards.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct MessagesConfig {
+    /// Days a message is kept (its `guaranteed_until`); expired ones are no longer shown and are
+    /// deleted every hour (Cinder's `message_ttl`, 30 days).
+    pub keep_days: u32,
+}
+
+impl Default for MessagesConfig {
+    fn default() -> Self {
+        MessagesConfig { keep_days: 30 }
+    }
 }
 
 /// Driver upgrades while serving (`berth driver upgrade`, `upgrade/`): how long a new driver is

@@ -188,7 +188,10 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
     let default_type = config.default_volume_type.clone().unwrap_or_else(|| types[0].name.clone());
     let catalog = Catalog::new(types, default_type, backends).map_err(anyhow::Error::msg)?;
     let owner = Owner::new(&node, Duration::from_secs(config.operations.lease_seconds.max(1)));
-    let limits = Limits { max_attachments_per_volume: config.attachments.max_per_volume.max(1) };
+    let limits = Limits {
+        max_attachments_per_volume: config.attachments.max_per_volume.max(1),
+        keep_messages_days: config.messages.keep_days,
+    };
     let targets = iscsi.as_ref().map(|(service, _, _, _)| service.clone());
     let service = Arc::new(Service::new(store, catalog, owner).with_limits(limits).with_targets(targets));
     let cache_dir = Some(config.runtime.cache_dir.clone().unwrap_or_else(|| data_dir.join("cache")));
@@ -409,6 +412,20 @@ pub async fn prune_history(service: Arc<crate::attach::Service>, days: u32) {
     }
 }
 
+/// Deletes the user messages that have expired (`[messages] keep_days`), at start and every hour.
+pub async fn purge_messages(service: Arc<crate::attach::Service>) {
+    loop {
+        if service.owner().schema_refusal().is_none() {
+            match service.purge_messages().await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::info!(deleted, "deleted the expired user messages"),
+                Err(e) => tracing::warn!("could not delete the expired user messages: {e}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+}
+
 /// Where a backend's driver comes from: a shipped driver named by `driver`, or a component file
 /// named by `wasm`.
 fn source(b: &crate::config::BackendConfig) -> anyhow::Result<WasmSource> {
@@ -550,6 +567,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let leases = tokio::spawn(service.clone().renew_leases());
     let pruner =
         assembled.config.history.keep_days.map(|days| tokio::spawn(prune_history(service.clone(), days)));
+    let messages = tokio::spawn(purge_messages(service.clone()));
     let heartbeat = tokio::spawn(service.clone().keep_alive());
     let follower = assembled.state.upgrades.clone().map(|u| tokio::spawn(u.follow(service.clone())));
     let app = app(assembled.state.clone());
@@ -577,6 +595,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     })
     .await?;
     reconciler.abort();
+    messages.abort();
     if let Some(p) = pruner {
         p.abort();
     }

@@ -9,6 +9,7 @@ mod history;
 mod identity;
 mod legacy;
 mod limits;
+mod messages;
 mod migration;
 mod nova;
 mod policy;

@@ -421,6 +421,10 @@ fn routes() -> Vec<Route> {
             202,
         ),
         route("list transfers", Method::GET, "/os-volume-transfer", None, Volume, Reader, List, 200),
+        Route {
+            version: "3.3",
+            ..route("list messages", Method::GET, "/messages", None, Nothing, Reader, List, 200)
+        },
         // A project's default type (3.62), of a project of its own (`pd`): set, then read, then
         // unset, so that each read finds one.
         Route {

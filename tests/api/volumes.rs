@@ -638,6 +638,7 @@ async fn every_filter_resource_filters_advertises_is_taken_by_its_list() {
             "attachment" => "/attachments",
             "pool" => "/scheduler-stats/get_pools",
             "attachment_event" => "/os-attachment-events",
+            "message" => "/messages",
             other => panic!("a resource without a list: {other}"),
         };
         for filter in list["filters"].as_array().unwrap() {
@@ -654,7 +655,12 @@ async fn every_filter_resource_filters_advertises_is_taken_by_its_list() {
                 "availability_zone" => "nova",
                 "created_at" | "updated_at" => "gt:2020-01-01T00:00:00",
                 "migration_status" => "migrating",
-                "group_id" | "volume_id" | "attachment_id" | "instance_id" | "instance_uuid" => id,
+                "group_id" | "volume_id" | "attachment_id" | "instance_id" | "instance_uuid"
+                | "resource_uuid" => id,
+                "resource_type" => "VOLUME",
+                "event_id" => "VOLUME_VOLUME_008_012",
+                "request_id" => "req-0f0e2a4c-1b57-4a3e-8f6d-6b1c2d3e4f51",
+                "message_level" => "ERROR",
                 "outcome" => "ok",
                 "access" => "granted",
                 "since" | "until" => "2020-01-01T00:00:00Z",

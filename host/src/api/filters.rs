@@ -1,6 +1,7 @@
 //! `GET /v3/{project_id}/resource_filters` (3.33; `cinder list-filters`): the filters each list
 //! of this API takes, in the shape of Cinder's answer from its `resource_filters.json`. Read off
-//! the lists' own specifications (`volumes.rs`, `attachments.rs`, `history.rs`, `pools.rs`), so
+//! the lists' own specifications (`volumes.rs`, `attachments.rs`, `history.rs`, `pools.rs`,
+//! `messages.rs`), so
 //! that what is advertised is what is taken; `tests/api/volumes.rs` sends each one. `resource`
 //! names one list; a resource without a list here answers none, as Cinder does.
 
@@ -21,7 +22,10 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::get("/resource_filters", index, "listResourceFilters")
             .since(RESOURCE_FILTER_CONFIG)
             .summary("resource filters", "The filters each list takes")
-            .query("resource", "Only this resource's (`volume`, `attachment`, `pool`, `attachment_event`).")
+            .query(
+                "resource",
+                "Only this resource's (`volume`, `attachment`, `pool`, `message`, `attachment_event`).",
+            )
             .answers::<FilterList>(StatusCode::OK, "The filters"),
     ]
 }
@@ -55,6 +59,7 @@ fn all() -> Vec<ResourceFilters> {
         ("volume", of(&super::volumes::LIST)),
         ("attachment", of(&super::attachments::LIST)),
         ("pool", super::pools::FILTERS.iter().map(|k| k.to_string()).collect()),
+        ("message", of(&super::messages::LIST)),
         // Berth's: the attach history (`GET /os-attachment-events`).
         ("attachment_event", of(&super::history::LIST)),
     ];

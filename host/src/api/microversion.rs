@@ -53,6 +53,8 @@ pub const VOLUME_LIST_GLANCE_METADATA: Version = Version::new(3, 4);
 pub const VOLUME_LIST_GROUP: Version = Version::new(3, 10);
 /// `GET /volumes/summary`, and its metadata.
 pub const VOLUME_SUMMARY: Version = Version::new(3, 12);
+/// User messages (`/messages`), and from 3.5 their lists paged, sorted and filtered.
+pub const MESSAGES: Version = Version::new(3, 3);
 pub const VOLUME_SUMMARY_METADATA: Version = Version::new(3, 36);
 /// An admin's `project_id` on `GET /limits`.
 pub const LIMITS_OF_A_PROJECT: Version = Version::new(3, 39);

@@ -23,6 +23,7 @@ pub mod filters;
 pub mod forward;
 pub mod history;
 pub mod limits;
+pub mod messages;
 pub mod microversion;
 pub mod openapi;
 pub mod path;
@@ -113,6 +114,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         limits::endpoints(),
         quotas::endpoints(),
         transfers::endpoints(),
+        messages::endpoints(),
     ]
     .into_iter()
     .flatten()

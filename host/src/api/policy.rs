@@ -91,6 +91,9 @@ pub enum Rule {
     TransferDelete,
     TransferGet,
     TransferGetAll,
+    MessageGet,
+    MessageGetAll,
+    MessageDelete,
 }
 
 /// The least role a rule needs by default.
@@ -102,7 +105,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 63] = [
+    pub const ALL: [Rule; 66] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -166,6 +169,9 @@ impl Rule {
         Rule::TransferDelete,
         Rule::TransferGet,
         Rule::TransferGetAll,
+        Rule::MessageGet,
+        Rule::MessageGetAll,
+        Rule::MessageDelete,
     ];
 
     /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
@@ -239,6 +245,9 @@ impl Rule {
             Rule::TransferDelete => "volume:delete_transfer",
             Rule::TransferGet => "volume:get_transfer",
             Rule::TransferGetAll => "volume:get_all_transfers",
+            Rule::MessageGet => "message:get",
+            Rule::MessageGetAll => "message:get_all",
+            Rule::MessageDelete => "message:delete",
         }
     }
 
@@ -259,7 +268,9 @@ impl Rule {
             | Rule::LimitsGet
             | Rule::QuotaShow
             | Rule::TransferGet
-            | Rule::TransferGetAll => Least::Reader,
+            | Rule::TransferGetAll
+            | Rule::MessageGet
+            | Rule::MessageGetAll => Least::Reader,
             Rule::VolumeForceDelete
             | Rule::VolumeUnmanage
             | Rule::ForceDetach

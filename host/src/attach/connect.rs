@@ -11,6 +11,7 @@ use super::ops::Op;
 use super::state::{Event, transition};
 use super::{AttachError, attachment_not_found, conclude};
 use crate::domain::history::Access;
+use crate::domain::messages::{Action, Detail};
 use crate::failpoint;
 use crate::runtime::contract;
 use crate::runtime::json::connection_data_to_json;
@@ -218,6 +219,7 @@ impl Attachments<'_> {
                         rows::promote_migration(tx, &volume.id).await?;
                         conclude(tx, &locked, t).await?;
                         self.record_undone(tx, &locked, event, row, &revoke, cleaned.is_ok()).await?;
+                        self.tell(tx, &locked, Action::UpdateAttachment, Detail::AttachError).await?;
                     }
                     (Some(locked), _) => {
                         if matches!(event, Event::UndoConnect | Event::UndoConnectUnconnected) {
@@ -226,6 +228,7 @@ impl Attachments<'_> {
                         rows::transition(tx, &row.id, t, None).await?;
                         conclude(tx, &locked, t).await?;
                         self.record_undone(tx, &locked, event, row, &revoke, cleaned.is_ok()).await?;
+                        self.tell(tx, &locked, Action::UpdateAttachment, Detail::AttachError).await?;
                     }
                     // The attachment or volume is gone already: nothing to roll back.
                     (None, _) => {}

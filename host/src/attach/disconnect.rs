@@ -9,6 +9,7 @@ use super::ops::{ChangesBy, Op, Subject};
 use super::state::{AttachStatus, Event, transition};
 use super::{AttachError, Caller, attachment_not_found, conclude, names, volume_not_found};
 use crate::domain::history::Access;
+use crate::domain::messages::{Action, Detail};
 use crate::failpoint;
 use crate::runtime::contract::{self, Attachment as DriverAttachment};
 use crate::runtime::model::VolumeFields;
@@ -112,6 +113,7 @@ impl Attachments<'_> {
                     for a in &failed {
                         self.record(tx, &locked, Change::of(t.event, Access::None, a)).await?;
                     }
+                    self.tell(tx, &locked, Action::UpdateAttachment, Detail::DetachError).await?;
                 }
                 op.finish_with(tx, &volume.backend, calls).await
             })

@@ -39,7 +39,7 @@ pub(super) fn on_behalf_of<F: Future>(caller: Caller, flow: F) -> impl Future<Ou
 }
 
 /// The caller of the running operation (the service itself outside any).
-fn current_caller() -> Caller {
+pub(super) fn current_caller() -> Caller {
     AUDIT.try_with(Caller::clone).unwrap_or_else(|_| Caller::service())
 }
 

@@ -36,6 +36,7 @@ pub mod error;
 pub mod history;
 pub mod legacy;
 pub mod locks;
+pub mod messages;
 pub mod nodes;
 pub mod ops;
 pub mod reconcile;
@@ -132,11 +133,13 @@ pub struct Service {
 pub struct Limits {
     /// Live attachments per volume; one more is refused (`TooManyAttachments`).
     pub max_attachments_per_volume: u32,
+    /// Days a user message is kept (`messages.rs`).
+    pub keep_messages_days: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_attachments_per_volume: 1024 }
+        Limits { max_attachments_per_volume: 1024, keep_messages_days: 30 }
     }
 }
 

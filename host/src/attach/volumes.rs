@@ -9,6 +9,7 @@ use super::model::{Attachment, OpKind, Volume};
 use super::state::{Event, VolumeStatus, transition};
 use super::{AttachError, Caller, Service, conclude, names, volume_not_found};
 use crate::domain::history::Access;
+use crate::domain::messages::{Action, Detail};
 use crate::failpoint;
 use crate::runtime::Call;
 use crate::runtime::model::VolumeFields;
@@ -259,7 +260,15 @@ impl Volumes<'_> {
             .write(async |tx| {
                 let locked = volumes::lock(tx, &row.id, t, Some((&row.fields, &fields))).await?;
                 let written = match locked {
-                    Some(locked) => Some(conclude(tx, &locked, t).await?),
+                    Some(locked) => {
+                        let written = conclude(tx, &locked, t).await?;
+                        if created.is_err() {
+                            let (action, detail) =
+                                (Action::CreateVolumeFromBackend, Detail::DriverFailedCreate);
+                            self.tell(tx, &written, action, detail).await?;
+                        }
+                        Some(written)
+                    }
                     None => None,
                 };
                 op.finish_with(tx, &row.backend, &calls).await?;
@@ -548,6 +557,8 @@ impl Volumes<'_> {
                     Some(locked) => {
                         if extended.is_ok() {
                             volumes::set_size(tx, &volume.id, new_size_gib).await?;
+                        } else {
+                            self.tell(tx, &locked, Action::ExtendVolume, Detail::DriverFailedExtend).await?;
                         }
                         Some(conclude(tx, &locked, t).await?)
                     }

@@ -105,3 +105,17 @@ pub const ATTACHMENT_SORT_KEYS: &[&str] = &[
     "attach_time",
     "detach_time",
 ];
+
+/// Filters of a message list (Cinder's: `resource_filters.json`'s `message`).
+#[derive(Debug, Clone, Default)]
+pub struct MessageFilter {
+    pub resource_uuid: Option<String>,
+    pub resource_type: Option<String>,
+    pub event_id: Option<String>,
+    pub request_id: Option<String>,
+    pub message_level: Option<String>,
+}
+
+/// The keys a message list may be sorted by (Cinder: columns of `messages`).
+pub const MESSAGE_SORT_KEYS: &[&str] =
+    &["created_at", "id", "event_id", "resource_uuid", "resource_type", "request_id", "message_level"];

@@ -5,5 +5,6 @@
 
 pub mod history;
 pub mod list;
+pub mod messages;
 pub mod model;
 pub mod state;

@@ -25,6 +25,7 @@ pub mod attachments;
 mod batch;
 pub mod default_types;
 pub mod events;
+pub mod messages;
 pub mod nodes;
 pub mod operations;
 pub mod services;

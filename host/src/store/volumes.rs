@@ -570,7 +570,9 @@ impl Query {
 /// The SQL expression a sort key stands for (nullable columns sort as empty or zero).
 fn expr(key: &str) -> String {
     match key {
-        "name" | "instance_uuid" | "attach_mode" => format!("COALESCE({key}, '')"),
+        "name" | "instance_uuid" | "attach_mode" | "resource_uuid" | "request_id" => {
+            format!("COALESCE({key}, '')")
+        }
         "attach_time" | "detach_time" => format!("COALESCE({key}, 0)"),
         _ => key.to_string(),
     }
