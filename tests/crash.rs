@@ -739,3 +739,32 @@ interruption_tests! {
     volume_extend => ExtendVolume;
     volume_unmanage => Unmanage;
 }
+
+/// A create killed after its intent, whose driver then fails when recovery finishes it: nobody
+/// waits for that failure, so the user message is where its project learns of it (without a
+/// request: the service's own work), next to the volume in `error`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_that_fails_in_recovery_leaves_a_message_for_its_project() {
+    use berth_tests::process::{BerthProcess, FAKE_BACKEND};
+    let mut server =
+        BerthProcess::start_with_env("", FAKE_BACKEND, &[("BERTH_FAILPOINTS", "volume.create.intent=kill")]);
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    let body = json!({"volume": {"size": 1, "metadata": {"fake.create-volume": "backend:no room"}}});
+    let answer = c.try_send(Method::POST, "/volumes", Some(body), Some(Duration::from_secs(10))).await;
+    assert!(answer.is_err(), "the process died at the intent: {answer:?}");
+    assert!(server.wait_exit(Duration::from_secs(10)).is_some());
+    server.start_again();
+    let volumes = c.get("/volumes/detail").await.expect(200).body["volumes"].clone();
+    let volume = volumes[0]["id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while c.volume_status(&volume).await != "error" {
+        assert!(std::time::Instant::now() < deadline, "recovery never finished the create");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let listed = c.get("/messages").await.expect(200).body["messages"].clone();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(
+        (&listed[0]["resource_uuid"], &listed[0]["event_id"], &listed[0]["request_id"]),
+        (&json!(volume), &json!("VOLUME_VOLUME_008_012"), &Value::Null)
+    );
+}
