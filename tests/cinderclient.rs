@@ -42,6 +42,13 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert_eq!(sorted[0][2], "compat-renamed", "{sorted:?}");
     cli(&["set-bootable", &volume, "true"]);
     assert_eq!(table(&cli(&["show", &volume]))["bootable"], "true");
+    // Its image properties, which Nova reads of a volume it boots from.
+    cli(&["image-metadata", &volume, "set", "hw_disk_bus=scsi", "hw_scsi_model=virtio-scsi"]);
+    cli(&["image-metadata", &volume, "unset", "hw_scsi_model"]);
+    let properties = table(&cli(&["image-metadata-show", &volume]));
+    assert_eq!(properties.get("hw_disk_bus").map(String::as_str), Some("scsi"), "{properties:?}");
+    assert!(!properties.contains_key("hw_scsi_model"), "{properties:?}");
+    assert!(table(&cli(&["show", &volume]))["volume_image_metadata"].contains("hw_disk_bus"));
     let summary = cli(&["summary"]);
     assert!(summary.contains("total_count") && summary.contains("purpose"), "{summary}");
     let limits = cli(&["absolute-limits"]);

@@ -37,6 +37,8 @@ enum Fixture {
     Nothing,
     /// An available volume with metadata `k = v`.
     Volume,
+    /// The same with the image property `hw_disk_bus = scsi`.
+    ImageProperties,
     /// A volume with an attachment without connector (`reserved`).
     Reserved,
     /// A volume with a connected attachment (no instance).
@@ -410,6 +412,23 @@ fn routes() -> Vec<Route> {
         ),
         action("os-unmanage", json!({"os-unmanage": null}), Volume, Admin, false, 202),
         action("os-retype", json!({"os-retype": {"new_type": "multiattach"}}), Volume, Member, false, 202),
+        action(
+            "os-set_image_metadata",
+            json!({"os-set_image_metadata": {"metadata": {"hw_disk_bus": "scsi"}}}),
+            Volume,
+            Member,
+            false,
+            200,
+        ),
+        action(
+            "os-unset_image_metadata",
+            json!({"os-unset_image_metadata": {"key": "hw_disk_bus"}}),
+            ImageProperties,
+            Member,
+            false,
+            200,
+        ),
+        action("os-show_image_metadata", json!({"os-show_image_metadata": null}), Volume, Reader, false, 200),
         route(
             "offer a volume for transfer",
             Method::POST,
@@ -509,6 +528,10 @@ async fn build(owner: &Client, fixture: Fixture) -> (String, String) {
     };
     let attachment = match fixture {
         Fixture::Nothing | Fixture::Volume => String::new(),
+        Fixture::ImageProperties => {
+            action(json!({"os-set_image_metadata": {"metadata": {"hw_disk_bus": "scsi"}}})).await.expect(200);
+            String::new()
+        }
         Fixture::Reserved => owner.attach(&volume, None).await.expect(200).body["attachment"]["id"]
             .as_str()
             .unwrap()
@@ -675,6 +698,36 @@ async fn a_policy_file_overrides_the_defaults() {
     s.client("p1").with_roles("admin").post("/volumes", json!({"volume": {"size": 1}})).await.expect(202);
     s.client("p1").with_roles("auditor").get("/volumes").await.expect(200);
     member.get("/volumes").await.fault(403, "forbidden");
+}
+
+/// `volume_extension:volume_image_metadata:show` decides who sees a volume's image properties in
+/// its details, as in Cinder: kept to admins, a member's show and list leave them out.
+#[tokio::test]
+async fn a_policy_file_can_keep_image_properties_to_admins() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.toml");
+    std::fs::write(&path, "\"volume_extension:volume_image_metadata:show\" = [\"admin\"]\n").unwrap();
+    let mut config = berth_tests::server::fake_config();
+    config.auth.policy_file = Some(path);
+    let s = TestServer::start_with(Db::Sqlite, config).await;
+    let member = s.client("p1").with_roles("member");
+    let volume = member.create_volume(json!({"size": 1})).await;
+    let set = json!({"os-set_image_metadata": {"metadata": {"hw_disk_bus": "scsi"}}});
+    member.post(&format!("/volumes/{volume}/action"), set).await.expect(200);
+    let seen = |c: Client| {
+        let path = format!("/volumes/{volume}");
+        async move {
+            let shown = c.get(&path).await.expect(200).body["volume"].get("volume_image_metadata").cloned();
+            let listed = c.get("/volumes/detail").await.expect(200).body["volumes"][0]
+                .get("volume_image_metadata")
+                .cloned();
+            (shown, listed)
+        }
+    };
+    assert_eq!(seen(member.clone()).await, (None, None));
+    let admin = s.client("p1").with_roles("admin");
+    let properties = Some(json!({"hw_disk_bus": "scsi"}));
+    assert_eq!(seen(admin).await, (properties.clone(), properties));
 }
 
 /// `volume:multiattach` (Cinder's): who may have a volume of a multiattach type, made so or

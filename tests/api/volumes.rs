@@ -364,6 +364,54 @@ both_databases! {
         assert_eq!(c.get(&format!("/volumes/{boot}")).await.expect(200).body["volume"]["bootable"], "false");
     }
 
+    /// A volume's image properties (`cinder image-metadata`): what Nova reads of a volume it
+    /// boots from. Set, merged, shown in the volume's details and by `os-show_image_metadata`,
+    /// listed by (`glance_metadata`), removed.
+    async fn a_volumes_image_properties_are_set_shown_listed_by_and_removed(s) {
+        let c = s.client("p1").with_roles("member").at("3.54");
+        let boot = c.create_volume(json!({"size": 1, "name": "boot"})).await;
+        c.create_volume(json!({"size": 1, "name": "data"})).await;
+        let action = format!("/volumes/{boot}/action");
+        let shown = |c: berth_tests::server::Client| {
+            let path = format!("/volumes/{boot}");
+            async move { c.get(&path).await.expect(200).body["volume"].clone() }
+        };
+        assert!(shown(c.clone()).await.get("volume_image_metadata").is_none(), "none until set");
+
+        let set = json!({"os-set_image_metadata": {"metadata": {"hw_disk_bus": "scsi", "hw_scsi_model": "virtio-scsi"}}});
+        let r = c.post(&action, set).await.expect(200);
+        assert_eq!(r.body, json!({"metadata": {"hw_disk_bus": "scsi", "hw_scsi_model": "virtio-scsi"}}));
+        let r = c.post(&action, json!({"os-set_image_metadata": {"metadata": {"hw_disk_bus": "virtio"}}})).await.expect(200);
+        assert_eq!(r.body["metadata"], json!({"hw_disk_bus": "virtio", "hw_scsi_model": "virtio-scsi"}), "merged");
+        assert_eq!(shown(c.clone()).await["volume_image_metadata"], r.body["metadata"]);
+        assert!(shown(c.clone()).await["metadata"].as_object().unwrap().is_empty(), "the user's metadata is apart");
+        let reader = c.with_roles("reader");
+        assert_eq!(reader.post(&action, json!({"os-show_image_metadata": null})).await.expect(200).body, r.body);
+        let names = |r: berth_tests::server::Resp| -> Vec<String> {
+            r.body["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap().to_string()).collect()
+        };
+        assert_eq!(names(c.get("/volumes/detail?glance_metadata={'hw_disk_bus': 'virtio'}").await.expect(200)), ["boot"]);
+        assert!(names(c.get("/volumes?glance_metadata={'hw_disk_bus': 'ide'}").await.expect(200)).is_empty());
+        let listed = c.get("/volumes/detail?name=boot").await.expect(200).body;
+        assert_eq!(listed["volumes"][0]["volume_image_metadata"], r.body["metadata"]);
+
+        // Refused, and nothing changes: a reader's change, a key outside Cinder's pattern, a
+        // property the volume does not have.
+        reader.post(&action, json!({"os-set_image_metadata": {"metadata": {"a": "b"}}})).await.fault(403, "forbidden");
+        c.post(&action, json!({"os-set_image_metadata": {"metadata": {"bad*key": "b"}}})).await.fault(400, "badRequest");
+        c.post(&action, json!({"os-set_image_metadata": {"metadata": {"a": 1}}})).await.fault(400, "badRequest");
+        let message = c.post(&action, json!({"os-unset_image_metadata": {"key": "hw_video_model"}})).await.fault(404, "itemNotFound");
+        assert!(message.contains("hw_video_model"), "{message}");
+        assert_eq!(shown(c.clone()).await["volume_image_metadata"], r.body["metadata"]);
+
+        let r = c.post(&action, json!({"os-unset_image_metadata": {"key": "hw_disk_bus"}})).await.expect(200);
+        assert_eq!(r.body, json!({"metadata": {"hw_scsi_model": "virtio-scsi"}}));
+        c.post(&action, json!({"os-unset_image_metadata": {"key": "hw_scsi_model"}})).await.expect(200);
+        assert!(shown(c.clone()).await.get("volume_image_metadata").is_none());
+        // Another project's volume is not found.
+        s.client("p2").with_roles("member").post(&action, json!({"os-show_image_metadata": null})).await.fault(404, "itemNotFound");
+    }
+
     async fn a_volume_with_attachments_cannot_be_deleted(s) {
         let c = s.client("p1");
         let id = c.create_volume(json!({"size": 1})).await;

@@ -1,4 +1,5 @@
-//! `POST /v3/{project_id}/volumes/{id}/action`: the legacy attach and detach actions, with
+//! `POST /v3/{project_id}/volumes/{id}/action`: the legacy attach and detach actions (and the
+//! volume's other actions: extend, retype, image properties, ...), with
 //! Cinder's bodies and status codes (`cinder/api/contrib/volume_actions.py`,
 //! `admin_actions.py`, `cinder/api/schemas/volume_actions.py`). Available from 3.0. The rules
 //! are the attachments API's: see `attach/legacy.rs`.
@@ -31,7 +32,11 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::post("/volumes/{id}/action", action, "volumeAction")
             .summary("volume actions", "A legacy attach or detach action (one per request)")
             .body_with(body_schema)
-            .answers::<ConnectionInfoBody>(StatusCode::OK, "`os-initialize_connection`: the connection")
+            .answers::<ActionAnswer>(
+                StatusCode::OK,
+                "`os-initialize_connection`: the connection; `os-set_image_metadata`, `os-unset_image_metadata` \
+                 and `os-show_image_metadata`: the volume's image properties",
+            )
             .answers_empty(StatusCode::ACCEPTED, "Every other action: done"),
     ]
 }
@@ -59,6 +64,10 @@ const ACTIONS: &[(&str, Version, Rule, SchemaFn)] = &[
     // Whether the volume may be booted from, a change of the volume as `PUT` makes.
     ("os-set_bootable", MIN, Rule::VolumeUpdate, |g| g.subschema_for::<SetBootable>()),
     ("os-reimage", REIMAGE, Rule::Reimage, |g| g.subschema_for::<Reimage>()),
+    // A volume's image properties, which Nova reads of a volume it boots from.
+    ("os-set_image_metadata", MIN, Rule::ImageMetadataSet, |g| g.subschema_for::<SetImageMetadata>()),
+    ("os-unset_image_metadata", MIN, Rule::ImageMetadataRemove, |g| g.subschema_for::<UnsetImageMetadata>()),
+    ("os-show_image_metadata", MIN, Rule::VolumeGet, no_argument),
     ("os-extend_volume_completion", EXTEND_VOLUME_COMPLETION, Rule::ExtendVolumeCompletion, |g| {
         g.subschema_for::<ExtendCompletion>()
     }),
@@ -82,6 +91,34 @@ fn body_schema(g: &mut SchemaGenerator) -> Schema {
         })
         .collect();
     schemars::json_schema!({ "oneOf": one_of })
+}
+
+/// What an action answers with 200.
+#[derive(Serialize, JsonSchema)]
+#[serde(untagged)]
+enum ActionAnswer {
+    Connection(ConnectionInfoBody),
+    ImageMetadata(ImageMetadataBody),
+}
+
+/// `{"metadata": {...}}`: a volume's image properties.
+#[derive(Serialize, JsonSchema)]
+struct ImageMetadataBody {
+    metadata: std::collections::BTreeMap<String, String>,
+}
+
+/// `os-set_image_metadata`'s argument: the properties to add or change.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SetImageMetadata {
+    metadata: std::collections::BTreeMap<String, String>,
+}
+
+/// `os-unset_image_metadata`'s argument: the property to remove.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct UnsetImageMetadata {
+    key: String,
 }
 
 /// `os-initialize_connection`'s argument.
@@ -281,9 +318,11 @@ async fn action(
             let arg: Initialize = argument(&name, value, None)?;
             let c = connector(arg.connector)?;
             let info = service.commands().legacy_initialize(caller, volume, c).await?;
-            return Ok(
-                (StatusCode::OK, Json(ConnectionInfoBody { connection_info: nested(info) })).into_response()
-            );
+            return Ok((
+                StatusCode::OK,
+                Json(ActionAnswer::Connection(ConnectionInfoBody { connection_info: nested(info) })),
+            )
+                .into_response());
         }
         "os-attach" => {
             let arg: Attach = argument(&name, value, None)?;
@@ -364,6 +403,23 @@ async fn action(
             let arg: Reimage = argument(&name, value, None)?;
             uuid_param("image_id", &arg.image_id)?;
             service.volumes().reimage(&caller, &volume, arg.reimage_reserved).await?;
+        }
+        "os-set_image_metadata" | "os-unset_image_metadata" | "os-show_image_metadata" => {
+            let metadata = match name.as_str() {
+                "os-set_image_metadata" => {
+                    let arg: SetImageMetadata = argument(&name, value, None)?;
+                    service.commands().update_image_metadata(caller, volume, arg.metadata, None).await?
+                }
+                "os-unset_image_metadata" => {
+                    let arg: UnsetImageMetadata = argument(&name, value, None)?;
+                    let changes = Default::default();
+                    service.commands().update_image_metadata(caller, volume, changes, Some(arg.key)).await?
+                }
+                _ => service.volumes().show(&caller, &volume).await?.0.image_metadata,
+            };
+            // 200 with the properties (Cinder's unset answers 200 with no body: its properties
+            // left are answered here, as the one document of this endpoint says).
+            return Ok(Json(ActionAnswer::ImageMetadata(ImageMetadataBody { metadata })).into_response());
         }
         "os-extend_volume_completion" => {
             let _: ExtendCompletion = argument(&name, value, None)?;

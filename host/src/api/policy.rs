@@ -94,6 +94,9 @@ pub enum Rule {
     MessageGet,
     MessageGetAll,
     MessageDelete,
+    ImageMetadataShow,
+    ImageMetadataSet,
+    ImageMetadataRemove,
 }
 
 /// The least role a rule needs by default.
@@ -105,7 +108,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 66] = [
+    pub const ALL: [Rule; 69] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -172,6 +175,9 @@ impl Rule {
         Rule::MessageGet,
         Rule::MessageGetAll,
         Rule::MessageDelete,
+        Rule::ImageMetadataShow,
+        Rule::ImageMetadataSet,
+        Rule::ImageMetadataRemove,
     ];
 
     /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
@@ -248,6 +254,9 @@ impl Rule {
             Rule::MessageGet => "message:get",
             Rule::MessageGetAll => "message:get_all",
             Rule::MessageDelete => "message:delete",
+            Rule::ImageMetadataShow => "volume_extension:volume_image_metadata:show",
+            Rule::ImageMetadataSet => "volume_extension:volume_image_metadata:set",
+            Rule::ImageMetadataRemove => "volume_extension:volume_image_metadata:remove",
         }
     }
 
@@ -270,7 +279,8 @@ impl Rule {
             | Rule::TransferGet
             | Rule::TransferGetAll
             | Rule::MessageGet
-            | Rule::MessageGetAll => Least::Reader,
+            | Rule::MessageGetAll
+            | Rule::ImageMetadataShow => Least::Reader,
             Rule::VolumeForceDelete
             | Rule::VolumeUnmanage
             | Rule::ForceDetach

@@ -248,10 +248,14 @@ pub struct VolumeDetail {
     /// From microversion 3.65: whether the volume counts against quota (every user volume does).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consumes_quota: Option<bool>,
+    /// Its image properties (`os-set_image_metadata`), when it has any and the caller may read
+    /// them (`volume_extension:volume_image_metadata:show`), as Cinder shows them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_image_metadata: Option<BTreeMap<String, String>>,
 }
 
 /// The volume detail view at a microversion, for a caller. `hosts` (admins only) names the node
-/// that serves each volume.
+/// that serves each volume; `image_metadata`: the caller may read image properties.
 pub fn volume_detail(
     v: &Volume,
     attachments: &[Attachment],
@@ -259,6 +263,7 @@ pub fn volume_detail(
     version: Version,
     links: &Links,
     hosts: Option<&Hosts>,
+    image_metadata: bool,
 ) -> VolumeDetail {
     let admin = caller.is_admin();
     let attached = attachments
@@ -315,6 +320,8 @@ pub fn volume_detail(
             .then(|| cluster_of(&v.backend, v.service_uuid.as_deref())),
         volume_type_id: (version >= VOLUME_TYPE_ID).then(|| type_id(&v.volume_type)),
         consumes_quota: (version >= CONSUMES_QUOTA).then_some(true),
+        volume_image_metadata: (image_metadata && !v.image_metadata.is_empty())
+            .then(|| v.image_metadata.clone()),
     }
 }
 

@@ -335,8 +335,15 @@ async fn update(
     state.service.commands().update_volume(caller, id.clone(), change).await?;
     let (volume, attachments) = state.service.volumes().show(&view_caller, &id).await?;
     let hosts = hosts(&state, &view_caller).await?;
-    let view =
-        volume_detail(&volume, &attachments, &view_caller, version, &links(&state, &headers), hosts.as_ref());
+    let view = volume_detail(
+        &volume,
+        &attachments,
+        &view_caller,
+        version,
+        &links(&state, &headers),
+        hosts.as_ref(),
+        shows_image_metadata(&state, &view_caller),
+    );
     Ok(Json(VolumeBody { volume: view }).into_response())
 }
 
@@ -415,7 +422,15 @@ async fn create(
     let row = state.service.commands().create_volume(caller, request).await?;
     let (caller, links) = (view_caller, links(&state, &headers));
     let hosts = hosts(&state, &caller).await?;
-    let view = volume_detail(&row, &[], &caller, version, &links, hosts.as_ref());
+    let view = volume_detail(
+        &row,
+        &[],
+        &caller,
+        version,
+        &links,
+        hosts.as_ref(),
+        shows_image_metadata(&state, &caller),
+    );
     Ok((StatusCode::ACCEPTED, Json(VolumeBody { volume: view })).into_response())
 }
 
@@ -429,8 +444,15 @@ async fn show(
     state.authorize(&caller, Rule::VolumeGet)?;
     let (volume, attachments) = state.service.volumes().show(&caller, &id).await?;
     let hosts = hosts(&state, &caller).await?;
-    let view =
-        volume_detail(&volume, &attachments, &caller, version, &links(&state, &headers), hosts.as_ref());
+    let view = volume_detail(
+        &volume,
+        &attachments,
+        &caller,
+        version,
+        &links(&state, &headers),
+        hosts.as_ref(),
+        shows_image_metadata(&state, &caller),
+    );
     Ok(Json(VolumeBody { volume: view }).into_response())
 }
 
@@ -657,7 +679,7 @@ async fn list(
     let consumes_quota =
         since("consumes_quota", CONSUMES_QUOTA).map(|v| boolean("consumes_quota", v)).transpose()?;
     let group_id = since("group_id", VOLUME_LIST_GROUP).is_some();
-    let glance_metadata = since("glance_metadata", VOLUME_LIST_GLANCE_METADATA).is_some();
+    let glance_metadata = since("glance_metadata", VOLUME_LIST_GLANCE_METADATA).cloned();
     if !too_new.is_empty() && version >= RESOURCE_FILTER {
         return Err(ApiError::bad_request(format!(
             "Invalid filters {} are found in query options.",
@@ -666,6 +688,7 @@ async fn list(
     }
     let flag = |key: &str| q.flags.get(key).map(String::as_str);
     let metadata = flag("metadata").map(metadata_filter).transpose()?.unwrap_or_default();
+    let image_metadata = glance_metadata.as_deref().map(metadata_filter).transpose()?.unwrap_or_default();
     let size_gib = flag("size")
         .map(|v| {
             v.trim().parse::<i64>().map_err(|_| {
@@ -674,13 +697,12 @@ async fn list(
         })
         .transpose()?;
     let bootable = flag("bootable").map(|v| boolean("bootable", v)).transpose()?;
-    // Every volume here is in zone `nova`, counts against quota, and is in no migration, group
-    // or image: a filter asking otherwise matches nothing.
+    // Every volume here is in zone `nova`, counts against quota, and is in no migration or
+    // group: a filter asking otherwise matches nothing.
     let mut nothing = flag("availability_zone").is_some_and(|zone| zone != ZONE)
         || consumes_quota == Some(false)
         || flag("migration_status").is_some()
-        || group_id
-        || glance_metadata;
+        || group_id;
     // An admin's `project_id` (cinderclient's `list --all-tenants --tenant <project>`); for
     // others it is an unknown filter, as in Cinder.
     let scope = match flag("project_id") {
@@ -705,6 +727,7 @@ async fn list(
         created_at,
         updated_at,
         metadata,
+        image_metadata,
         size_gib,
         bootable,
         nothing,
@@ -722,8 +745,11 @@ async fn list(
         return Ok(Json(VolumeList { volumes, count }).into_response());
     }
     let hosts = hosts(state, caller).await?;
-    let volumes =
-        rows.iter().map(|(v, a)| volume_detail(v, a, caller, version, &links, hosts.as_ref())).collect();
+    let image = shows_image_metadata(state, caller);
+    let volumes = rows
+        .iter()
+        .map(|(v, a)| volume_detail(v, a, caller, version, &links, hosts.as_ref(), image))
+        .collect();
     Ok(Json(VolumeDetailList { volumes, count }).into_response())
 }
 
@@ -763,6 +789,11 @@ async fn remove(
 }
 
 /// Links point where the client reached us, unless a public endpoint is configured.
+/// Whether `caller` sees volumes' image properties (`volume_image_metadata`).
+fn shows_image_metadata(state: &AppState, caller: &Caller) -> bool {
+    state.policy.allows(caller, Rule::ImageMetadataShow)
+}
+
 pub(super) fn links(state: &AppState, headers: &HeaderMap) -> Links {
     let base = state.public_endpoint.clone().unwrap_or_else(|| {
         let host = headers.get(axum::http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");

@@ -101,6 +101,26 @@ impl Commands {
             .await
     }
 
+    /// The image properties' calls (`os-set_image_metadata`, `os-unset_image_metadata`): merge
+    /// `changes`, or remove one key.
+    pub async fn update_image_metadata(
+        &self,
+        caller: Caller,
+        id: String,
+        changes: BTreeMap<String, String>,
+        remove: Option<String>,
+    ) -> Result<BTreeMap<String, String>, AttachError> {
+        self.0
+            .owned(
+                caller.clone(),
+                (caller, id, changes, remove),
+                move |s, (c, id, changes, remove)| async move {
+                    s.volumes().update_image_metadata(&c, &id, changes, remove.as_deref()).await
+                },
+            )
+            .await
+    }
+
     /// `PUT /volumes/{id}`: its name, description or metadata.
     pub async fn update_volume(
         &self,

@@ -14,6 +14,7 @@ use crate::failpoint;
 use crate::runtime::Call;
 use crate::runtime::model::VolumeFields;
 use crate::store::attachments as rows;
+use crate::store::volumes::UserFields;
 use crate::store::{now_micros, operations, volumes};
 
 /// The largest volume, in GiB (64 TiB).
@@ -32,6 +33,8 @@ pub mod bounds {
     pub const MAX_METADATA_ITEMS: usize = 128;
     pub const MAX_METADATA_KEY: usize = 255;
     pub const MAX_METADATA_VALUE: usize = 255;
+    /// The longest image property value (a text column's, as Cinder's `mysql_text`).
+    pub const MAX_IMAGE_VALUE: usize = 65_535;
 
     /// A name or description as it is kept: without the white space around it, as Cinder
     /// keeps them (`clean_name_and_description`).
@@ -61,6 +64,27 @@ pub mod bounds {
         if let Some((key, _)) = items.iter().find(|(_, v)| v.chars().count() > MAX_METADATA_VALUE) {
             return Err(AttachError::InvalidInput(format!(
                 "the value of metadata key {key:?} is longer than {MAX_METADATA_VALUE} characters"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Image properties, as Cinder's schema takes them: each key 1 to 255 of letters, digits and
+    /// `-_:. /`; each value at most 65,535 characters (a text column's).
+    pub fn image_items(items: &BTreeMap<String, String>) -> Result<(), AttachError> {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || "-_:. /".contains(c);
+        if let Some(key) = items
+            .keys()
+            .find(|k| k.is_empty() || k.chars().count() > MAX_METADATA_KEY || !k.chars().all(allowed))
+        {
+            let shown: String = key.chars().take(40).collect();
+            return Err(AttachError::InvalidInput(format!(
+                "image property {shown:?}: a key is 1 to {MAX_METADATA_KEY} letters, digits and '-_:. /'"
+            )));
+        }
+        if let Some((key, _)) = items.iter().find(|(_, v)| v.chars().count() > MAX_IMAGE_VALUE) {
+            return Err(AttachError::InvalidInput(format!(
+                "the value of image property {key:?} is longer than {MAX_IMAGE_VALUE} characters"
             )));
         }
         Ok(())
@@ -118,14 +142,6 @@ pub struct Summary {
     pub size_gib: i64,
     /// Each metadata key, with the values it has.
     pub metadata: BTreeMap<String, std::collections::BTreeSet<String>>,
-}
-
-/// What a user may change of a volume.
-struct UserFields {
-    name: Option<String>,
-    description: Option<String>,
-    metadata: BTreeMap<String, String>,
-    bootable: bool,
 }
 
 /// Cinder's `_driver_shares_targets`: `false` when the driver says it does not share targets;
@@ -225,6 +241,7 @@ impl Volumes<'_> {
             created_at: now,
             updated_at: now,
             bootable: false,
+            image_metadata: BTreeMap::new(),
         };
         let _lock = self.locks.lock(&row.id).await;
         let op = self.operation(OpKind::CreateVolume, &row.id, None, None);
@@ -643,6 +660,34 @@ impl Volumes<'_> {
         Ok(updated.metadata)
     }
 
+    /// Changes a volume's image properties (`os-set_image_metadata`, `os-unset_image_metadata`):
+    /// merges `changes`, then removes `remove` (Cinder's 404 when the volume has no such
+    /// property). Returns them afterwards.
+    pub(super) async fn update_image_metadata(
+        &self,
+        caller: &Caller,
+        id: &str,
+        changes: BTreeMap<String, String>,
+        remove: Option<&str>,
+    ) -> Result<BTreeMap<String, String>, AttachError> {
+        bounds::image_items(&changes)?;
+        let remove = remove.map(str::to_string);
+        let updated = self
+            .update_user_fields(caller, id, move |fields| {
+                fields.image_metadata.extend(changes);
+                if let Some(key) = remove
+                    && fields.image_metadata.remove(&key).is_none()
+                {
+                    return Err(AttachError::NotFound(format!(
+                        "Glance metadata for volume {id} cannot be found: it has no image property {key}"
+                    )));
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(updated.image_metadata)
+    }
+
     /// `PUT /volumes/{id}` and `os-set_bootable`: a new name, description, metadata (replaced
     /// whole, as Cinder's update does) or bootable flag. Names and descriptions are [`bounds::trimmed`], as at create. Any
     /// status: nothing a driver or an attachment sees changes.
@@ -700,20 +745,19 @@ impl Volumes<'_> {
                     description: volume.description.take(),
                     metadata: std::mem::take(&mut volume.metadata),
                     bootable: volume.bootable,
+                    image_metadata: std::mem::take(&mut volume.image_metadata),
                 };
                 change(&mut fields)?;
                 bounds::count(&fields.metadata)?;
-                volumes::set_user_fields(
-                    tx,
-                    id,
-                    fields.name.as_deref(),
-                    fields.description.as_deref(),
-                    &fields.metadata,
+                bounds::count(&fields.image_metadata)?;
+                volumes::set_user_fields(tx, id, &fields).await?;
+                (volume.name, volume.description, volume.metadata, volume.bootable, volume.image_metadata) = (
+                    fields.name,
+                    fields.description,
+                    fields.metadata,
                     fields.bootable,
-                )
-                .await?;
-                (volume.name, volume.description, volume.metadata, volume.bootable) =
-                    (fields.name, fields.description, fields.metadata, fields.bootable);
+                    fields.image_metadata,
+                );
                 Ok(volume)
             })
             .await

@@ -36,6 +36,8 @@ pub struct VolumeFilter {
     pub updated_at: Option<(Compare, i64)>,
     /// Only volumes that have every one of these metadata items.
     pub metadata: BTreeMap<String, String>,
+    /// Only volumes that have every one of these image properties (`glance_metadata`).
+    pub image_metadata: BTreeMap<String, String>,
     pub size_gib: Option<i64>,
     pub bootable: Option<bool>,
     /// A filter on a field every volume here has the same value of, asking for another

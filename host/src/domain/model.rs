@@ -35,6 +35,9 @@ pub struct Volume {
     pub updated_at: i64,
     /// Whether it may be booted from (`os-set_bootable`).
     pub bootable: bool,
+    /// Its image properties (Cinder's `volume_image_metadata`, `os-set_image_metadata`): what
+    /// Nova reads of a volume it boots from. Not the driver's to see.
+    pub image_metadata: BTreeMap<String, String>,
 }
 
 impl Volume {

@@ -12,7 +12,7 @@ use crate::runtime::model::VolumeFields;
 
 const COLUMNS: &str = "id, project_id, user_id, name, description, size_gib, volume_type, backend, multiattach, \
      status, attach_status, provider_location, provider_auth, provider_id, driver_data, metadata, \
-     shared_targets, service_uuid, created_at, updated_at, bootable";
+     shared_targets, service_uuid, created_at, updated_at, bootable, image_metadata";
 
 fn from_row(r: &Row) -> Result<Volume, StoreError> {
     let id = r.text(0)?;
@@ -46,6 +46,8 @@ fn from_row(r: &Row) -> Result<Volume, StoreError> {
         created_at: r.int(18)?,
         updated_at: r.int(19)?,
         bootable: r.flag(20)?,
+        image_metadata: serde_json::from_str(&r.text(21)?)
+            .map_err(|_| corrupt("image metadata", "(not a map)"))?,
         id,
     })
 }
@@ -62,7 +64,7 @@ pub async fn insert(tx: &mut Tx, v: &Volume) -> Result<(), StoreError> {
     tx.execute(
         &format!(
             "INSERT INTO volumes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
-             $15, $16, $17, $18, $19, $20, $21)"
+             $15, $16, $17, $18, $19, $20, $21, $22)"
         ),
         &params![
             &v.id,
@@ -86,6 +88,7 @@ pub async fn insert(tx: &mut Tx, v: &Volume) -> Result<(), StoreError> {
             v.created_at,
             v.updated_at,
             v.bootable,
+            map_text(&v.image_metadata),
         ],
     )
     .await?;
@@ -290,19 +293,30 @@ pub async fn set_size(tx: &mut Tx, id: &str, size_gib: i64) -> Result<(), StoreE
     Ok(())
 }
 
-/// Writes the user's fields of a locked volume: its name, description, metadata and whether it
-/// is bootable.
-pub async fn set_user_fields(
-    tx: &mut Tx,
-    id: &str,
-    name: Option<&str>,
-    description: Option<&str>,
-    metadata: &BTreeMap<String, String>,
-    bootable: bool,
-) -> Result<(), StoreError> {
+/// The user's fields of a volume: what its users change, and no driver or attachment sees.
+#[derive(Debug, Clone, Default)]
+pub struct UserFields {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub bootable: bool,
+    pub image_metadata: BTreeMap<String, String>,
+}
+
+/// Writes the user's fields of a locked volume.
+pub async fn set_user_fields(tx: &mut Tx, id: &str, f: &UserFields) -> Result<(), StoreError> {
     tx.execute(
-        "UPDATE volumes SET name = $2, description = $3, metadata = $4, bootable = $5, updated_at = $6 WHERE id = $1",
-        &params![id, name, description, map_text(metadata), bootable, now_micros()],
+        "UPDATE volumes SET name = $2, description = $3, metadata = $4, bootable = $5, image_metadata = $6, \
+         updated_at = $7 WHERE id = $1",
+        &params![
+            id,
+            &f.name,
+            &f.description,
+            map_text(&f.metadata),
+            f.bootable,
+            map_text(&f.image_metadata),
+            now_micros()
+        ],
     )
     .await?;
     Ok(())
@@ -387,6 +401,11 @@ fn filtered(select: &str, scope: Scope<'_>, filter: &VolumeFilter) -> Query {
         let item =
             format!("{}:{}", serde_json::Value::from(key.as_str()), serde_json::Value::from(value.as_str()));
         q.and("REPLACE(metadata, ?, '') <> metadata", item);
+    }
+    for (key, value) in &filter.image_metadata {
+        let item =
+            format!("{}:{}", serde_json::Value::from(key.as_str()), serde_json::Value::from(value.as_str()));
+        q.and("REPLACE(image_metadata, ?, '') <> image_metadata", item);
     }
     if let Some(size) = filter.size_gib {
         q.and("size_gib = ?", size);
