@@ -102,7 +102,7 @@ both_databases! {
 }
 
 /// A message lives `[messages] keep_days`: once expired it is no longer shown, and the hourly
-/// purge deletes it.
+/// purge deletes it, in short writes.
 #[tokio::test]
 async fn an_expired_message_is_no_longer_shown_and_is_purged() {
     let mut config = berth_tests::server::fake_config();
@@ -114,6 +114,32 @@ async fn an_expired_message_is_no_longer_shown_and_is_purged() {
         .await;
     r.fault(502, "computeFault");
     assert!(messages(&c, "").await.is_empty());
-    assert_eq!(s.service.purge_messages().await.unwrap(), 1);
+    // Many expired (as after a month of a failing backend): purged in writes of a thousand, all.
+    let expired: Vec<berth::store::messages::Message> = (0..2500)
+        .map(|i| berth::store::messages::Message {
+            id: uuid::Uuid::new_v4().to_string(),
+            project_id: "p1".into(),
+            request_id: None,
+            resource_type: "VOLUME".into(),
+            resource_uuid: None,
+            event_id: "VOLUME_VOLUME_007_010".into(),
+            action_id: "007".into(),
+            detail_id: "010".into(),
+            message_level: "ERROR".into(),
+            created_at: i,
+            expires_at: i,
+        })
+        .collect();
+    s.service
+        .store()
+        .write(async |tx| {
+            for m in &expired {
+                berth::store::messages::insert(tx, m).await?;
+            }
+            Ok::<_, berth::store::StoreError>(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.service.purge_messages().await.unwrap(), 2501);
     assert_eq!(s.service.purge_messages().await.unwrap(), 0);
 }

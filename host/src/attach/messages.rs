@@ -90,8 +90,20 @@ impl Service {
         if deleted { Ok(()) } else { Err(message_not_found(id)) }
     }
 
-    /// Deletes the messages that have expired; how many.
+    /// Deletes the messages that have expired, a thousand at a time with a pause as long as each
+    /// write took (other writers go between); how many.
     pub async fn purge_messages(&self) -> Result<u64, AttachError> {
-        Ok(self.store.write(async |tx| messages::purge_expired(tx, now_micros()).await).await?)
+        const AT_ONCE: i64 = 1000;
+        let now = now_micros();
+        let mut deleted = 0;
+        loop {
+            let started = std::time::Instant::now();
+            let n = self.store.write(async |tx| messages::purge_expired(tx, now, AT_ONCE).await).await?;
+            deleted += n;
+            if n < AT_ONCE as u64 {
+                return Ok(deleted);
+            }
+            tokio::time::sleep(started.elapsed()).await;
+        }
     }
 }

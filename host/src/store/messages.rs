@@ -121,7 +121,14 @@ pub async fn delete(tx: &mut Tx, id: &str) -> Result<bool, StoreError> {
     Ok(tx.execute("DELETE FROM messages WHERE id = $1", &params![id]).await? == 1)
 }
 
-/// Deletes the messages that expired before `now` (microseconds); how many.
-pub async fn purge_expired(tx: &mut Tx, now: i64) -> Result<u64, StoreError> {
-    tx.execute("DELETE FROM messages WHERE expires_at <= $1", &params![now]).await
+/// Deletes at most `limit` of the messages that expired before `now` (microseconds), oldest
+/// first; how many. Bounded so that a purge is a series of short writes (`expires_at`'s index
+/// finds them), as the history's retention is.
+pub async fn purge_expired(tx: &mut Tx, now: i64, limit: i64) -> Result<u64, StoreError> {
+    tx.execute(
+        "DELETE FROM messages WHERE id IN \
+         (SELECT id FROM messages WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2)",
+        &params![now, limit.max(1)],
+    )
+    .await
 }
