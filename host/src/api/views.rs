@@ -254,16 +254,23 @@ pub struct VolumeDetail {
     pub volume_image_metadata: Option<BTreeMap<String, String>>,
 }
 
-/// The volume detail view at a microversion, for a caller. `hosts` (admins only) names the node
-/// that serves each volume; `image_metadata`: the caller may read image properties.
+/// What a caller may see of volumes beyond what every reader sees, as the policy and its role
+/// decide.
+pub struct Sight {
+    /// The node that serves each volume (admins only).
+    pub hosts: Option<Hosts>,
+    /// Their image properties (`volume_extension:volume_image_metadata:show`).
+    pub image_metadata: bool,
+}
+
+/// The volume detail view at a microversion, for a caller who sees what `sight` says.
 pub fn volume_detail(
     v: &Volume,
     attachments: &[Attachment],
     caller: &Caller,
     version: Version,
     links: &Links,
-    hosts: Option<&Hosts>,
-    image_metadata: bool,
+    sight: &Sight,
 ) -> VolumeDetail {
     let admin = caller.is_admin();
     let attached = attachments
@@ -279,7 +286,7 @@ pub fn volume_detail(
             attached_at: optional_time(a.attach_time),
         })
         .collect();
-    let host = hosts.filter(|_| admin).map(|h| h.host(v));
+    let host = sight.hosts.as_ref().filter(|_| admin).map(|h| h.host(v));
     let admin_null = host.as_ref().map(|_| None);
     VolumeDetail {
         id: v.id.clone(),
@@ -320,7 +327,7 @@ pub fn volume_detail(
             .then(|| cluster_of(&v.backend, v.service_uuid.as_deref())),
         volume_type_id: (version >= VOLUME_TYPE_ID).then(|| type_id(&v.volume_type)),
         consumes_quota: (version >= CONSUMES_QUOTA).then_some(true),
-        volume_image_metadata: (image_metadata && !v.image_metadata.is_empty())
+        volume_image_metadata: (sight.image_metadata && !v.image_metadata.is_empty())
             .then(|| v.image_metadata.clone()),
     }
 }

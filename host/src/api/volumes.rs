@@ -23,10 +23,9 @@ use super::openapi::Endpoint;
 use super::path::VolumeId;
 use super::policy::Rule;
 use super::query::{ListSpec, param, parse};
-use super::views::{Links, VolumeBody, VolumeDetailList, VolumeList, volume_detail, volume_summary};
+use super::views::{Links, Sight, VolumeBody, VolumeDetailList, VolumeList, volume_detail, volume_summary};
 use super::zones::ZONE;
 use crate::attach::Caller;
-use crate::attach::nodes::Hosts;
 use crate::attach::volumes::{MAX_SIZE_GIB, NewVolume, VolumeChange};
 use crate::domain::list::{Compare, Scope, VOLUME_SORT_KEYS, VolumeFilter};
 
@@ -334,16 +333,8 @@ async fn update(
     let view_caller = caller.clone();
     state.service.commands().update_volume(caller, id.clone(), change).await?;
     let (volume, attachments) = state.service.volumes().show(&view_caller, &id).await?;
-    let hosts = hosts(&state, &view_caller).await?;
-    let view = volume_detail(
-        &volume,
-        &attachments,
-        &view_caller,
-        version,
-        &links(&state, &headers),
-        hosts.as_ref(),
-        shows_image_metadata(&state, &view_caller),
-    );
+    let sight = sight(&state, &view_caller).await?;
+    let view = volume_detail(&volume, &attachments, &view_caller, version, &links(&state, &headers), &sight);
     Ok(Json(VolumeBody { volume: view }).into_response())
 }
 
@@ -421,16 +412,8 @@ async fn create(
     let view_caller = caller.clone();
     let row = state.service.commands().create_volume(caller, request).await?;
     let (caller, links) = (view_caller, links(&state, &headers));
-    let hosts = hosts(&state, &caller).await?;
-    let view = volume_detail(
-        &row,
-        &[],
-        &caller,
-        version,
-        &links,
-        hosts.as_ref(),
-        shows_image_metadata(&state, &caller),
-    );
+    let sight = sight(&state, &caller).await?;
+    let view = volume_detail(&row, &[], &caller, version, &links, &sight);
     Ok((StatusCode::ACCEPTED, Json(VolumeBody { volume: view })).into_response())
 }
 
@@ -443,16 +426,8 @@ async fn show(
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::VolumeGet)?;
     let (volume, attachments) = state.service.volumes().show(&caller, &id).await?;
-    let hosts = hosts(&state, &caller).await?;
-    let view = volume_detail(
-        &volume,
-        &attachments,
-        &caller,
-        version,
-        &links(&state, &headers),
-        hosts.as_ref(),
-        shows_image_metadata(&state, &caller),
-    );
+    let sight = sight(&state, &caller).await?;
+    let view = volume_detail(&volume, &attachments, &caller, version, &links(&state, &headers), &sight);
     Ok(Json(VolumeBody { volume: view }).into_response())
 }
 
@@ -509,11 +484,13 @@ async fn summary(
 }
 
 /// Which node serves each volume, for an admin's view (`os-vol-host-attr:host`).
-async fn hosts(state: &AppState, caller: &Caller) -> Result<Option<Hosts>, ApiError> {
-    if !caller.is_admin() {
-        return Ok(None);
-    }
-    Ok(Some(state.service.hosts().await?))
+/// What `caller` sees of volumes (see [`Sight`]).
+async fn sight(state: &AppState, caller: &Caller) -> Result<Sight, ApiError> {
+    let hosts = match caller.is_admin() {
+        true => Some(state.service.hosts().await?),
+        false => None,
+    };
+    Ok(Sight { hosts, image_metadata: state.policy.allows(caller, Rule::ImageMetadataShow) })
 }
 
 pub(super) const LIST: ListSpec = ListSpec {
@@ -744,12 +721,8 @@ async fn list(
         let volumes = rows.iter().map(|(v, _)| volume_summary(v, &links)).collect();
         return Ok(Json(VolumeList { volumes, count }).into_response());
     }
-    let hosts = hosts(state, caller).await?;
-    let image = shows_image_metadata(state, caller);
-    let volumes = rows
-        .iter()
-        .map(|(v, a)| volume_detail(v, a, caller, version, &links, hosts.as_ref(), image))
-        .collect();
+    let sight = sight(state, caller).await?;
+    let volumes = rows.iter().map(|(v, a)| volume_detail(v, a, caller, version, &links, &sight)).collect();
     Ok(Json(VolumeDetailList { volumes, count }).into_response())
 }
 
@@ -789,11 +762,6 @@ async fn remove(
 }
 
 /// Links point where the client reached us, unless a public endpoint is configured.
-/// Whether `caller` sees volumes' image properties (`volume_image_metadata`).
-fn shows_image_metadata(state: &AppState, caller: &Caller) -> bool {
-    state.policy.allows(caller, Rule::ImageMetadataShow)
-}
-
 pub(super) fn links(state: &AppState, headers: &HeaderMap) -> Links {
     let base = state.public_endpoint.clone().unwrap_or_else(|| {
         let host = headers.get(axum::http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");
