@@ -55,36 +55,42 @@ pub mod bounds {
 
     /// Metadata items being written: keys of 1 to 255 characters, values of at most 255.
     pub fn items(items: &BTreeMap<String, String>) -> Result<(), AttachError> {
-        if let Some(key) = items.keys().find(|k| k.is_empty() || k.chars().count() > MAX_METADATA_KEY) {
-            let shown: String = key.chars().take(40).collect();
-            return Err(AttachError::InvalidInput(format!(
-                "metadata key {shown:?} must be 1 to {MAX_METADATA_KEY} characters"
-            )));
-        }
-        if let Some((key, _)) = items.iter().find(|(_, v)| v.chars().count() > MAX_METADATA_VALUE) {
-            return Err(AttachError::InvalidInput(format!(
-                "the value of metadata key {key:?} is longer than {MAX_METADATA_VALUE} characters"
-            )));
-        }
-        Ok(())
+        checked(items, "metadata key", |_| true, "characters", MAX_METADATA_VALUE)
     }
 
     /// Image properties, as Cinder's schema takes them: each key 1 to 255 of letters, digits and
     /// `-_:. /`; each value at most 65,535 characters (a text column's).
     pub fn image_items(items: &BTreeMap<String, String>) -> Result<(), AttachError> {
         let allowed = |c: char| c.is_ascii_alphanumeric() || "-_:. /".contains(c);
-        if let Some(key) = items
-            .keys()
-            .find(|k| k.is_empty() || k.chars().count() > MAX_METADATA_KEY || !k.chars().all(allowed))
+        checked(
+            items,
+            "image property",
+            |k| k.chars().all(allowed),
+            "letters, digits and '-_:. /'",
+            MAX_IMAGE_VALUE,
+        )
+    }
+
+    /// Items whose keys are 1 to 255 characters that `key_ok` takes (`key_rule` says which) and
+    /// whose values are at most `max_value` characters; `noun` names a key in the refusal.
+    fn checked(
+        items: &BTreeMap<String, String>,
+        noun: &str,
+        key_ok: impl Fn(&str) -> bool,
+        key_rule: &str,
+        max_value: usize,
+    ) -> Result<(), AttachError> {
+        if let Some(key) =
+            items.keys().find(|k| k.is_empty() || k.chars().count() > MAX_METADATA_KEY || !key_ok(k))
         {
             let shown: String = key.chars().take(40).collect();
             return Err(AttachError::InvalidInput(format!(
-                "image property {shown:?}: a key is 1 to {MAX_METADATA_KEY} letters, digits and '-_:. /'"
+                "{noun} {shown:?} must be 1 to {MAX_METADATA_KEY} {key_rule}"
             )));
         }
-        if let Some((key, _)) = items.iter().find(|(_, v)| v.chars().count() > MAX_IMAGE_VALUE) {
+        if let Some((key, _)) = items.iter().find(|(_, v)| v.chars().count() > max_value) {
             return Err(AttachError::InvalidInput(format!(
-                "the value of image property {key:?} is longer than {MAX_IMAGE_VALUE} characters"
+                "the value of {noun} {key:?} is longer than {max_value} characters"
             )));
         }
         Ok(())
