@@ -87,7 +87,7 @@ impl Service {
         let ((nodes, disabled), usage) = self
             .store
             .read(async |tx| {
-                Ok::<_, StoreError>((placement(tx).await?, volumes::usage_by_service(tx).await?))
+                Ok::<_, StoreError>((nodes_and_disabled(tx).await?, volumes::usage_by_service(tx).await?))
             })
             .await?;
         let live = self.liveness();
@@ -132,7 +132,7 @@ impl Service {
 
     /// Every node and backend, with whether it is up.
     pub async fn services(&self) -> Result<Vec<ServiceState>, AttachError> {
-        let (nodes, disabled) = self.store.read(async |tx| placement(tx).await).await?;
+        let (nodes, disabled) = self.store.read(async |tx| nodes_and_disabled(tx).await).await?;
         let live = self.liveness();
         let mut out = Vec::new();
         for n in &nodes {
@@ -222,7 +222,7 @@ impl Service {
         }
         if backend.shared {
             let live = self.liveness();
-            let (nodes, disabled) = placement(tx).await?;
+            let (nodes, disabled) = nodes_and_disabled(tx).await?;
             let other = nodes.into_iter().find(|n| {
                 n.name != self.owner.node
                     && n.url.is_some()
@@ -245,7 +245,7 @@ impl Service {
 
     /// The clusters: each shared backend, `berth@backend`, with the nodes that serve it.
     pub async fn clusters(&self) -> Result<Vec<Cluster>, AttachError> {
-        let (nodes, disabled) = self.store.read(async |tx| placement(tx).await).await?;
+        let (nodes, disabled) = self.store.read(async |tx| nodes_and_disabled(tx).await).await?;
         let live = self.liveness();
         let mut clusters: BTreeMap<String, Cluster> = BTreeMap::new();
         for n in &nodes {
@@ -321,7 +321,7 @@ impl Service {
 
 /// The nodes, and the services and clusters disabled, as one read sees them: what decides where
 /// a new volume may be made.
-async fn placement(tx: &mut Tx) -> Result<(Vec<Node>, Vec<Disabled>), StoreError> {
+async fn nodes_and_disabled(tx: &mut Tx) -> Result<(Vec<Node>, Vec<Disabled>), StoreError> {
     Ok((nodes::list(tx).await?, services::list(tx).await?))
 }
 
