@@ -387,35 +387,32 @@ impl Assembled {
     }
 }
 
-/// Deletes the attach history's events older than `days`, and the rows of attachments and
-/// volumes deleted before then, at start and every hour (`[history] keep_days`).
-pub async fn prune_history(service: Arc<crate::attach::Service>, days: u32) {
+/// What is kept only for a while, deleted at start and every hour: with `[history] keep_days`
+/// (`history_days`), the attach history's events older than that and the rows of attachments and
+/// volumes deleted before then; and the user messages that have expired (`[messages]
+/// keep_days`). Nothing while this node is refused by a newer schema.
+pub async fn housekeeping(service: Arc<crate::attach::Service>, history_days: Option<u32>) {
     use crate::attach::history::Retained;
     loop {
-        let before = crate::store::now_micros() - i64::from(days) * 86_400_000_000;
-        let pruned = match service.owner().schema_refusal() {
-            Some(refused) => Err(refused),
-            None => crate::attach::history::retain_since(service.store(), before).await,
-        };
-        match pruned {
-            Ok(retained) if retained == Retained::default() => {}
-            Ok(Retained { events, attachments, volumes }) => tracing::info!(
-                events,
-                deleted_attachments = attachments,
-                deleted_volumes = volumes,
-                keep_days = days,
-                "pruned the attach history"
-            ),
-            Err(e) => tracing::warn!("could not prune the attach history: {e}"),
-        }
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-    }
-}
-
-/// Deletes the user messages that have expired (`[messages] keep_days`), at start and every hour.
-pub async fn purge_messages(service: Arc<crate::attach::Service>) {
-    loop {
-        if service.owner().schema_refusal().is_none() {
+        if let Some(refused) = service.owner().schema_refusal() {
+            tracing::warn!(
+                "could not prune the attach history nor delete the expired user messages: {refused}"
+            );
+        } else {
+            if let Some(days) = history_days {
+                let before = crate::store::now_micros() - i64::from(days) * 86_400_000_000;
+                match crate::attach::history::retain_since(service.store(), before).await {
+                    Ok(retained) if retained == Retained::default() => {}
+                    Ok(Retained { events, attachments, volumes }) => tracing::info!(
+                        events,
+                        deleted_attachments = attachments,
+                        deleted_volumes = volumes,
+                        keep_days = days,
+                        "pruned the attach history"
+                    ),
+                    Err(e) => tracing::warn!("could not prune the attach history: {e}"),
+                }
+            }
             match service.purge_messages().await {
                 Ok(0) => {}
                 Ok(deleted) => tracing::info!(deleted, "deleted the expired user messages"),
@@ -565,9 +562,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     service.reconcile().awaiting_first_pass();
     let reconciler = tokio::spawn(reconcile_loop(assembled.clone(), interval));
     let leases = tokio::spawn(service.clone().renew_leases());
-    let pruner =
-        assembled.config.history.keep_days.map(|days| tokio::spawn(prune_history(service.clone(), days)));
-    let messages = tokio::spawn(purge_messages(service.clone()));
+    let housekeeper = tokio::spawn(housekeeping(service.clone(), assembled.config.history.keep_days));
     let heartbeat = tokio::spawn(service.clone().keep_alive());
     let follower = assembled.state.upgrades.clone().map(|u| tokio::spawn(u.follow(service.clone())));
     let app = app(assembled.state.clone());
@@ -595,10 +590,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     })
     .await?;
     reconciler.abort();
-    messages.abort();
-    if let Some(p) = pruner {
-        p.abort();
-    }
+    housekeeper.abort();
     if let Some(m) = metrics {
         m.abort();
     }

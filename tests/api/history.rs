@@ -395,7 +395,7 @@ both_databases! {
         };
         assert_eq!(rows().await.len(), 4);
 
-        let pruner = berth::serve::prune_history(s.service.clone(), 1);
+        let pruner = berth::serve::housekeeping(s.service.clone(), Some(1));
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), pruner).await;
         let mut left = vec![kept.clone(), recent.clone(), live.clone()];
         left.sort();
@@ -450,7 +450,7 @@ both_databases! {
         assert_eq!(rows("volumes", "id").await, all);
         assert!(rows("attach_event_starts", "volume_id").await.is_empty());
 
-        let pruner = berth::serve::prune_history(s.service.clone(), 1);
+        let pruner = berth::serve::housekeeping(s.service.clone(), Some(1));
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), pruner).await;
         let mut left = vec![kept.clone(), recent.clone(), live.clone()];
         left.sort();
@@ -645,7 +645,7 @@ async fn events_older_than_keep_days_are_pruned_and_the_rest_still_verifies() {
         sql(&s, "UPDATE attach_events SET at = at - 259200000000 WHERE id = $1", e["id"].as_str().unwrap())
             .await;
     }
-    let pruner = berth::serve::prune_history(s.service.clone(), 1);
+    let pruner = berth::serve::housekeeping(s.service.clone(), Some(1));
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), pruner).await;
     let left = events(&c, &format!("volume_id={volume}")).await;
     assert_eq!(left.iter().map(|e| e["seq"].as_i64().unwrap()).collect::<Vec<_>>(), [3, 4]);
