@@ -146,7 +146,7 @@ pub async fn run(endpoints: &[Client], store: &Store, volumes: &[(String, bool)]
         tokio::spawn(async move {
             let mut snapshots = Vec::new();
             while Instant::now() < deadline {
-                snapshots.push(read(&store).await);
+                snapshots.push(watched("the monitor's read of the database", read(&store)).await);
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             snapshots
@@ -245,7 +245,8 @@ async fn one_call(client: usize, c: &Client, admin: &Client, volume: &str, w: &W
     };
     let client_at = if path.starts_with("/attachments") { who.at("3.54") } else { who.clone() };
     let invoked = Instant::now();
-    let answer = client_at.try_send(method, &path, body, timeout).await.ok();
+    let what = format!("{op} on {volume} ({method} {} at {})", path, client_at.base);
+    let answer = watched(&what, client_at.try_send(method.clone(), &path, body, timeout)).await.ok();
     let completed = Instant::now();
     if let Some(r) = &answer {
         assert!(r.status < 500 || r.status == 503, "{op} on {volume} answered {}: {}", r.status, r.body);
@@ -264,6 +265,18 @@ async fn one_call(client: usize, c: &Client, admin: &Client, volume: &str, w: &W
     }
 }
 
+/// How long a call of the workload may go unanswered before the test fails naming it: longer than
+/// any bound of the server's own (a driver call's 60 s), so only a call that would never end
+/// reaches it; without it such a call hangs the test with nothing to say why.
+const WATCHDOG: Duration = Duration::from_secs(120);
+
+async fn watched<T>(what: &str, call: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(WATCHDOG, call).await {
+        Ok(out) => out,
+        Err(_) => panic!("no answer within {WATCHDOG:?}: {what}"),
+    }
+}
+
 fn idle(client: usize, volume: &str) -> Call {
     let now = Instant::now();
     Call {
@@ -279,7 +292,9 @@ fn idle(client: usize, volume: &str) -> Call {
 }
 
 async fn known_attachments(c: &Client, volume: &str) -> Vec<String> {
-    match c.at("3.27").try_send(Method::GET, &format!("/attachments?volume_id={volume}"), None, None).await {
+    let path = format!("/attachments?volume_id={volume}");
+    let at = c.at("3.27");
+    match watched(&format!("GET {path} at {}", c.base), at.try_send(Method::GET, &path, None, None)).await {
         Ok(r) if r.status == 200 => r.body["attachments"]
             .as_array()
             .map(|l| l.iter().filter_map(|a| a["id"].as_str().map(str::to_string)).collect())
