@@ -306,6 +306,59 @@ fn python_cinderclient_reads_and_deletes_the_message_a_failed_create_left() {
     assert!(list(&cli(&["message-list"])).is_empty());
 }
 
+/// `qos-list`, `qos-show` and `qos-get-association`: the configured QoS specs and the type they
+/// are associated with, as the real client prints them; the library's `initialize_connection` of
+/// a volume of that type gets the specs, scaled by its size, in `qos_specs`.
+#[test]
+fn python_cinderclient_lists_the_qos_specs_and_a_connection_carries_them() {
+    let server = BerthProcess::start(&format!(
+        "{CONFIG}[[volume_types]]\nname = \"gold\"\nbackend = \"fake\"\nqos_specs = \"gold\"\n\
+         [[qos_specs]]\nname = \"gold\"\nconsumer = \"front-end\"\n\
+         specs = {{ total_iops_sec_per_gb = \"30\", read_bytes_sec = \"1048576\" }}\n"
+    ));
+    let cli = |args: &[&str]| {
+        let mut c = cinder(&server.base, "compat", "3.71");
+        c.args(args);
+        run(c)
+    };
+    let listed = list(&cli(&["qos-list"]));
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!((listed[0][1].as_str(), listed[0][2].as_str()), ("gold", "front-end"), "{listed:?}");
+    assert!(listed[0][3].contains("total_iops_sec_per_gb"), "{listed:?}");
+    let id = listed[0][0].clone();
+    let shown = table(&cli(&["qos-show", &id]));
+    assert_eq!((shown["name"].as_str(), shown["consumer"].as_str()), ("gold", "front-end"), "{shown:?}");
+    let associated = list(&cli(&["qos-get-association", &id]));
+    assert_eq!(associated.len(), 1, "{associated:?}");
+    assert_eq!((associated[0][0].as_str(), associated[0][1].as_str()), ("volume_type", "gold"));
+
+    let volume = table(&cli(&["create", "--volume-type", "gold", "4"]))["id"].clone();
+    let out = run(python(CONNECT, &[&server.base, "compat", &volume]));
+    let info: serde_json::Value =
+        serde_json::from_str(out.lines().last().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(
+        info["data"]["qos_specs"],
+        serde_json::json!({"total_iops_sec": 120, "read_bytes_sec": "1048576"}),
+        "{info}"
+    );
+}
+
+/// The library's `reserve` and `initialize_connection` of one volume; prints the connection.
+const CONNECT: &str = r#"
+import json, sys
+from keystoneauth1 import session
+from cinderclient import client
+from cinderclient.contrib import noauth
+
+endpoint, project, volume = sys.argv[1], sys.argv[2], sys.argv[3]
+auth = noauth.CinderNoAuthPlugin("compat-user", project, endpoint=endpoint + "/v3")
+c = client.Client("3.0", session=session.Session(auth=auth))
+c.volumes.reserve(volume)
+connector = {"initiator": "iqn.1993-08.org.debian:01:qos", "host": "qos-host", "ip": "127.0.0.1",
+             "multipath": False, "platform": "x86_64", "os_type": "linux"}
+print(json.dumps(c.volumes.initialize_connection(volume, connector)))
+"#;
+
 /// A shared backend is a cluster (`berth@backend`): `cluster-disable` stops new volumes on it
 /// (and its service's backend state is no longer `up`), `cluster-enable` ends that, as the real
 /// client sends them.

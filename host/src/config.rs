@@ -50,6 +50,7 @@ pub struct Config {
     pub tgt: TgtConfig,
     pub backends: Vec<BackendConfig>,
     pub volume_types: Vec<VolumeTypeConfig>,
+    pub qos_specs: Vec<QosSpecsConfig>,
 }
 
 impl Default for Config {
@@ -78,6 +79,7 @@ impl Default for Config {
             tgt: TgtConfig::default(),
             backends: Vec::new(),
             volume_types: Vec::new(),
+            qos_specs: Vec::new(),
         }
     }
 }
@@ -500,9 +502,35 @@ pub struct VolumeTypeConfig {
     /// Shown in the type's description.
     #[serde(default)]
     pub description: Option<String>,
-    /// Cinder extra specs; `multiattach = "<is> True"` makes volumes of this type multiattach.
+    /// Cinder extra specs; `multiattach = "<is> True"` makes volumes of this type multiattach,
+    /// `cacheable = "<is> True"` lets the compute host cache its connections (`cacheable` in
+    /// their `connection_info`, unless the driver says false).
     #[serde(default)]
     pub extra_specs: BTreeMap<String, String>,
+    /// The name of the `[[qos_specs]]` that volumes of this type get (Cinder's type-QoS
+    /// association).
+    #[serde(default)]
+    pub qos_specs: Option<String>,
+}
+
+/// Quality of service that volume types name (Cinder's QoS specs, `cinder qos-list`). With
+/// `consumer = "front-end"` or `"both"`, every connection of a volume of such a type carries the
+/// specs (`qos_specs` in its `connection_info`) for the compute host to enforce: Nova sets
+/// `total_bytes_sec`, `read_iops_sec`, ... as the disk's I/O limits. As in Cinder, a
+/// `<limit>_per_gb` value is multiplied by the volume's size (at least `<limit>_per_gb_min`, at
+/// most `<limit>_max`) where `<limit>` is one of `total`, `read` or `write`, then `_bytes_sec` or
+/// `_iops_sec`; those values must be whole numbers. `back-end` specs are shown, never sent.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QosSpecsConfig {
+    /// The specs' name, which volume types give as `qos_specs`.
+    pub name: String,
+    /// Who enforces them: `front-end` (the compute host), `back-end` (the storage) or `both`.
+    #[serde(default)]
+    pub consumer: crate::domain::qos::QosConsumer,
+    /// The specs, as Cinder's (`total_iops_sec = "500"`, `read_bytes_sec_per_gb = "1048576"`).
+    #[serde(default)]
+    pub specs: BTreeMap<String, String>,
 }
 
 impl Config {
@@ -527,6 +555,25 @@ impl Config {
             return Err(format!(
                 "volume type {name} is configured twice: give each [[volume_types]] its own name"
             ));
+        }
+        if let Some(name) = twice(self.qos_specs.iter().map(|q| q.name.as_str())) {
+            return Err(format!(
+                "qos specs {name} are configured twice: give each [[qos_specs]] its own name"
+            ));
+        }
+        for q in &self.qos_specs {
+            crate::domain::qos::QosSpecs::check(&q.specs)
+                .map_err(|e| format!("qos specs {}: {e}", q.name))?;
+        }
+        for t in &self.volume_types {
+            if let Some(name) = &t.qos_specs
+                && !self.qos_specs.iter().any(|q| q.name == *name)
+            {
+                return Err(format!(
+                    "volume type {} names qos specs {name}, which are not configured ([[qos_specs]])",
+                    t.name
+                ));
+            }
         }
         Ok(())
     }
@@ -575,12 +622,14 @@ impl Config {
                 backend: backend.clone(),
                 description: Some("Default Volume Type".into()),
                 extra_specs: BTreeMap::new(),
+                qos_specs: None,
             });
             self.volume_types.push(VolumeTypeConfig {
                 name: "multiattach".into(),
                 backend,
                 description: Some("Volumes that several hosts may attach at once".into()),
                 extra_specs: BTreeMap::from([("multiattach".into(), "<is> True".into())]),
+                qos_specs: None,
             });
         }
         self
@@ -766,6 +815,34 @@ mod tests {
             twice.check_names().unwrap_err(),
             "volume type t is configured twice: give each [[volume_types]] its own name"
         );
+    }
+
+    #[test]
+    fn qos_specs_twice_unknown_to_a_type_or_unscalable_are_refused() {
+        let config = |toml: &str| -> Config { toml::from_str(toml).unwrap() };
+        let base = "[[backends]]\nname = \"a\"\ndriver = \"fake\"\n\
+                    [[volume_types]]\nname = \"t\"\nbackend = \"a\"\nqos_specs = \"gold\"\n";
+        let gold = "[[qos_specs]]\nname = \"gold\"\nconsumer = \"front-end\"\n\
+                    specs = { total_iops_sec_per_gb = \"30\" }\n";
+        let ok = config(&format!("{base}{gold}"));
+        assert_eq!(ok.check_names(), Ok(()));
+        assert_eq!(ok.qos_specs[0].consumer, crate::domain::qos::QosConsumer::FrontEnd);
+        assert_eq!(
+            config(&format!("{base}{gold}{gold}")).check_names().unwrap_err(),
+            "qos specs gold are configured twice: give each [[qos_specs]] its own name"
+        );
+        assert_eq!(
+            config(base).check_names().unwrap_err(),
+            "volume type t names qos specs gold, which are not configured ([[qos_specs]])"
+        );
+        let unscalable = gold.replace("\"30\"", "\"lots\"");
+        assert_eq!(
+            config(&format!("{base}{unscalable}")).check_names().unwrap_err(),
+            "qos specs gold: total_iops_sec_per_gb = \"lots\" is not a whole number of at least 0"
+        );
+        let consumer: Result<Config, _> =
+            toml::from_str("[[qos_specs]]\nname = \"x\"\nconsumer = \"frontend\"\n");
+        assert!(consumer.unwrap_err().to_string().contains("front-end"), "the allowed consumers are named");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::api::forward::Forwarder;
 use crate::api::policy::Policy;
 use crate::api::server::{InFlight, ServerLimits};
 use crate::api::{AppState, app};
+use crate::attach::catalog::qos_specs_id;
 use crate::attach::ops::Owner;
 use crate::attach::reconcile::{Options as ReconcileOptions, Reconciled};
 use crate::attach::{Backend, Catalog, Limits, Service, VolumeType};
@@ -28,6 +29,7 @@ use crate::capabilities::iscsi::{ChapPolicy, IscsiCapability, Portal, TargetServ
 use crate::capabilities::namespace::{Namespace, check_disjoint};
 use crate::capabilities::{DriverCapabilities, Grant};
 use crate::config::{AuthStrategy, Config, ReconcileMode};
+use crate::domain::qos::QosSpecs;
 use crate::runtime::{DriverSpec, Footprint, Runtime, RuntimeOptions, WasmSource};
 use crate::store::{Store, StoreOptions};
 use crate::upgrade::{Loadable, Upgrades};
@@ -180,13 +182,23 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         }
         backends.push(Backend::new(&node, &b.name, driver, uses_targets, b.shared));
     }
+    let qos_specs: Vec<QosSpecs> = config
+        .qos_specs
+        .iter()
+        .map(|q| QosSpecs::new(qos_specs_id(&q.name), &q.name, q.consumer, q.specs.clone()))
+        .collect();
     let types: Vec<VolumeType> = config
         .volume_types
         .iter()
-        .map(|t| VolumeType::new(&t.name, &t.backend, t.description.clone(), t.extra_specs.clone()))
+        .map(|t| {
+            let qos = t.qos_specs.as_ref().and_then(|name| qos_specs.iter().find(|q| q.name == *name));
+            VolumeType::new(&t.name, &t.backend, t.description.clone(), t.extra_specs.clone())
+                .with_qos_specs(qos.cloned())
+        })
         .collect();
     let default_type = config.default_volume_type.clone().unwrap_or_else(|| types[0].name.clone());
-    let catalog = Catalog::new(types, default_type, backends).map_err(anyhow::Error::msg)?;
+    let catalog =
+        Catalog::new(types, default_type, backends).map_err(anyhow::Error::msg)?.with_qos_specs(qos_specs);
     let owner = Owner::new(&node, Duration::from_secs(config.operations.lease_seconds.max(1)));
     let limits = Limits {
         max_attachments_per_volume: config.attachments.max_per_volume.max(1),

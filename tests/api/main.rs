@@ -13,6 +13,7 @@ mod messages;
 mod migration;
 mod nova;
 mod policy;
+mod qos;
 mod services;
 mod transfers;
 mod versions;

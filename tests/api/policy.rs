@@ -207,6 +207,7 @@ fn routes() -> Vec<Route> {
         route("list pools", Method::GET, "/scheduler-stats/get_pools", None, Nothing, Admin, Global, 200),
         route("list resource filters", Method::GET, "/resource_filters", None, Nothing, Reader, Global, 200),
         route("list clusters", Method::GET, "/clusters", None, Nothing, Admin, Global, 200),
+        route("list QoS specs", Method::GET, "/qos-specs", None, Nothing, Admin, Global, 200),
         route("show capabilities", Method::GET, "/capabilities/{n}@fake", None, Nothing, Admin, Global, 200),
         route(
             "show a type's encryption",

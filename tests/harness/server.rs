@@ -54,12 +54,14 @@ pub fn fake_config() -> Config {
                 backend: "fake".into(),
                 description: None,
                 extra_specs: Default::default(),
+                qos_specs: None,
             },
             VolumeTypeConfig {
                 name: "multiattach".into(),
                 backend: "fake".into(),
                 description: None,
                 extra_specs: [("multiattach".to_string(), "<is> True".to_string())].into(),
+                qos_specs: None,
             },
         ],
         ..Config::default()
@@ -78,6 +80,7 @@ pub fn fake_config_with_backend(name: &str) -> Config {
         backend: name.into(),
         description: None,
         extra_specs: Default::default(),
+        qos_specs: None,
     });
     config
 }

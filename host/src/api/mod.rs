@@ -29,6 +29,7 @@ pub mod openapi;
 pub mod path;
 pub mod policy;
 pub mod pools;
+pub mod qos_specs;
 pub mod query;
 pub mod quotas;
 pub mod server;
@@ -115,6 +116,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         quotas::endpoints(),
         transfers::endpoints(),
         messages::endpoints(),
+        qos_specs::endpoints(),
     ]
     .into_iter()
     .flatten()

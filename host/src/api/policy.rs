@@ -97,6 +97,9 @@ pub enum Rule {
     ImageMetadataShow,
     ImageMetadataSet,
     ImageMetadataRemove,
+    QosSpecsGetAll,
+    QosSpecsGet,
+    TypeQosSpecsId,
 }
 
 /// The least role a rule needs by default.
@@ -108,7 +111,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 69] = [
+    pub const ALL: [Rule; 72] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -178,6 +181,9 @@ impl Rule {
         Rule::ImageMetadataShow,
         Rule::ImageMetadataSet,
         Rule::ImageMetadataRemove,
+        Rule::QosSpecsGetAll,
+        Rule::QosSpecsGet,
+        Rule::TypeQosSpecsId,
     ];
 
     /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
@@ -257,6 +263,11 @@ impl Rule {
             Rule::ImageMetadataShow => "volume_extension:volume_image_metadata:show",
             Rule::ImageMetadataSet => "volume_extension:volume_image_metadata:set",
             Rule::ImageMetadataRemove => "volume_extension:volume_image_metadata:remove",
+            // Lists the specs and each one's associations.
+            Rule::QosSpecsGetAll => "volume_extension:qos_specs_manage:get_all",
+            Rule::QosSpecsGet => "volume_extension:qos_specs_manage:get",
+            // Who sees a volume type's `qos_specs_id`.
+            Rule::TypeQosSpecsId => "volume_extension:access_types_qos_specs_id",
         }
     }
 
@@ -302,7 +313,10 @@ impl Rule {
             | Rule::QuotaUpdate
             | Rule::QuotaDelete
             | Rule::QuotaClassShow
-            | Rule::QuotaClassUpdate => Least::Admin,
+            | Rule::QuotaClassUpdate
+            | Rule::QosSpecsGetAll
+            | Rule::QosSpecsGet
+            | Rule::TypeQosSpecsId => Least::Admin,
             _ => Least::Member,
         }
     }

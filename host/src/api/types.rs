@@ -77,7 +77,7 @@ async fn extra_specs(
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::ExtraSpecsGetAll)?;
     let t = find(&state, &caller, &id).await?;
-    Ok(Json(ExtraSpecs { extra_specs: volume_type(&t, &caller).extra_specs }).into_response())
+    Ok(Json(ExtraSpecs { extra_specs: volume_type(&t, &caller, false).extra_specs }).into_response())
 }
 
 async fn extra_spec(
@@ -87,7 +87,7 @@ async fn extra_spec(
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::ExtraSpecsGet)?;
     let t = find(&state, &caller, &id).await?;
-    let Some(value) = volume_type(&t, &caller).extra_specs.remove(&key) else {
+    let Some(value) = volume_type(&t, &caller, false).extra_specs.remove(&key) else {
         return Err(ApiError::not_found(format!("Volume Type {id} has no extra specs with key {key}.")));
     };
     Ok(Json(BTreeMap::from([(key, value)])).into_response())
@@ -98,7 +98,8 @@ async fn index(
     Extension(caller): Extension<Caller>,
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::TypeGetAll)?;
-    let volume_types = state.service.catalog().types.iter().map(|t| volume_type(t, &caller)).collect();
+    let qos = state.policy.allows(&caller, Rule::TypeQosSpecsId);
+    let volume_types = state.service.catalog().types.iter().map(|t| volume_type(t, &caller, qos)).collect();
     Ok(Json(VolumeTypeList { volume_types }).into_response())
 }
 
@@ -109,5 +110,6 @@ async fn show(
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::TypeGet)?;
     let t = find(&state, &caller, &id).await?;
-    Ok(Json(VolumeTypeBody { volume_type: volume_type(&t, &caller) }).into_response())
+    let qos = state.policy.allows(&caller, Rule::TypeQosSpecsId);
+    Ok(Json(VolumeTypeBody { volume_type: volume_type(&t, &caller, qos) }).into_response())
 }

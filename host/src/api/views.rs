@@ -368,11 +368,14 @@ pub struct VolumeTypeView {
     pub extra_specs: BTreeMap<String, String>,
     #[serde(rename = "os-volume-type-access:is_public")]
     pub access_is_public: bool,
-    /// Always `null`.
-    pub qos_specs_id: Option<String>,
+    /// The id of the type's QoS specs (`null`: none), for who passes
+    /// `volume_extension:access_types_qos_specs_id` (admins); absent for others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qos_specs_id: Option<Option<String>>,
 }
 
-pub fn volume_type(t: &VolumeType, caller: &Caller) -> VolumeTypeView {
+/// A volume type as `caller` sees it; `qos` says whether it sees the type's QoS specs' id.
+pub fn volume_type(t: &VolumeType, caller: &Caller, qos: bool) -> VolumeTypeView {
     VolumeTypeView {
         id: t.id.clone(),
         name: t.name.clone(),
@@ -385,7 +388,7 @@ pub fn volume_type(t: &VolumeType, caller: &Caller) -> VolumeTypeView {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         access_is_public: true,
-        qos_specs_id: None,
+        qos_specs_id: qos.then(|| t.qos_specs.as_ref().map(|q| q.id.clone())),
     }
 }
 

@@ -1,10 +1,12 @@
 //! Volume types and the backends behind them, as the operator configured them. As in Cinder, a
-//! volume's type picks its backend, and the type's extra spec `multiattach="<is> True"` makes its
-//! volumes multiattach.
+//! volume's type picks its backend, the type's extra spec `multiattach="<is> True"` makes its
+//! volumes multiattach, and the QoS specs it names travel with its volumes' connections when the
+//! compute host is to enforce them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use crate::domain::qos::{QosConsumer, QosSpecs};
 use crate::runtime::Driver;
 
 use crate::runtime::slot::DriverSlot;
@@ -24,6 +26,8 @@ pub struct VolumeType {
     pub description: Option<String>,
     pub backend: String,
     pub extra_specs: BTreeMap<String, String>,
+    /// The QoS specs associated with the type.
+    pub qos_specs: Option<QosSpecs>,
 }
 
 impl VolumeType {
@@ -39,12 +43,39 @@ impl VolumeType {
             description,
             backend: backend.to_string(),
             extra_specs,
+            qos_specs: None,
         }
+    }
+
+    /// The type with the QoS specs it is associated with.
+    pub fn with_qos_specs(self, qos_specs: Option<QosSpecs>) -> Self {
+        VolumeType { qos_specs, ..self }
     }
 
     /// Cinder's test: `extra_specs['multiattach'] == '<is> True'`.
     pub fn multiattach(&self) -> bool {
         self.extra_specs.get("multiattach").is_some_and(|v| v.trim().eq_ignore_ascii_case("<is> true"))
+    }
+
+    /// Cinder's test for a connection's `cacheable`: `extra_specs['cacheable'] == '<is> True'`,
+    /// exactly.
+    pub fn cacheable(&self) -> bool {
+        self.extra_specs.get("cacheable").is_some_and(|v| v == "<is> True")
+    }
+
+    /// The QoS specs the compute host enforces for volumes of this type: those of consumer
+    /// `front-end` or `both`.
+    pub fn front_end_qos(&self) -> Option<&QosSpecs> {
+        self.qos_specs.as_ref().filter(|q| q.consumer != QosConsumer::BackEnd)
+    }
+
+    /// Whether an attached volume of this type may be retyped to `to` (Cinder's
+    /// `volume_qos_allows_retype`): the compute host enforces the same QoS either way, since both
+    /// types have the same specs or neither has front-end ones (nothing tells the compute host
+    /// of new limits for a connection it holds).
+    pub fn keeps_front_end_qos(&self, to: &VolumeType) -> bool {
+        let id = |t: &VolumeType| t.qos_specs.as_ref().map(|q| q.id.clone());
+        id(self) == id(to) || self.front_end_qos().is_none() && to.front_end_qos().is_none()
     }
 }
 
@@ -79,6 +110,11 @@ pub fn type_id(name: &str) -> String {
     uuid::Uuid::new_v5(&NAMESPACE, format!("volume-type:{name}").as_bytes()).to_string()
 }
 
+/// The id of the QoS specs named `name`: stable, the same on every node.
+pub fn qos_specs_id(name: &str) -> String {
+    uuid::Uuid::new_v5(&NAMESPACE, format!("qos-specs:{name}").as_bytes()).to_string()
+}
+
 /// The cluster (Cinder's `cluster_name`) of a volume's backend when it is shared between nodes:
 /// `berth@<backend>`; none for a node-local backend.
 pub fn cluster_of(backend: &str, service_uuid: Option<&str>) -> Option<String> {
@@ -101,6 +137,8 @@ pub fn shared_service_uuid(backend: &str) -> String {
 pub struct Catalog {
     pub types: Vec<VolumeType>,
     pub default_type: String,
+    /// Every configured set of QoS specs, associated with a type or not.
+    pub qos_specs: Vec<QosSpecs>,
     /// Each backend as configured, with the slot that holds the driver it runs now.
     backends: HashMap<String, (Backend, Arc<DriverSlot>)>,
 }
@@ -140,7 +178,12 @@ impl Catalog {
                 (name, (b, slot))
             })
             .collect();
-        Ok(Catalog { types, default_type, backends })
+        Ok(Catalog { types, default_type, qos_specs: Vec::new(), backends })
+    }
+
+    /// The catalog with every configured set of QoS specs (those the types name among them).
+    pub fn with_qos_specs(self, qos_specs: Vec<QosSpecs>) -> Self {
+        Catalog { qos_specs, ..self }
     }
 
     /// A type by name or id; the default type when `None`.

@@ -75,7 +75,7 @@ impl Attachments<'_> {
                 calls.initialize_connection(&volume.with_fields(&fields).contract(), &conn).await?;
             backend.driver.apply(Call::InitializeConnection, &mut fields, &connection.update)?;
             failpoint::hit("attach.connect.initialize-connection");
-            let info = flatten(&calls, &connection.info, &row.id, &conn)?;
+            let info = flatten(&calls, &connection.info, &row.id, &conn, &self.type_options(&volume))?;
             if backend.uses_targets {
                 self.verify_export(&calls, &info, &conn).await?;
             }
@@ -273,24 +273,60 @@ impl Attachments<'_> {
     }
 }
 
+/// What Cinder's volume manager adds to a connection from the volume's type
+/// (`_parse_connection_options`): the front-end QoS specs, their per-GB values by the volume's
+/// size (`null` without), and whether the type lets the host cache it.
+pub(super) struct TypeOptions {
+    qos_specs: Json,
+    cacheable: bool,
+}
+
+impl super::Service {
+    /// What `volume`'s type adds to its connections (nothing for a type no longer configured).
+    pub(super) fn type_options(&self, volume: &Volume) -> TypeOptions {
+        let t = self.catalog.volume_type(Some(&volume.volume_type));
+        TypeOptions {
+            qos_specs: t
+                .and_then(super::VolumeType::front_end_qos)
+                .map_or(Json::Null, |q| Json::Object(q.for_connection(volume.size_gib))),
+            cacheable: t.is_some_and(super::VolumeType::cacheable),
+        }
+    }
+}
+
 /// Cinder's flattened `connection_info`: the driver's data at the top level, plus
-/// `driver_volume_type`, `attachment_id`, `enforce_multipath`, and the keys Cinder's volume
-/// manager adds when the driver did not (`qos_specs`, `access_mode`, `encrypted`, `cacheable`).
+/// `driver_volume_type`, `attachment_id`, `enforce_multipath`, and what Cinder's volume manager
+/// sets: `qos_specs` from the type (whatever the driver said), `cacheable` from the type unless
+/// the driver said false, and `access_mode`, `encrypted` when the driver did not.
 /// Unlike Cinder (Q7), `access_mode` follows the attachment's mode.
 pub(super) fn flatten(
     calls: &DriverCalls<'_>,
     info: &contract::ConnectionInfo,
     attachment_id: &str,
     conn: &contract::Connector,
+    options: &TypeOptions,
 ) -> Result<Json, CallError> {
     let mut data = connection_data_to_json(info)
         .map_err(|message| calls.driver().invalid(Call::InitializeConnection, message))?;
-    data.entry("qos_specs").or_insert(Json::Null);
+    data.insert("qos_specs".into(), options.qos_specs.clone());
     data.insert("access_mode".into(), Json::String(conn.mode.as_str().into()));
     data.entry("encrypted").or_insert(Json::Bool(false));
-    data.entry("cacheable").or_insert(Json::Bool(false));
+    let driver_allows = data.get("cacheable").is_none_or(|v| v.is_null() || truthy(v));
+    data.insert("cacheable".into(), Json::Bool(driver_allows && options.cacheable));
     data.insert("driver_volume_type".into(), Json::String(info.driver_volume_type.clone()));
     data.insert("attachment_id".into(), Json::String(attachment_id.to_string()));
     data.insert("enforce_multipath".into(), Json::Bool(conn.enforce_multipath));
     Ok(Json::Object(data))
+}
+
+/// Python's truth of a JSON value, as Cinder's `bool(...)` of a driver's answer.
+fn truthy(v: &Json) -> bool {
+    match v {
+        Json::Null => false,
+        Json::Bool(b) => *b,
+        Json::Number(n) => n.as_f64() != Some(0.0),
+        Json::String(s) => !s.is_empty(),
+        Json::Array(a) => !a.is_empty(),
+        Json::Object(o) => !o.is_empty(),
+    }
 }

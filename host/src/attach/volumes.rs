@@ -468,7 +468,8 @@ impl Volumes<'_> {
     /// stay as they are, so the type must differ and be of the same backend (a retype to another
     /// backend would be a migration, which Berth does not do, whatever `migration_policy` says).
     /// A change of multiattach needs the volume available, as in Cinder: its attachments' slots
-    /// follow it.
+    /// follow it; so does a change of the QoS specs the compute host enforces (its connections
+    /// carry the old ones).
     pub(super) async fn retype(&self, caller: &Caller, id: &str, new_type: &str) -> Result<(), AttachError> {
         let volume = self.volume(caller, id).await?;
         let to =
@@ -502,6 +503,18 @@ impl Volumes<'_> {
                         "Invalid volume_type passed, retypes affecting multiattach are only allowed on \
                          available volumes, the specified volume however currently has a status of: {}.",
                         locked.status
+                    )));
+                }
+                // A type no longer configured had no QoS specs that anything still knows of.
+                let keeps_qos = match self.catalog.volume_type(Some(&locked.volume_type)) {
+                    Some(from) => from.keeps_front_end_qos(to),
+                    None => to.front_end_qos().is_none(),
+                };
+                if locked.status != VolumeStatus::Available && !keeps_qos {
+                    return Err(AttachError::InvalidVolume(format!(
+                        "Retype cannot change the front-end QoS specs of a volume that is not available: \
+                         volume {id} is {} and types {} and {} have different QoS specs for the compute host.",
+                        locked.status, locked.volume_type, to.name
                     )));
                 }
                 volumes::set_type(tx, id, &to.name, multiattach).await?;
