@@ -360,6 +360,21 @@ fn forwarded_to(peer: Forward) -> ApiError {
     ApiError { forward: Some(peer), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message) }
 }
 
+/// Sends `body(node)` on to every peer at once (`PUT`, as the caller sent it); their answers in
+/// the peers' order.
+async fn to_every<B: serde::Serialize>(
+    state: &AppState,
+    request: &Relayed,
+    peers: &[Forward],
+    body: impl Fn(String) -> B,
+) -> Vec<(StatusCode, String)> {
+    let sends = peers.iter().map(|peer| {
+        let json = serde_json::to_value(body(peer.node.clone())).expect("serialises");
+        async move { request.send(state, peer, Method::PUT, &json).await }
+    });
+    futures_util::future::join_all(sends).await
+}
+
 /// What `Every` sent on to each other node that did not take it: 503 naming them (the request
 /// may be sent again, to them alone with `server`).
 fn unreached(missed: Vec<String>) -> Result<(), ApiError> {
@@ -393,16 +408,14 @@ async fn set_log(
         LogTarget::Node(peer) => return Err(forwarded_to(peer)),
         LogTarget::Every(peers) => {
             crate::logging::set(body.prefix.as_deref(), level)?;
-            let mut missed = Vec::new();
-            for peer in peers {
-                let sent = SetLog { server: Some(peer.node.clone()), ..body.clone() };
-                let json = serde_json::to_value(&sent).expect("serialises");
-                let (status, text) = request.send(&state, &peer, Method::PUT, &json).await;
-                if !status.is_success() {
-                    missed.push(format!("node {} answered {}: {text}", peer.node, status.as_u16()));
-                }
-            }
-            unreached(missed)?;
+            let answers =
+                to_every(&state, &request, &peers, |node| SetLog { server: Some(node), ..body.clone() });
+            let missed = (peers.iter().zip(answers.await))
+                .filter(|(_, (status, _))| !status.is_success())
+                .map(|(peer, (status, text))| {
+                    format!("node {} answered {}: {text}", peer.node, status.as_u16())
+                });
+            unreached(missed.collect())?;
         }
     }
     Ok(StatusCode::ACCEPTED.into_response())
@@ -426,10 +439,8 @@ async fn get_log(
     let host = state.service.owner().node.clone();
     let mut log_levels = vec![LogLevelsOf { host, binary: "berth-api".into(), levels }];
     let mut missed = Vec::new();
-    for peer in peers {
-        let sent = GetLog { server: Some(peer.node.clone()), ..body.clone() };
-        let json = serde_json::to_value(&sent).expect("serialises");
-        let (status, text) = request.send(&state, &peer, Method::PUT, &json).await;
+    let answers = to_every(&state, &request, &peers, |node| GetLog { server: Some(node), ..body.clone() });
+    for (peer, (status, text)) in peers.iter().zip(answers.await) {
         match serde_json::from_str::<LogLevels>(&text) {
             Ok(theirs) if status.is_success() => log_levels.extend(theirs.log_levels),
             _ => missed.push(format!("node {} answered {}: {text}", peer.node, status.as_u16())),
