@@ -107,6 +107,48 @@ async fn a_real_initiator_reads_and_writes_an_attached_volume_and_nobody_else_ge
     assert!(rig.tgtd_changes() > 0, "the changes are logged");
 }
 
+/// Thin provisioning that stays thin: a host's discard (UNMAP) of blocks it wrote gives their
+/// space back (tgtd punches them out of the sparse backing file) and they read as zeros; the
+/// connection says `discard: true`, so Nova passes a guest's discards through. With `[tgt]
+/// thin_provisioning = false` the LUN refuses UNMAP and the connection says nothing of discard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosts_discard_gives_the_space_back_to_the_machine() {
+    const MIB: usize = 1 << 20;
+    let allocated = |rig: &Rig, volume: &str| {
+        let meta = std::fs::metadata(rig.backing_file(volume)).unwrap();
+        std::os::unix::fs::MetadataExt::blocks(&meta) * 512
+    };
+    let rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    assert_eq!(info["discard"], true, "{info}");
+    let session = login(&Target::from_connection_info(&info), ALICE).unwrap();
+    let written = pattern(3, 4 * MIB);
+    let kept = pattern(5, 8 * BLOCK);
+    session.write(0, &written).unwrap();
+    session.write((8 * MIB / BLOCK) as u64, &kept).unwrap();
+    let before = allocated(&rig, &volume);
+    assert!(before >= 4 * MIB as u64, "the writes took space: {before} bytes");
+
+    session.unmap(0, (4 * MIB / BLOCK) as u32).expect("the LUN takes UNMAP");
+    let after = allocated(&rig, &volume);
+    assert!(after + 4 * MIB as u64 <= before, "4 MiB given back: {before} -> {after} bytes");
+    assert_eq!(session.read(0, 4 * MIB).unwrap(), vec![0; 4 * MIB], "discarded blocks read as zeros");
+    assert_eq!(session.read((8 * MIB / BLOCK) as u64, kept.len()).unwrap(), kept, "the rest is kept");
+    drop(session);
+
+    let rig = Rig::start_with_tgt("thin_provisioning = false\n", "");
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    assert!(info.get("discard").is_none(), "{info}");
+    let session = login(&Target::from_connection_info(&info), ALICE).unwrap();
+    session.write(0, &written).unwrap();
+    assert!(session.unmap(0, (4 * MIB / BLOCK) as u32).is_err(), "UNMAP is refused");
+    assert_eq!(session.read(0, 4 * MIB).unwrap(), written);
+}
+
 /// `os-unmanage`: refused while a host is attached (its access stays); once detached, Berth
 /// removes the export from tgtd and forgets the volume, and its backing file stays with the data
 /// the host wrote, which no reconcile pass touches afterwards.

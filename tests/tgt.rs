@@ -342,7 +342,7 @@ async fn kept_accounts_are_bound_again_and_swept_when_unused() {
     t.add_lun(&target, Lun::new(1).unwrap(), &rig.image("k.img")).await.unwrap();
     t.set_chap(&target, &chap).await.unwrap();
     t.allow_initiator(&target, &iqn(ALICE)).await.unwrap();
-    assert_eq!(t.changes() - before, 3, "add LUN, bind account, allow initiator");
+    assert_eq!(t.changes() - before, 4, "add LUN, turn its UNMAP on, bind account, allow initiator");
     Session::login(&rig.target(&target, &chap), ALICE).expect("the kept account logs in");
     assert_eq!(t.sweep().await.unwrap(), 0, "a bound account is not swept");
 

@@ -428,6 +428,11 @@ pub struct TgtConfig {
     /// makes creating the next one slower. Per-initiator accounts (the default) are kept an hour
     /// after their last target lets them go.
     pub keep_accounts_seconds: u64,
+    /// Whether exported volumes take UNMAP (SCSI's discard): tgtd punches the unmapped blocks
+    /// out of the sparse backing file, so space a host frees is given back to the machine, and
+    /// connections say `discard: true` (Nova then passes a guest's discards through). Off: a
+    /// backing file only grows.
+    pub thin_provisioning: bool,
     /// Length of generated CHAP user names (8 to 255).
     pub chap_username_length: usize,
     /// Length of generated CHAP secrets (17 to 255; at least 96 bits).
@@ -448,6 +453,7 @@ impl Default for TgtConfig {
             max_luns: None,
             keep_exports_seconds: 3600,
             keep_accounts_seconds: 0,
+            thin_provisioning: true,
             chap_username_length: 20,
             chap_secret_length: 20,
         }

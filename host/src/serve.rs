@@ -296,6 +296,7 @@ async fn iscsi_service(config: &Config, volumes: &std::path::Path) -> anyhow::Re
         max_luns: config.tgt.max_luns,
         keep_exports: Duration::from_secs(config.tgt.keep_exports_seconds),
         keep_accounts: Duration::from_secs(config.tgt.keep_accounts_seconds),
+        thin_provisioning: config.tgt.thin_provisioning,
         state_file: Some(config.data_dir().join(format!("tgt-kept-{}.json", config.tgt.control_port))),
         preload_dir: Some(config.data_dir()),
     });

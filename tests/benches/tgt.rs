@@ -5,7 +5,8 @@
 //!
 //! Run: `cargo bench -p berth-tests --bench tgt` (BERTH_BENCH_SECONDS sets the measured time per
 //! run, default 5; `BERTH_BENCH_CHAP_ACCOUNTS=per-export` runs the driver with an account per
-//! export instead of its default per-initiator accounts). Figures go to BENCHMARKS.md.
+//! export instead of its default per-initiator accounts; `BERTH_BENCH_TGT` adds keys to the
+//! `[tgt]` section, such as `thin_provisioning = false`). Figures go to BENCHMARKS.md.
 
 use std::time::{Duration, Instant};
 
@@ -43,10 +44,13 @@ async fn run() {
     println!("one tgtadm command (spawn + control socket): {}", tgtadm_latency(&tgtd));
     let accounts = std::env::var("BERTH_BENCH_CHAP_ACCOUNTS").unwrap_or_else(|_| "per-initiator".into());
     println!("CHAP accounts: {accounts}");
+    // `BERTH_BENCH_TGT`: more keys of the `[tgt]` section (`thin_provisioning = false`).
+    let tgt_keys = std::env::var("BERTH_BENCH_TGT").map(|k| format!("{k}\n")).unwrap_or_default();
+    println!("[tgt] keys: {}", tgt_keys.trim());
     let config = format!(
         "{}[[backends]]\nname = \"tgt\"\ndriver = \"tgt-iscsi\"\ngrants = [\"iscsi-target\", \"backing-store\"]\n\n\
          [backends.settings]\nchap_accounts = \"{accounts}\"\n",
-        tgtd.config()
+        tgtd.config().replacen("start = false\n", &format!("start = false\n{tgt_keys}"), 1)
     );
 
     // How many changes a cycle sends to tgtd, counted in berth's log in a short pass.

@@ -9,6 +9,13 @@ struct ScsiIovec {
     len: usize,
 }
 
+/// libiscsi's `struct unmap_list`: one range of blocks.
+#[repr(C)]
+struct UnmapList {
+    lba: u64,
+    num: u32,
+}
+
 #[link(name = "iscsi")]
 unsafe extern "C" {
     fn iscsi_create_context(initiator_name: *const c_char) -> *mut c_void;
@@ -30,6 +37,14 @@ unsafe extern "C" {
     fn scsi_datain_unmarshall(task: *mut c_void) -> *mut c_void;
     fn scsi_task_get_status(task: *mut c_void, sense: *mut c_void) -> c_int;
     fn scsi_free_scsi_task(task: *mut c_void);
+    fn iscsi_unmap_sync(
+        iscsi: *mut c_void,
+        lun: c_int,
+        anchor: c_int,
+        group: c_int,
+        list: *mut UnmapList,
+        list_len: c_int,
+    ) -> *mut c_void;
     #[allow(clippy::too_many_arguments)]
     fn iscsi_write16_sync(
         iscsi: *mut c_void,
@@ -181,6 +196,21 @@ impl Session {
                 0,
                 0,
             );
+            let ok = !task.is_null() && scsi_task_get_status(task, std::ptr::null_mut()) == 0;
+            let e = if ok { None } else { Some(error(self.ctx)) };
+            if !task.is_null() {
+                scsi_free_scsi_task(task);
+            }
+            e.map_or(Ok(()), Err)
+        }
+    }
+
+    /// UNMAP (SCSI's discard) of `blocks` blocks from `lba`.
+    pub fn unmap(&self, lba: u64, blocks: u32) -> Result<(), String> {
+        let mut list = UnmapList { lba, num: blocks };
+        // SAFETY: the list outlives the synchronous call; the task is freed here.
+        unsafe {
+            let task = iscsi_unmap_sync(self.ctx, self.lun, 0, 0, &mut list, 1);
             let ok = !task.is_null() && scsi_task_get_status(task, std::ptr::null_mut()) == 0;
             let e = if ok { None } else { Some(error(self.ctx)) };
             if !task.is_null() {

@@ -2,7 +2,7 @@
 //! associated with each (`cinder qos-list`, `qos-show`, `qos-get-association`), for admins, as in
 //! Cinder. Like the types, they are Berth's configuration, so there is no call that makes,
 //! changes or associates them; what volumes of a type get from its specs is in
-//! `attach/connect.rs` (`TypeOptions`).
+//! `attach/connect.rs` (`Additions`).
 
 use std::collections::BTreeMap;
 

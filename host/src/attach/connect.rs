@@ -75,7 +75,7 @@ impl Attachments<'_> {
                 calls.initialize_connection(&volume.with_fields(&fields).contract(), &conn).await?;
             backend.driver.apply(Call::InitializeConnection, &mut fields, &connection.update)?;
             failpoint::hit("attach.connect.initialize-connection");
-            let info = flatten(&calls, &connection.info, &row.id, &conn, &self.type_options(&volume))?;
+            let info = flatten(&calls, &connection.info, &row.id, &conn, &self.additions(&volume, &backend))?;
             if backend.uses_targets {
                 self.verify_export(&calls, &info, &conn).await?;
             }
@@ -273,23 +273,27 @@ impl Attachments<'_> {
     }
 }
 
-/// What Cinder's volume manager adds to a connection from the volume's type
-/// (`_parse_connection_options`): the front-end QoS specs, their per-GB values by the volume's
-/// size (`null` without), and whether the type lets the host cache it.
-pub(super) struct TypeOptions {
+/// What Cinder's volume manager adds to a driver's connection (`_parse_connection_options`): from
+/// the volume's type, the front-end QoS specs with their per-GB values by the volume's size
+/// (`null` without) and whether the host may cache it; from the backend, whether it takes
+/// discards (Cinder's `report_discard_supported`; here: its LUNs take UNMAP).
+pub(super) struct Additions {
     qos_specs: Json,
     cacheable: bool,
+    discard: bool,
 }
 
 impl super::Service {
-    /// What `volume`'s type adds to its connections (nothing for a type no longer configured).
-    pub(super) fn type_options(&self, volume: &Volume) -> TypeOptions {
+    /// What the host adds to the connections of `volume` on `backend` (nothing from a type no
+    /// longer configured).
+    pub(super) fn additions(&self, volume: &Volume, backend: &super::Backend) -> Additions {
         let t = self.catalog.volume_type(Some(&volume.volume_type));
-        TypeOptions {
+        Additions {
             qos_specs: t
                 .and_then(super::VolumeType::front_end_qos)
                 .map_or(Json::Null, |q| Json::Object(q.for_connection(volume.size_gib))),
             cacheable: t.is_some_and(super::VolumeType::cacheable),
+            discard: backend.uses_targets && backend.driver.target_service().is_some_and(|s| s.unmaps()),
         }
     }
 }
@@ -297,14 +301,15 @@ impl super::Service {
 /// Cinder's flattened `connection_info`: the driver's data at the top level, plus
 /// `driver_volume_type`, `attachment_id`, `enforce_multipath`, and what Cinder's volume manager
 /// sets: `qos_specs` from the type (whatever the driver said), `cacheable` from the type unless
-/// the driver said false, and `access_mode`, `encrypted` when the driver did not.
+/// the driver said false, `discard` when the driver did not and the backend takes discards, and
+/// `access_mode`, `encrypted` when the driver did not.
 /// Unlike Cinder (Q7), `access_mode` follows the attachment's mode.
 pub(super) fn flatten(
     calls: &DriverCalls<'_>,
     info: &contract::ConnectionInfo,
     attachment_id: &str,
     conn: &contract::Connector,
-    options: &TypeOptions,
+    options: &Additions,
 ) -> Result<Json, CallError> {
     let mut data = connection_data_to_json(info)
         .map_err(|message| calls.driver().invalid(Call::InitializeConnection, message))?;
@@ -313,6 +318,9 @@ pub(super) fn flatten(
     data.entry("encrypted").or_insert(Json::Bool(false));
     let driver_allows = data.get("cacheable").is_none_or(|v| v.is_null() || truthy(v));
     data.insert("cacheable".into(), Json::Bool(driver_allows && options.cacheable));
+    if options.discard && data.get("discard").is_none_or(Json::is_null) {
+        data.insert("discard".into(), Json::Bool(true));
+    }
     data.insert("driver_volume_type".into(), Json::String(info.driver_volume_type.clone()));
     data.insert("attachment_id".into(), Json::String(attachment_id.to_string()));
     data.insert("enforce_multipath".into(), Json::Bool(conn.enforce_multipath));

@@ -210,7 +210,7 @@ impl Legacy<'_> {
             let connection =
                 calls.initialize_connection(&volume.with_fields(&fields).contract(), &conn).await?;
             backend.driver.apply(Call::InitializeConnection, &mut fields, &connection.update)?;
-            flatten(&calls, &connection.info, &row.id, &conn, &self.type_options(&volume))
+            flatten(&calls, &connection.info, &row.id, &conn, &self.additions(&volume, &backend))
         }
         .await;
         failpoint::hit("legacy.reinitialize.commit");

@@ -179,6 +179,10 @@ pub trait TargetService: Send + Sync {
     fn holds_luns(&self, _iqn: &str) -> bool {
         false
     }
+    /// Whether its LUNs take UNMAP (SCSI's discard), giving unmapped blocks back.
+    fn unmaps(&self) -> bool {
+        false
+    }
     /// The targets that have the CHAP account `user` bound.
     async fn account_targets(&self, user: &ChapUser) -> Result<Vec<String>, TargetError> {
         Ok(self

@@ -31,6 +31,8 @@ pub struct TgtdConfig {
     /// export new credentials (the shipped `tgt-iscsi`) never reuses one, and every account tgtd
     /// holds makes the next account's creation slower.
     pub keep_accounts: Duration,
+    /// Every new LUN takes UNMAP, punching holes in its backing file (`thin_provisioning=1`).
+    pub thin_provisioning: bool,
     /// Where the kept targets are listed (none: nowhere; a restart forgets them).
     pub state_file: Option<PathBuf>,
     /// Where the library a tgtd this service starts is loaded with is written (`preload.rs`;
@@ -51,6 +53,7 @@ impl TgtdConfig {
             max_luns: None,
             keep_exports: Duration::from_secs(3600),
             keep_accounts: Duration::ZERO,
+            thin_provisioning: true,
             state_file: None,
             preload_dir: None,
         }

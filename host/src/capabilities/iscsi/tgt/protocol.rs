@@ -34,6 +34,7 @@ pub enum Op {
     Show = 2,
     Bind = 3,
     Unbind = 4,
+    Update = 5,
     Stats = 6,
 }
 
@@ -83,6 +84,16 @@ impl Request {
         Request {
             lun: Some(lun.into()),
             ..Request::of(Mode::Device, Op::New, tid as i32, format!("path={path}"))
+        }
+    }
+
+    /// `tgtadm --op update --mode logicalunit --params thin_provisioning=1`: the LUN takes UNMAP,
+    /// which tgtd's `rdwr` store turns into holes punched in the file (tgtd takes the parameter
+    /// only as an update, not with the LUN's creation).
+    pub fn thin_provisioning(tid: u32, lun: u32) -> Request {
+        Request {
+            lun: Some(lun.into()),
+            ..Request::of(Mode::Device, Op::Update, tid as i32, "thin_provisioning=1".into())
         }
     }
 
@@ -674,6 +685,17 @@ Target 2: iqn.2010-10.org.openstack:volume-def
         assert_eq!(u64::from_ne_bytes(r[88..96].try_into().unwrap()), 1);
         assert_eq!(u32_at(116), 0, "no force");
         assert_eq!(&r[120..], b"path=/x.img\0");
+        // `tgtadm --mode logicalunit --op update --tid 3 --lun 1 --params thin_provisioning=1`.
+        let t = Request::thin_provisioning(3, 1).encode();
+        assert_eq!(
+            (
+                u32::from_ne_bytes(t[0..4].try_into().unwrap()),
+                u32::from_ne_bytes(t[4..8].try_into().unwrap())
+            ),
+            (Mode::Device as u32, 5)
+        );
+        assert_eq!(u64::from_ne_bytes(t[88..96].try_into().unwrap()), 1);
+        assert_eq!(&t[120..], b"thin_provisioning=1\0");
         let d = Request::delete_target(7).encode();
         assert_eq!(u32::from_ne_bytes(d[116..120].try_into().unwrap()), 1, "force");
         assert_eq!(u64::from_ne_bytes(d[88..96].try_into().unwrap()), u64::MAX, "no LUN");

@@ -116,6 +116,14 @@ impl TargetService for Tgtd {
                     t.luns.push((lun.get(), path.to_string()));
                 }
             });
+            if self.cfg.thin_provisioning {
+                // Without it the LUN serves as before, only without UNMAP: not worth failing
+                // the export for.
+                let thin = Request::thin_provisioning(target.tid, lun.get());
+                if let Err(f) = self.change(thin, iqn.as_str()).await {
+                    tracing::warn!(target = %iqn, "tgtd did not turn UNMAP on for the LUN; discards will fail: {f:?}");
+                }
+            }
             Ok(())
         })
     }
@@ -335,6 +343,10 @@ impl TargetService for Tgtd {
     /// Every target, as tgtd lists them now; the model is reloaded from the same listing.
     fn lun_capacity(&self) -> Option<LunCapacity> {
         Some(LunCapacity { held: self.luns_held(), ceiling: self.ceiling.luns() })
+    }
+
+    fn unmaps(&self) -> bool {
+        self.cfg.thin_provisioning
     }
 
     fn admit_lun(&self) -> Result<(), String> {
