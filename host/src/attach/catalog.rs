@@ -54,13 +54,17 @@ impl VolumeType {
 
     /// Cinder's test: `extra_specs['multiattach'] == '<is> True'`.
     pub fn multiattach(&self) -> bool {
-        self.extra_specs.get("multiattach").is_some_and(|v| v.trim().eq_ignore_ascii_case("<is> true"))
+        self.says("multiattach")
     }
 
-    /// Cinder's test for a connection's `cacheable`: `extra_specs['cacheable'] == '<is> True'`,
-    /// exactly.
+    /// Whether the host may cache its volumes' connections: `cacheable = '<is> True'`.
     pub fn cacheable(&self) -> bool {
-        self.extra_specs.get("cacheable").is_some_and(|v| v == "<is> True")
+        self.says("cacheable")
+    }
+
+    /// Whether the extra spec `key` is `<is> True` (spaces around it and the case aside).
+    fn says(&self, key: &str) -> bool {
+        self.extra_specs.get(key).is_some_and(|v| v.trim().eq_ignore_ascii_case("<is> true"))
     }
 
     /// The QoS specs the compute host enforces for volumes of this type: those of consumer
