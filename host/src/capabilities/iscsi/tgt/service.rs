@@ -100,22 +100,27 @@ impl TargetService for Tgtd {
             // A new LUN: within the machine's ceiling, or refused before tgtd hears of it.
             self.admit_lun().map_err(Failure::Other)?;
             match self.change(Request::new_lun(target.tid, lun.get(), path), iqn.as_str()).await {
-                Ok(_) => {}
-                // A LUN the model did not know of: look again.
+                Ok(_) => self.update(iqn, |t| {
+                    if !t.luns.iter().any(|(l, _)| *l == lun.get()) {
+                        t.luns.push((lun.get(), path.to_string()));
+                    }
+                }),
+                // A LUN the model did not know of (made by an attempt whose answer was lost, say):
+                // look again.
                 Err(Failure::AlreadyExists(_)) => {
                     self.reload().await?;
-                    return match self.require(iqn)?.luns.iter().find(|(l, _)| *l == lun.get()) {
-                        Some((_, p)) if p == path => Ok(()),
-                        _ => Err(Failure::Other(format!("LUN {} of {iqn} exposes another store", lun.get()))),
-                    };
+                    match self.require(iqn)?.luns.iter().find(|(l, _)| *l == lun.get()) {
+                        Some((_, p)) if p == path => {}
+                        _ => {
+                            return Err(Failure::Other(format!(
+                                "LUN {} of {iqn} exposes another store",
+                                lun.get()
+                            )));
+                        }
+                    }
                 }
                 Err(f) => return Err(f),
             }
-            self.update(iqn, |t| {
-                if !t.luns.iter().any(|(l, _)| *l == lun.get()) {
-                    t.luns.push((lun.get(), path.to_string()));
-                }
-            });
             if self.cfg.thin_provisioning {
                 // Without it the LUN serves as before, only without UNMAP: not worth failing
                 // the export for.
