@@ -149,11 +149,14 @@ impl Cluster {
     }
 
     /// Waits until every invariant holds (reconcilers and take-overs may still be at work), up to
-    /// `timeout`.
+    /// `timeout` (and a minute for a comparison under way).
     pub async fn settled(&self, store: &Store, timeout: Duration) -> Result<(), Vec<String>> {
         let deadline = Instant::now() + timeout;
         loop {
-            let wrong = self.violations(store).await;
+            // One comparison that never ends (a read of the database or of a tgtd) fails the test
+            // naming it, instead of hanging it.
+            let compared = tokio::time::timeout(timeout + Duration::from_secs(60), self.violations(store));
+            let wrong = compared.await.expect("a comparison of the database and the tgtds did not end");
             if wrong.is_empty() {
                 return Ok(());
             }
