@@ -124,9 +124,14 @@ impl TargetService for Tgtd {
             if self.cfg.thin_provisioning {
                 // Without it the LUN serves as before, only without UNMAP: not worth failing
                 // the export for.
+                // A restarted tgtd lost the LUN too: the whole step is tried again there.
                 let thin = Request::thin_provisioning(target.tid, lun.get());
-                if let Err(f) = self.change(thin, iqn.as_str()).await {
-                    tracing::warn!(target = %iqn, "tgtd did not turn UNMAP on for the LUN; discards will fail: {f:?}");
+                match self.change(thin, iqn.as_str()).await {
+                    Ok(_) => {}
+                    Err(f @ Failure::Restarted { .. }) => return Err(f),
+                    Err(f) => {
+                        tracing::warn!(target = %iqn, "tgtd did not turn UNMAP on for the LUN; discards will fail: {f:?}")
+                    }
                 }
             }
             Ok(())
