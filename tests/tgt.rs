@@ -216,6 +216,32 @@ async fn a_daemon_that_does_not_answer_times_out() {
     silent.abort();
 }
 
+/// tgtd restarted between a LUN's creation and its UNMAP update: the new daemon has neither the
+/// LUN nor its target, and adding the LUN says so (the export fails and is made again), where the
+/// failed update was only logged and the LUN reported as there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_lost_to_a_tgtd_restart_before_its_unmap_update_is_not_reported_made() {
+    use berth::failpoint;
+    let mut rig = Rig::start();
+    let t = Arc::new(rig.service());
+    let target = iqn("iqn.2010-10.org.openstack:volume-thin");
+    t.create_target(&target).await.unwrap();
+    failpoint::arm("tgt.add-lun.made", 1, failpoint::Action::Sleep, 5000);
+    let adding = {
+        let (t, target, image) = (t.clone(), target.clone(), rig.image("thin.img"));
+        tokio::spawn(async move { t.add_lun(&target, Lun::new(1).unwrap(), &image).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while failpoint::seen("tgt.add-lun.made") == 0 {
+        assert!(Instant::now() < deadline, "the LUN was never made");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    rig.tgtd.restart();
+    let e = adding.await.unwrap().expect_err("the LUN is gone with the old tgtd");
+    assert!(matches!(e, TargetError::NotFound(_)), "{e}");
+    assert!(rig.tgtd.targets().is_empty(), "the new tgtd holds nothing");
+}
+
 /// The service keeps a model of tgtd's targets for one daemon. After tgtd restarts, target ids
 /// may name other targets: a change meant for the old daemon must never reach a target of the
 /// new one.

@@ -121,6 +121,7 @@ impl TargetService for Tgtd {
                 }
                 Err(f) => return Err(f),
             }
+            crate::failpoint::pause("tgt.add-lun.made");
             if self.cfg.thin_provisioning {
                 // Without it the LUN serves as before, only without UNMAP: not worth failing
                 // the export for.
