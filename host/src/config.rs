@@ -547,8 +547,10 @@ impl Config {
         toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
-    /// Refuses names that mean two things: two backends, or two volume types, of one name (the
-    /// second was silently one with the first, or both were listed under one id).
+    /// Refuses names that mean two things: two backends, two volume types or two sets of QoS
+    /// specs of one name (the second was silently one with the first, or both were listed under
+    /// one id); and names that mean nothing: a type's QoS specs that are not configured, or
+    /// specs whose per-GiB values are not numbers.
     pub fn check_names(&self) -> Result<(), String> {
         fn twice<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
             let mut seen = std::collections::BTreeSet::new();
