@@ -226,18 +226,24 @@ async fn a_lun_lost_to_a_tgtd_restart_before_its_unmap_update_is_not_reported_ma
     let t = Arc::new(rig.service());
     let target = iqn("iqn.2010-10.org.openstack:volume-thin");
     t.create_target(&target).await.unwrap();
-    failpoint::arm("tgt.add-lun.made", 1, failpoint::Action::Sleep, 5000);
+    // Named for this target: the other tests of this process add LUNs too.
+    let point = format!("tgt.add-lun.made {target}");
+    failpoint::arm(&point, 1, failpoint::Action::Sleep, 5000);
+    // On a thread and runtime of its own: the pause holds that thread, and the test goes on.
     let adding = {
         let (t, target, image) = (t.clone(), target.clone(), rig.image("thin.img"));
-        tokio::spawn(async move { t.add_lun(&target, Lun::new(1).unwrap(), &image).await })
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move { t.add_lun(&target, Lun::new(1).unwrap(), &image).await })
+        })
     };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while failpoint::seen("tgt.add-lun.made") == 0 {
+    while failpoint::seen(&point) == 0 {
         assert!(Instant::now() < deadline, "the LUN was never made");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        std::thread::sleep(Duration::from_millis(10));
     }
     rig.tgtd.restart();
-    let e = adding.await.unwrap().expect_err("the LUN is gone with the old tgtd");
+    let e = adding.join().unwrap().expect_err("the LUN is gone with the old tgtd");
     assert!(matches!(e, TargetError::NotFound(_)), "{e}");
     assert!(rig.tgtd.targets().is_empty(), "the new tgtd holds nothing");
 }

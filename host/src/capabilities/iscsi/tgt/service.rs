@@ -121,7 +121,7 @@ impl TargetService for Tgtd {
                 }
                 Err(f) => return Err(f),
             }
-            crate::failpoint::pause("tgt.add-lun.made");
+            crate::failpoint::pause(&format!("tgt.add-lun.made {iqn}"));
             if self.cfg.thin_provisioning {
                 // Without it the LUN serves as before, only without UNMAP: not worth failing
                 // the export for.
