@@ -135,7 +135,9 @@ impl Driver for TgtIscsi {
     }
 
     /// Grows the backing store (sparse: no data is written). An available volume has no LUN in
-    /// tgtd (its export goes with its last attachment), so the next export sees the new size.
+    /// tgtd (its export goes with its last attachment), so the next export sees the new size; an
+    /// attached one's LUN is opened again by the host as the store grows, so its hosts see the new
+    /// size at once (the backing store's `resize`).
     fn extend_volume(volume: &Volume, new_size_gib: u64) -> DriverResult<ModelUpdate> {
         backing_store::resize(&volume.name, new_size_gib << 30)
             .map_err(|e| store_error("grow backing store", e))?;

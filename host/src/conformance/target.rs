@@ -239,6 +239,10 @@ impl TargetService for Faulty {
         self.check("remove-lun")?;
         self.inner.remove_lun(iqn, lun).await
     }
+    async fn reopen_luns(&self, path: &str) -> Result<u32, TargetError> {
+        self.check("reopen-luns")?;
+        self.inner.reopen_luns(path).await
+    }
     async fn allow_initiator(&self, iqn: &Iqn, initiator: &Iqn) -> Result<(), TargetError> {
         self.check("allow-initiator")?;
         self.inner.allow_initiator(iqn, initiator).await

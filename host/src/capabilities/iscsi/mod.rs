@@ -16,7 +16,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use berth_driver_sdk::names::{MAX_CHAP_FIELD, check_chap_secret, check_chap_username, check_iscsi_name};
 
-use super::backing::BackingStores;
+use super::backing::{BackingStores, StoreError};
 use super::namespace::Namespace;
 use super::secret::Secret;
 
@@ -146,6 +146,9 @@ pub trait TargetService: Send + Sync {
     /// Exposes the file at `path` (a host path the capability resolved) as `lun`.
     async fn add_lun(&self, iqn: &Iqn, lun: Lun, path: &str) -> Result<(), TargetError>;
     async fn remove_lun(&self, iqn: &Iqn, lun: Lun) -> Result<(), TargetError>;
+    /// The LUNs that expose the file at `path` open it again, so that they serve the size it has
+    /// now (after it grew: an attached volume's extend); answers how many. Sessions stay.
+    async fn reopen_luns(&self, path: &str) -> Result<u32, TargetError>;
     async fn allow_initiator(&self, iqn: &Iqn, initiator: &Iqn) -> Result<(), TargetError>;
     /// Removes the initiator from the ACL. Sessions it has established stay (see
     /// [`TargetService::close_sessions`]).
@@ -293,6 +296,26 @@ impl IscsiCapability {
         let parsed = Iqn::parse(iqn)?;
         self.namespace.target(iqn).map_err(|e| TargetError::NotPermitted(e.to_string()))?;
         Ok(parsed)
+    }
+
+    /// The LUNs exposing the backend's store `name` serve the size it has now (after it grew).
+    /// Idempotent: a store that grew before and is exposed at its old size still (a call that
+    /// ended before its LUNs were reopened) is served at its size by the next call.
+    pub async fn store_grew(&self, name: &str) -> Result<(), StoreError> {
+        let path = self.stores.path(name)?;
+        let path =
+            path.to_str().ok_or_else(|| StoreError::Failed(format!("store {name}: path is not UTF-8")))?;
+        match self.service.reopen_luns(path).await {
+            Ok(reopened) => {
+                if reopened > 0 {
+                    tracing::info!(store = name, luns = reopened, "LUNs opened their grown store again");
+                }
+                Ok(())
+            }
+            Err(e) => Err(StoreError::Failed(format!(
+                "store {name} grew, but the LUN exposing it still serves its old size: {e}"
+            ))),
+        }
     }
 
     /// `Ok` when the CHAP account `user` is bound to none of another backend's targets.

@@ -231,6 +231,13 @@ impl TargetService for TargetModel {
         })
     }
 
+    async fn reopen_luns(&self, path: &str) -> Result<u32, TargetError> {
+        self.op("reopen-luns", vec![path.to_string()], |s| {
+            let exposing = s.snapshot.targets.values().flat_map(|t| t.luns.values()).filter(|p| *p == path);
+            Ok(exposing.count() as u32)
+        })
+    }
+
     async fn remove_lun(&self, iqn: &Iqn, lun: Lun) -> Result<(), TargetError> {
         self.op("remove-lun", vec![iqn.to_string(), lun.get().to_string()], |s| {
             if let Some(t) = s.snapshot.targets.get_mut(iqn.as_str()) {

@@ -57,13 +57,14 @@ impl backing_store::Host for HostState {
         size_bytes: u64,
     ) -> wasmtime::Result<Result<backing_store::StoreInfo, backing_store::StoreError>> {
         self.scope.enter("backing-store", "resize", &[&name, &size_bytes.to_string()])?;
-        let r = self
-            .scope
-            .lasting(StoreError::Failed, self.stores()?.resize(&name, size_bytes))
-            .await
-            .map(store_info);
+        let r = self.scope.lasting(StoreError::Failed, self.stores()?.resize(&name, size_bytes)).await;
         crate::failpoint::hit("capability.backing-store.resize");
-        Ok(self.store_result(r))
+        // An exported store (an attached volume's extend) is served at its new size at once.
+        let r = match (r, &self.scope.caps.iscsi) {
+            (Ok(info), Some(iscsi)) => iscsi.store_grew(&name).await.map(|()| info),
+            (r, _) => r,
+        };
+        Ok(self.store_result(r.map(store_info)))
     }
 
     async fn delete(&mut self, name: String) -> wasmtime::Result<Result<(), backing_store::StoreError>> {

@@ -97,6 +97,23 @@ impl Request {
         }
     }
 
+    /// `tgtadm --op update --mode logicalunit --params online=0,path=<path>`: the LUN opens its
+    /// file again and serves the file's size now (tgtd reads it only when it opens the file). tgtd
+    /// takes a new path only from a LUN that is offline and puts it online again once the file is
+    /// open; the LUN keeps its other settings (its serial, UNMAP) and its sessions stay.
+    pub fn reopen(tid: u32, lun: u32, path: &str) -> Request {
+        Request {
+            lun: Some(lun.into()),
+            ..Request::of(Mode::Device, Op::Update, tid as i32, format!("online=0,path={path}"))
+        }
+    }
+
+    /// `tgtadm --op update --mode target --name state --value <state>`: `offline` refuses logins
+    /// (sessions logged in stay), `ready` takes them again.
+    pub fn target_state(tid: u32, state: &str) -> Request {
+        Request::of(Mode::Target, Op::Update, tid as i32, format!("state={state}"))
+    }
+
     pub fn delete_lun(tid: u32, lun: u32) -> Request {
         Request { lun: Some(lun.into()), ..Request::of(Mode::Device, Op::Delete, tid as i32, String::new()) }
     }

@@ -139,6 +139,52 @@ impl TargetService for Tgtd {
         })
     }
 
+    async fn reopen_luns(&self, path: &str) -> Result<u32, TargetError> {
+        self.check_backing_path(path)?;
+        self.fresh().await.map_err(|f| f.into_error("show targets"))?;
+        let exposing: Vec<String> = guard(&self.model)
+            .targets
+            .values()
+            .filter(|k| k.state.luns.iter().any(|(_, p)| p == path))
+            .map(|k| k.state.iqn.clone())
+            .collect();
+        let mut reopened = 0;
+        for iqn in exposing {
+            let iqn = Iqn::parse(&iqn)?;
+            let _one = self.lock(&iqn).await;
+            reopened += retrying!("reopen LUN", async {
+                self.fresh().await?;
+                // Gone meanwhile, or lost to a tgtd restart: a LUN made again opens the file anew.
+                let Some(target) = self.known(&iqn) else { return Ok(0) };
+                let (tid, name) = (target.tid, iqn.as_str());
+                // tgtd closes the file and opens it again under the commands it runs: one that
+                // starts in between fails. So nobody is logged in meanwhile: the target takes no
+                // login, its sessions end (their initiators log in again and send anew what was in
+                // flight), and it takes logins again after, whatever happened in between.
+                self.change(Request::target_state(tid, "offline"), name).await?;
+                crate::failpoint::hit("tgt.reopen.offline");
+                let reopened = async {
+                    self.end_sessions(tid, &iqn, None).await?;
+                    let mut luns = 0;
+                    for (lun, _) in target.luns.iter().filter(|(_, p)| p == path) {
+                        match self.change(Request::reopen(tid, *lun, path), name).await {
+                            Ok(_) => luns += 1,
+                            Err(Failure::NotFound(_)) => {}
+                            Err(f) => return Err(f),
+                        }
+                    }
+                    Ok(luns)
+                }
+                .await;
+                let ready = self.change(Request::target_state(tid, "ready"), name).await;
+                let luns = reopened?;
+                ready?;
+                Ok(luns)
+            })?;
+        }
+        Ok(reopened)
+    }
+
     async fn remove_lun(&self, iqn: &Iqn, lun: Lun) -> Result<(), TargetError> {
         let _one = self.lock(iqn).await;
         retrying!("remove LUN", async {
@@ -215,7 +261,7 @@ impl TargetService for Tgtd {
         retrying!("close the initiator's sessions", async {
             self.fresh().await?;
             let Some(target) = self.known(iqn) else { return Ok(0) };
-            self.end_sessions(target.tid, iqn, initiator).await
+            self.end_sessions(target.tid, iqn, Some(initiator)).await
         })
     }
 

@@ -433,7 +433,14 @@ impl Tgtd {
     /// Closes every connection of `initiator` on the target and checks that none is left (tgtd
     /// closes a connection from its event loop, so the check is repeated for a while). Answers
     /// how many sessions it found open.
-    pub(super) async fn end_sessions(&self, tid: u32, iqn: &Iqn, initiator: &Iqn) -> Result<u32, Failure> {
+    /// Ends the sessions of `initiator` on the target (of every initiator: `None`) and returns
+    /// once none is left; answers how many were ended.
+    pub(super) async fn end_sessions(
+        &self,
+        tid: u32,
+        iqn: &Iqn,
+        initiator: Option<&Iqn>,
+    ) -> Result<u32, Failure> {
         // Usually the target has no session left at all: its statistics say so more cheaply than
         // the listing of its connections (see `Request::target_stats`).
         if !self.has_sessions(tid, iqn).await? {
@@ -445,7 +452,7 @@ impl Tgtd {
             let answer = self.change_read(Request::show_connections(tid), iqn.as_str()).await?;
             let mine: Vec<_> = parse_connections(&answer.text)
                 .into_iter()
-                .filter(|c| c.initiator == initiator.as_str())
+                .filter(|c| initiator.is_none_or(|i| c.initiator == i.as_str()))
                 .collect();
             if mine.is_empty() {
                 return Ok(ended.len() as u32);
@@ -453,8 +460,9 @@ impl Tgtd {
             ended.extend(mine.iter().map(|c| c.sid));
             if std::time::Instant::now() > deadline {
                 return Err(Failure::Other(format!(
-                    "{} session(s) of {initiator} on {iqn} are still open after being closed",
-                    mine.len()
+                    "{} session(s) of {} on {iqn} are still open after being closed",
+                    mine.len(),
+                    initiator.map_or("its initiators", |i| i.as_str())
                 )));
             }
             for c in &mine {
@@ -463,7 +471,8 @@ impl Tgtd {
                     Err(f) => return Err(f),
                 }
             }
-            tracing::info!(target = %iqn, %initiator, connections = mine.len(), "closed a denied initiator's connections");
+            let initiator = initiator.map_or("every initiator", |i| i.as_str());
+            tracing::info!(target = %iqn, initiator, connections = mine.len(), "closed connections");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
