@@ -174,7 +174,7 @@ async fn each_row_of_the_table_ends_in_its_rows_and_its_answer() {
             Command::Delete => {
                 commands.delete_attachment(caller(), attachment.clone().unwrap()).await.map(drop)
             }
-            Command::Extend => commands.extend_volume(caller(), v, 2).await.map(drop),
+            Command::Extend => commands.extend_volume(caller(), v, 2, false).await.map(drop),
             Command::LegacyInitialize => {
                 commands.legacy_initialize(caller(), v, host_connector()).await.map(drop)
             }

@@ -496,6 +496,20 @@ pub struct BackendConfig {
     /// refused as not configured.
     #[serde(default)]
     pub cephx: Option<crate::capabilities::cephx::CephxConfig>,
+    /// Whether `os-extend` (from microversion 3.42) grows this backend's volumes while they are
+    /// attached (Cinder's `online_extend_support`). Default: true for a shipped driver, which
+    /// serves the new size to the attached hosts at once; false for a component file, whose
+    /// contract (0.3.0) promises `extend-volume` only for available volumes: set it for a driver
+    /// whose array grows exported volumes.
+    #[serde(default)]
+    pub online_extend: Option<bool>,
+}
+
+impl BackendConfig {
+    /// Whether attached volumes may be extended (`online_extend`, or its default).
+    pub fn extends_attached(&self) -> bool {
+        self.online_extend.unwrap_or(self.driver.is_some())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
@@ -621,6 +635,7 @@ impl Config {
                 shared: false,
                 network: None,
                 cephx: None,
+                online_extend: None,
             });
         }
         if self.volume_types.is_empty() {

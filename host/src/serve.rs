@@ -180,7 +180,8 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         if let Some(service) = driver.target_service().filter(|_| uses_targets).cloned() {
             crate::metrics::watch_luns(&b.name, move || service.lun_capacity().map(|c| (c.held, c.ceiling)));
         }
-        backends.push(Backend::new(&node, &b.name, driver, uses_targets, b.shared));
+        let backend = Backend::new(&node, &b.name, driver, uses_targets, b.shared);
+        backends.push(Backend { extends_attached: b.extends_attached(), ..backend });
     }
     let qos_specs: Vec<QosSpecs> = config
         .qos_specs

@@ -701,6 +701,37 @@ async fn a_policy_file_overrides_the_defaults() {
     member.get("/volumes").await.fault(403, "forbidden");
 }
 
+/// `volume:extend_attached_volume` (Cinder's) decides who may extend an attached volume; an
+/// available one is `volume:extend`'s, as in Cinder, which picks the rule by the volume's status.
+#[tokio::test]
+async fn a_policy_file_can_keep_extending_attached_volumes_to_admins() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.toml");
+    std::fs::write(&path, "\"volume:extend_attached_volume\" = [\"admin\"]\n").unwrap();
+    let mut config = berth_tests::server::fake_config();
+    config.auth.policy_file = Some(path);
+    let s = TestServer::start_with(Db::Sqlite, config).await;
+    let member = s.client("p1").with_roles("member").at("3.42");
+    let extend = |size: i64| json!({"os-extend": {"new_size": size}});
+    let volume = member.create_volume(json!({"size": 1})).await;
+    member.post(&format!("/volumes/{volume}/action"), extend(2)).await.expect(202);
+    let created =
+        member.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:p", "p"))).await.expect(200);
+    let attachment = created.body["attachment"]["id"].as_str().unwrap().to_string();
+    let complete = json!({"os-complete": null});
+    member.at("3.44").post(&format!("/attachments/{attachment}/action"), complete).await.expect(204);
+    let message = member.post(&format!("/volumes/{volume}/action"), extend(3)).await.fault(403, "forbidden");
+    assert_eq!(message, "Policy doesn't allow volume:extend_attached_volume to be performed.");
+    assert_eq!(member.get(&format!("/volumes/{volume}")).await.expect(200).body["volume"]["size"], 2);
+    s.client("p1")
+        .with_roles("admin")
+        .at("3.42")
+        .post(&format!("/volumes/{volume}/action"), extend(3))
+        .await
+        .expect(202);
+    assert_eq!(member.get(&format!("/volumes/{volume}")).await.expect(200).body["volume"]["size"], 3);
+}
+
 /// `volume_extension:volume_image_metadata:show` decides who sees a volume's image properties in
 /// its details, as in Cinder: kept to admins, a member's show and list leave them out.
 #[tokio::test]

@@ -613,9 +613,10 @@ both_databases! {
         c.post(&format!("/volumes/{volume}/action"), extend(json!(8))).await.expect(202);
         assert_eq!(c.get(&format!("/volumes/{volume}")).await.body["volume"]["size"], 8);
 
-        // Attached: refused (Cinder before 3.42), and nothing changes.
+        // Attached: refused before 3.42 (as in Cinder), and nothing changes.
         c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:ext", "ext"))).await.expect(200);
-        let message = c.post(&format!("/volumes/{volume}/action"), extend(json!(9))).await.fault(400, "badRequest");
+        let message =
+            c.at("3.41").post(&format!("/volumes/{volume}/action"), extend(json!(9))).await.fault(400, "badRequest");
         assert!(message.contains("must be available to extend"), "{message}");
         assert_eq!(c.get(&format!("/volumes/{volume}")).await.body["volume"]["size"], 8);
 
@@ -623,6 +624,67 @@ both_databases! {
         let other = s.client("p2").at("3.54").with_roles("member");
         other.post(&format!("/volumes/{volume}/action"), extend(json!(9))).await.fault(404, "itemNotFound");
     }
+
+    /// From 3.42 `os-extend` grows an attached volume too (Cinder's `extend_attached_volume`): it
+    /// is in use again at the new size, its attachment and connection as they were; a driver
+    /// that fails leaves it in use at its old size, and the extend succeeds when tried again.
+    async fn os_extend_grows_an_attached_volume_from_3_42(s) {
+        let c = s.client("p1").at("3.42");
+        let volume = c.create_volume(json!({"size": 1})).await;
+        let extend = |size: i64| json!({"os-extend": {"new_size": size}});
+        let created = c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:grow", "grow"))).await.expect(200);
+        let attachment = created.body["attachment"]["id"].as_str().unwrap().to_string();
+        c.at("3.44").post(&format!("/attachments/{attachment}/action"), json!({"os-complete": null})).await.expect(204);
+        let before = c.at("3.54").get(&format!("/attachments/{attachment}")).await.expect(200).body["attachment"].clone();
+        let size_and_status = || async {
+            let shown = c.get(&format!("/volumes/{volume}")).await.expect(200).body["volume"].clone();
+            (shown["size"].as_i64().unwrap(), shown["status"].as_str().unwrap().to_string())
+        };
+
+        c.post(&format!("/volumes/{volume}/action"), extend(2)).await.expect(202);
+        assert_eq!(size_and_status().await, (2, "in-use".to_string()));
+        let after = c.at("3.54").get(&format!("/attachments/{attachment}")).await.expect(200).body["attachment"].clone();
+        assert_eq!(after["status"], "attached");
+        assert_eq!(after["connection_info"], before["connection_info"]);
+
+        c.post(&format!("/volumes/{volume}/metadata"), json!({"metadata": {"fake.extend-volume": "backend:no room"}})).await.expect(200);
+        c.post(&format!("/volumes/{volume}/action"), extend(5)).await.fault(502, "computeFault");
+        assert_eq!(size_and_status().await, (2, "in-use".to_string()));
+        c.post(&format!("/volumes/{volume}/metadata"), json!({"metadata": {"fake.extend-volume": "ok"}})).await.expect(200);
+        c.post(&format!("/volumes/{volume}/action"), extend(5)).await.expect(202);
+        assert_eq!(size_and_status().await, (5, "in-use".to_string()));
+
+        // Detached afterwards as usual: available at its new size.
+        c.at("3.54").delete(&format!("/attachments/{attachment}")).await.expect(200);
+        assert_eq!(size_and_status().await, (5, "available".to_string()));
+    }
+}
+
+/// A backend whose driver is a component file extends only available volumes unless its
+/// configuration says `online_extend = true` (the 0.3.0 contract promises drivers no more), and
+/// its pool says so (`online_extend_support`); a shipped driver's extends attached ones.
+#[tokio::test]
+async fn an_attached_volume_is_extended_only_on_a_backend_that_extends_attached_volumes() {
+    let mut config = berth_tests::server::fake_config();
+    config.backends[0].online_extend = Some(false);
+    let s = TestServer::start_with(Db::Sqlite, config).await;
+    let c = s.client("p1").at("3.54");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let created =
+        c.attach(&volume, Some(connector("iqn.1993-08.org.debian:01:grow", "grow"))).await.expect(200);
+    let attachment = created.body["attachment"]["id"].as_str().unwrap().to_string();
+    c.post(&format!("/attachments/{attachment}/action"), json!({"os-complete": null})).await.expect(204);
+    let body = json!({"os-extend": {"new_size": 2}});
+    let message = c.post(&format!("/volumes/{volume}/action"), body).await.fault(400, "badRequest");
+    assert!(message.contains("does not extend attached volumes (online_extend"), "{message}");
+    let shown = c.get(&format!("/volumes/{volume}")).await.expect(200).body["volume"].clone();
+    assert_eq!((shown["size"].as_i64(), shown["status"].as_str()), (Some(1), Some("in-use")));
+    let pools = c.get("/scheduler-stats/get_pools?detail=true").await.expect(200);
+    assert_eq!(pools.body["pools"][0]["capabilities"]["online_extend_support"], false);
+
+    let s = TestServer::start(Db::Sqlite).await;
+    let pools = s.client("p1").get("/scheduler-stats/get_pools?detail=true").await.expect(200);
+    assert_eq!(pools.body["pools"][0]["capabilities"]["online_extend_support"], true);
 }
 
 /// A query parameter's value, percent-encoded.

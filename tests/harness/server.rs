@@ -47,6 +47,7 @@ pub fn fake_config() -> Config {
             shared: false,
             network: None,
             cephx: None,
+            online_extend: None,
         }],
         volume_types: vec![
             VolumeTypeConfig {

@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 use super::attachments::connector as parse_connector;
 use super::body::JsonBody;
 use super::error::ApiError;
-use super::microversion::{EXTEND_VOLUME_COMPLETION, MIN, REIMAGE, Version};
+use super::microversion::{EXTEND_VOLUME_COMPLETION, MIN, REIMAGE, VOLUME_EXTEND_INUSE, Version};
 use super::openapi::{Endpoint, SchemaFn};
 use super::path::VolumeId;
 use super::policy::Rule;
@@ -25,6 +25,7 @@ use crate::attach::Caller;
 use crate::attach::legacy::LegacyAttach;
 use crate::attach::volumes::VolumeChange;
 use crate::domain::model::{AttachMode, Connector};
+use crate::domain::state::VolumeStatus;
 use crate::runtime::contract::AccessMode;
 
 pub fn endpoints() -> Vec<Endpoint> {
@@ -359,7 +360,20 @@ async fn action(
                     arg.new_size
                 ))
             })?;
-            service.commands().extend_volume(caller, volume, size).await.map(drop)?;
+            // From 3.42 an attached volume grows too, under a rule of its own (Cinder picks the
+            // rule by the volume's status).
+            let attached = version >= VOLUME_EXTEND_INUSE
+                && match state.authorize(&caller, Rule::ExtendAttached) {
+                    Ok(()) => true,
+                    Err(forbidden) => {
+                        let (shown, _) = service.volumes().show(&caller, &volume).await?;
+                        if shown.status == VolumeStatus::InUse {
+                            return Err(forbidden);
+                        }
+                        false
+                    }
+                };
+            service.commands().extend_volume(caller, volume, size, attached).await.map(drop)?;
         }
         "os-force_delete" => service.commands().delete_volume(caller, volume, true).await?,
         "os-unmanage" => service.commands().unmanage_volume(caller, volume).await?,

@@ -72,6 +72,8 @@ pub const DEFAULT_TYPE_OVERRIDES: Version = Version::new(3, 62);
 /// `get_pools` takes filters (`name`) from 3.28, and `volume_type` from 3.35.
 pub const POOL_FILTER: Version = Version::new(3, 28);
 pub const POOL_TYPE_FILTER: Version = Version::new(3, 35);
+/// `os-extend` grows an attached (`in-use`) volume too.
+pub const VOLUME_EXTEND_INUSE: Version = Version::new(3, 42);
 pub const NEW_ATTACH_COMPLETION: Version = Version::new(3, 44);
 pub const VOLUME_LIST_COUNT: Version = Version::new(3, 45);
 pub const SHARED_TARGETS: Version = Version::new(3, 48);

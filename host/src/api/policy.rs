@@ -60,6 +60,7 @@ pub enum Rule {
     Reimage,
     Retype,
     Extend,
+    ExtendAttached,
     ExtendVolumeCompletion,
     ServiceIndex,
     ServiceUpdate,
@@ -111,7 +112,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 72] = [
+    pub const ALL: [Rule; 73] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -144,6 +145,7 @@ impl Rule {
         Rule::Reimage,
         Rule::Retype,
         Rule::Extend,
+        Rule::ExtendAttached,
         Rule::ExtendVolumeCompletion,
         Rule::ServiceIndex,
         Rule::ServiceUpdate,
@@ -223,6 +225,7 @@ impl Rule {
             Rule::Reimage => "volume:reimage",
             Rule::Retype => "volume:retype",
             Rule::Extend => "volume:extend",
+            Rule::ExtendAttached => "volume:extend_attached_volume",
             Rule::ExtendVolumeCompletion => "volume_extension:volume_admin_actions:extend_volume_completion",
             Rule::ServiceIndex => "volume_extension:services:index",
             // Disabling and enabling a backend for new volumes.

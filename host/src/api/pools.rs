@@ -148,6 +148,8 @@ struct Capabilities {
     total_volumes: i64,
     reserved_percentage: i64,
     multiattach: bool,
+    /// Attached volumes may be extended (3.42's `os-extend` of an `in-use` volume).
+    online_extend_support: bool,
     #[serde(rename = "QoS_support")]
     qos_support: bool,
     backend_state: String,
@@ -171,6 +173,7 @@ fn capabilities(p: &Pool) -> Capabilities {
         total_volumes: p.volumes,
         reserved_percentage: 0,
         multiattach: p.runs.multiattach,
+        online_extend_support: p.runs.online_extend,
         qos_support: false,
         backend_state: "up".into(),
         timestamp: timestamp(p.updated_at),

@@ -98,6 +98,8 @@ pub struct Backend {
     /// Served by every node that configures it (`shared = true`: the driver reaches its backend
     /// over the network), rather than owned by this node.
     pub shared: bool,
+    /// Its attached volumes may be extended (`online_extend`).
+    pub extends_attached: bool,
 }
 
 impl Backend {
@@ -105,7 +107,14 @@ impl Backend {
     /// when it is shared.
     pub fn new(node: &str, name: &str, driver: Driver, uses_targets: bool, shared: bool) -> Self {
         let service_uuid = if shared { shared_service_uuid(name) } else { service_uuid(node, name) };
-        Backend { name: name.to_string(), service_uuid, driver, uses_targets, shared }
+        Backend {
+            name: name.to_string(),
+            service_uuid,
+            driver,
+            uses_targets,
+            shared,
+            extends_attached: false,
+        }
     }
 }
 

@@ -67,16 +67,17 @@ impl Commands {
             .await
     }
 
-    /// `os-extend`.
+    /// `os-extend`; `attached`: an `in-use` volume may be extended too (3.42).
     pub async fn extend_volume(
         &self,
         caller: Caller,
         id: String,
         new_size_gib: i64,
+        attached: bool,
     ) -> Result<Volume, AttachError> {
         self.0
             .owned(caller.clone(), (caller, id), move |s, (c, id)| async move {
-                s.volumes().extend(&c, &id, new_size_gib).await
+                s.volumes().extend(&c, &id, new_size_gib, attached).await
             })
             .await
     }

@@ -299,6 +299,7 @@ impl Service {
                     vendor: info.vendor.clone(),
                     protocols: info.protocols.iter().map(super::catalog::storage_protocol).collect(),
                     multiattach: info.capabilities.multiattach,
+                    online_extend: b.extends_attached,
                 };
                 (b.name.clone(), run)
             })

@@ -525,17 +525,27 @@ impl Volumes<'_> {
         Ok(())
     }
 
-    /// Grows an available volume (Cinder's `os-extend` before 3.42: an attached volume is
-    /// refused). The new size is recorded once the driver has grown it; when the driver fails,
-    /// the volume is available again at its old size and the driver's error is returned (the
-    /// extend may be tried again).
+    /// Grows an available volume, or with `attached` (Cinder's `os-extend` from 3.42) one in use
+    /// on a backend that extends attached volumes: its attachments and connections stay, and the
+    /// driver serves the new size to the hosts attached. The new size is recorded once the driver
+    /// has grown it; when the driver fails, the volume is as it was (available or in use) at its
+    /// old size and the driver's error is returned (the extend may be tried again).
     pub(super) async fn extend(
         &self,
         caller: &Caller,
         id: &str,
         new_size_gib: i64,
+        attached: bool,
     ) -> Result<Volume, AttachError> {
         let volume = self.volume(caller, id).await?;
+        let attached = attached && volume.status == VolumeStatus::InUse;
+        if attached && !self.backend(&volume)?.extends_attached {
+            return Err(AttachError::InvalidVolume(format!(
+                "Volume {id} is attached, and its backend {} does not extend attached volumes \
+                 (online_extend in its configuration); detach it first.",
+                volume.backend
+            )));
+        }
         if new_size_gib <= volume.size_gib {
             return Err(AttachError::InvalidInput(format!(
                 "New size for extend must be greater than current size. (current: {}, extended: {new_size_gib}).",
@@ -548,7 +558,7 @@ impl Volumes<'_> {
             )));
         }
         let _held = self.hold(id).await?;
-        let t = transition(Event::ExtendVolume);
+        let t = transition(if attached { Event::ExtendAttached } else { Event::ExtendVolume });
         let op = self.operation(OpKind::ExtendVolume { new_size_gib }, id, None, None);
         let locked = self
             .store
@@ -556,7 +566,8 @@ impl Volumes<'_> {
                 let Some(locked) = volumes::lock(tx, id, t, None).await? else {
                     let now = volumes::get(tx, id, Scope::All).await?.map(|v| v.status.to_string());
                     return Err(AttachError::InvalidVolume(format!(
-                        "Volume status must be available to extend, but current status is: {}.",
+                        "Volume status must be {} to extend, but current status is: {}.",
+                        if attached { "in-use" } else { "available" },
                         now.as_deref().unwrap_or("deleted")
                     )));
                 };

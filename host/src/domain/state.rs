@@ -164,10 +164,13 @@ pub enum Event {
     Retype,
     /// An available volume starts growing (`os-extend`).
     ExtendVolume,
-    /// The driver grew the volume: it is available at its new size.
+    /// A volume in use starts growing (`os-extend` from 3.42, on a backend that extends attached
+    /// volumes); its attachments stay as they are.
+    ExtendAttached,
+    /// The driver grew the volume: it is available, or in use, at its new size.
     VolumeExtended,
-    /// The driver could not grow it: it is available at its old size (the extend may be tried
-    /// again; Cinder's `error_extending` would need an admin's reset).
+    /// The driver could not grow it: it is available, or in use, at its old size (the extend may
+    /// be tried again; Cinder's `error_extending` would need an admin's reset).
     ExtendFailed,
     /// A new attachment is reserved (attachment create; legacy `os-reserve`).
     Reserve,
@@ -328,8 +331,10 @@ pub const TRANSITIONS: &[Transition] = &[
     row!(AcceptTransfer, both(&[V::AwaitingTransfer]), VolumeTo::Set(V::Available, VA::Detached), None),
     row!(Retype, both(&[V::Available, V::InUse]), VolumeTo::Unchanged, None),
     row!(ExtendVolume, both(&[V::Available]), VolumeTo::Set(V::Extending, VA::Detached), None),
-    row!(VolumeExtended, both(&[V::Extending]), VolumeTo::Set(V::Available, VA::Detached), None),
-    row!(ExtendFailed, both(&[V::Extending]), VolumeTo::Set(V::Available, VA::Detached), None),
+    row!(ExtendAttached, both(&[V::InUse]), VolumeTo::Set(V::Extending, VA::Attached), None),
+    // Back to what its attachments make it: no flow changes them while the volume grows.
+    row!(VolumeExtended, both(&[V::Extending]), VolumeTo::Settle { keep_detaching: false }, None),
+    row!(ExtendFailed, both(&[V::Extending]), VolumeTo::Settle { keep_detaching: false }, None),
     row!(
         Reserve,
         (Rows::In(&[V::Available]), Rows::In(&[V::Available, V::Reserved, V::Attaching, V::InUse])),

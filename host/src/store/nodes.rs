@@ -36,6 +36,9 @@ pub struct BackendInfo {
     pub protocols: Vec<String>,
     #[serde(default)]
     pub multiattach: bool,
+    /// Its attached volumes may be extended (`online_extend`). Not compared between nodes.
+    #[serde(default)]
+    pub online_extend: bool,
 }
 
 /// A registered node.
