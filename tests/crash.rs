@@ -49,6 +49,9 @@ enum Flow {
     ForceDetach,
     /// `os-extend` of an available volume, from 1 GiB to 2.
     ExtendVolume,
+    /// `os-extend` (3.42) of a volume attached to alice, from 1 GiB to 2: its LUN opens the grown
+    /// file again while the target's sessions are ended and no login is taken.
+    ExtendAttached,
     /// An admin's `os-unmanage` of a detached volume (its target kept by tgtd for reuse).
     Unmanage,
 }
@@ -98,7 +101,7 @@ async fn live_ids(c: &Client, volume: &str) -> Vec<String> {
 }
 
 impl Flow {
-    const ALL: [Flow; 18] = [
+    const ALL: [Flow; 19] = [
         Flow::CreateVolume,
         Flow::DeleteVolume,
         Flow::CreateAttachment,
@@ -116,6 +119,7 @@ impl Flow {
         Flow::LegacyTerminateUnknown,
         Flow::ForceDetach,
         Flow::ExtendVolume,
+        Flow::ExtendAttached,
         Flow::Unmanage,
     ];
 
@@ -162,7 +166,7 @@ impl Flow {
             Flow::ReplaceConnector => {
                 made.attachments.push(("alice", attach(c, &v, ALICE, "alice-host", false).await));
             }
-            Flow::DeleteAttachment | Flow::ForceDetach => {
+            Flow::DeleteAttachment | Flow::ForceDetach | Flow::ExtendAttached => {
                 made.attachments.push(("alice", attach(c, &v, ALICE, "alice-host", true).await));
             }
             Flow::Unmanage => {
@@ -266,7 +270,7 @@ impl Flow {
             Flow::ForceDetach => {
                 (Method::POST, format!("/volumes/{v}/action"), Some(json!({"os-force_detach": null})))
             }
-            Flow::ExtendVolume => {
+            Flow::ExtendVolume | Flow::ExtendAttached => {
                 (Method::POST, format!("/volumes/{v}/action"), Some(json!({"os-extend": {"new_size": 2}})))
             }
             Flow::Unmanage => {
@@ -393,6 +397,29 @@ impl Flow {
                     ),
                 );
             }
+            Flow::ExtendAttached => {
+                // Finished as above, in use, alice's attachment as it was; and tgtd serves the
+                // new size and takes logins again.
+                let size = w.volumes.get(v).map(|x| x.size_gib);
+                let file = std::fs::metadata(rig.backing_file(v)).map(|m| m.len()).ok();
+                expect(status == Some("in-use"), format!("the volume is {status:?}, not in-use"));
+                expect(
+                    size == Some(2) && file == Some(2 << 30),
+                    format!(
+                        "the volume is {size:?} GiB in the database and {file:?} bytes on disk, not 2 GiB"
+                    ),
+                );
+                let alice = w.attachment(made.id("alice"));
+                expect(
+                    alice.is_some_and(|a| a.status == "attached" && a.is_connected()),
+                    format!("alice's attachment is {alice:?}"),
+                );
+                let served = rig.tgtd.served(&format!("volume-{v}"));
+                expect(
+                    served == Some((true, berth_tests::tgt::tgtd_megabytes(2 << 30))),
+                    format!("tgtd serves the volume as (takes logins, bytes) {served:?}, not (true, 2 GiB)"),
+                );
+            }
         }
         wrong
     }
@@ -440,6 +467,10 @@ impl Flow {
             }
             Flow::ExtendVolume => {
                 w.volumes.get(v).is_some_and(|x| x.status == "available" && x.size_gib == 2)
+            }
+            Flow::ExtendAttached => {
+                w.volumes.get(v).is_some_and(|x| x.status == "in-use" && x.size_gib == 2)
+                    && connected(made.id("alice"), "attached")
             }
         };
         if ok {
@@ -737,6 +768,7 @@ interruption_tests! {
     legacy_terminate_of_an_unknown_connector => LegacyTerminateUnknown, power_failure;
     force_detach => ForceDetach, power_failure;
     volume_extend => ExtendVolume;
+    attached_volume_extend => ExtendAttached;
     volume_unmanage => Unmanage;
 }
 

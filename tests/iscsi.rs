@@ -214,6 +214,88 @@ async fn an_extended_volume_has_its_new_size_at_the_next_attach_and_keeps_its_da
     assert_eq!(session.read(2 * GIB / BLOCK as u64 - 8, written.len()).unwrap(), written);
 }
 
+/// A command as a host's SCSI layer sends it: a unit attention (a session logged in again says
+/// "reset occurred" to its first command) is answered by sending the command again.
+fn as_a_host<T>(command: impl Fn() -> Result<T, String>) -> Result<T, String> {
+    let mut attentions = 0;
+    loop {
+        match command() {
+            Err(e) if e.contains("UNIT_ATTENTION") && attentions < 3 => attentions += 1,
+            done => return done,
+        }
+    }
+}
+
+/// An attached volume grows under its host (`os-extend` from 3.42): the host's session reads the
+/// new capacity at once (tgtd's LUN opened its grown file again, while the target's sessions were
+/// ended and logged in again, as a host's initiator does), the data is kept and the new end takes
+/// writes, the LUN still takes UNMAP, and a host writing and reading all along saw none of its
+/// I/O fail. The volume is in use at its new size, its attachment as it was; tgtd holds the same
+/// target and LUN, and takes logins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_volume_grows_under_its_host() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let written = pattern(7, 8 * BLOCK);
+    let (attachment, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let target = Target::from_connection_info(&info);
+    let session = Session::login_reconnecting(&target, ALICE).unwrap();
+    session.write(0, &written).unwrap();
+    assert_eq!(session.capacity().unwrap(), (GIB / BLOCK as u64, BLOCK as u32));
+    let before = rig.tgtd.targets().into_iter().find(|t| t.iqn == target.iqn).expect("exported");
+
+    // Another session of the host keeps writing and reading its own blocks meanwhile.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = {
+        let s = Session::login_reconnecting(&target, ALICE).unwrap();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut rounds = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let data = pattern(rounds as u8, 16 * BLOCK);
+                as_a_host(|| s.write(1024, &data)).map_err(|e| format!("write of round {rounds}: {e}"))?;
+                let read = as_a_host(|| s.read(1024, data.len()))
+                    .map_err(|e| format!("read of round {rounds}: {e}"))?;
+                if read != data {
+                    return Err(format!("round {rounds} read other bytes than it wrote"));
+                }
+                rounds += 1;
+            }
+            Ok(rounds)
+        })
+    };
+    for size in [2, 3] {
+        let extend = json!({"os-extend": {"new_size": size}});
+        c.at("3.42").post(&format!("/volumes/{volume}/action"), extend).await.expect(202);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = busy.join().unwrap().expect("no I/O failed while the volume grew");
+    assert!(rounds > 0);
+
+    let capacity = as_a_host(|| session.capacity()).unwrap();
+    assert_eq!(capacity, (3 * GIB / BLOCK as u64, BLOCK as u32), "the host sees 3 GiB");
+    assert_eq!(session.read(0, written.len()).unwrap(), written, "the data is kept");
+    let end = 3 * GIB / BLOCK as u64 - 8;
+    session.write(end, &written).unwrap();
+    assert_eq!(session.read(end, written.len()).unwrap(), written);
+    session.unmap(end, 8).expect("the LUN still takes UNMAP");
+    assert_eq!(session.read(end, written.len()).unwrap(), vec![0; written.len()]);
+
+    let shown = c.get(&format!("/volumes/{volume}")).await.expect(200).body["volume"].clone();
+    assert_eq!((shown["size"].as_i64(), shown["status"].as_str()), (Some(3), Some("in-use")));
+    let shown =
+        c.at("3.54").get(&format!("/attachments/{attachment}")).await.expect(200).body["attachment"].clone();
+    assert_eq!(
+        (shown["status"].as_str(), &shown["connection_info"]["target_iqn"]),
+        (Some("attached"), &info["target_iqn"])
+    );
+    let after = rig.tgtd.targets().into_iter().find(|t| t.iqn == target.iqn).expect("still exported");
+    assert_eq!((after.tid, &after.luns), (before.tid, &before.luns), "the same target and LUN");
+    login(&target, ALICE).expect("the target takes logins");
+}
+
 /// tgtd holds at most the LUNs this machine allows (threads per LUN against the kernel's
 /// threads, or `[tgt] max_luns` when lower): with `max_luns = 2`, a third volume's attach is
 /// refused with 413 in Cinder's shape, naming the limit and the setting, before tgtd hears of it,

@@ -131,6 +131,16 @@ impl Session {
     /// Logs in as `initiator`. The error is libiscsi's message (e.g. "Authentication
     /// failure(513)", "Target not found(515)").
     pub fn login(target: &Target, initiator: &str) -> Result<Session, String> {
+        Session::login_with(target, initiator, false)
+    }
+
+    /// Logs in as a host's initiator does: a session the target ends is logged in again, and the
+    /// commands that were in flight are sent again (open-iscsi, QEMU's libiscsi).
+    pub fn login_reconnecting(target: &Target, initiator: &str) -> Result<Session, String> {
+        Session::login_with(target, initiator, true)
+    }
+
+    fn login_with(target: &Target, initiator: &str, reconnect: bool) -> Result<Session, String> {
         let initiator = CString::new(initiator).unwrap();
         let iqn = CString::new(target.iqn.clone()).unwrap();
         let portal = CString::new(target.portal.clone()).unwrap();
@@ -145,7 +155,7 @@ impl Session {
             // A test's initiator gives up instead of reconnecting forever to a target that is
             // gone or that closed its session: the next I/O fails, within seconds.
             iscsi_set_timeout(ctx, 5);
-            iscsi_set_noautoreconnect(ctx, 1);
+            iscsi_set_noautoreconnect(ctx, i32::from(!reconnect));
             if let Some((user, secret)) = &target.chap {
                 let (u, s) = (CString::new(user.clone()).unwrap(), CString::new(secret.clone()).unwrap());
                 iscsi_set_initiator_username_pwd(ctx, u.as_ptr(), s.as_ptr());
