@@ -99,6 +99,22 @@ async fn a_volume_is_an_rbd_image_that_a_client_reaches_with_the_connection_info
 
     let id = made.body["attachment"]["id"].as_str().unwrap().to_string();
     c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+
+    // Attached, it grows too (3.42): the host's client reaches the new end with the same
+    // connection, and its data is kept.
+    c.at("3.42")
+        .post(&format!("/volumes/{volume}/action"), json!({"os-extend": {"new_size": 4}}))
+        .await
+        .expect(202);
+    assert_eq!(ceph.image_size(&image(&volume)), Some(4 << 30), "a 4 GiB image");
+    let shown = c.get(&format!("/volumes/{volume}")).await.body["volume"].clone();
+    assert_eq!((shown["size"].as_i64(), shown["status"].as_str()), (Some(4), Some("in-use")));
+    let back =
+        ceph.write_and_read(&info, (4 << 30) - (4 << 20), &data).expect("the client reaches the new end");
+    assert!(back == data, "the data read back at the new end differs");
+    let kept = ceph.write_and_read(&info, 8 << 20, &data).expect("the client reaches the image");
+    assert!(kept == data, "the data read back differs");
+
     c.delete(&format!("/attachments/{id}")).await.expect(200);
     wait_status(&c, &volume, "available").await;
     // Detached, the host's key opens nothing: its identity is gone.
