@@ -172,6 +172,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             limits: b.limits,
             network: b.network.clone(),
             cephx: b.cephx.clone(),
+            online_extend: b.extends_attached(),
             ..Default::default()
         };
         loadables

@@ -61,6 +61,8 @@ pub struct Shared {
     /// The cephx capability of a driver granted it.
     pub cephx: Option<Arc<crate::capabilities::cephx::CephxCapability>>,
     pub settings: Arc<BTreeMap<String, String>>,
+    /// The configuration says the backend extends attached volumes.
+    pub online_extend: bool,
     pub grants: BTreeSet<Grant>,
     pub limits: Limits,
     pub fuel_per_call: u64,

@@ -47,6 +47,9 @@ pub struct VendorConfig {
     /// For a driver granted `cephx`: how the host reaches the cluster to make identities, as a
     /// backend's `[backends.cephx]` table.
     pub cephx: Option<crate::capabilities::cephx::CephxConfig>,
+    /// The backend extends attached volumes (a backend's `online_extend`): `extend-volume` is
+    /// also checked on a volume that is exported and connected.
+    pub online_extend: bool,
 }
 
 impl Default for VendorConfig {
@@ -58,6 +61,7 @@ impl Default for VendorConfig {
             fuel_per_call: 2_000_000_000,
             network: None,
             cephx: None,
+            online_extend: false,
         }
     }
 }
@@ -143,6 +147,7 @@ pub async fn run(options: Options, mut on_check: impl FnMut(&CheckReport)) -> Re
         cephx,
         wasm: options.wasm.clone(),
         settings: Arc::new(options.config.settings.clone()),
+        online_extend: options.config.online_extend,
         grants: options.config.grants.clone(),
         limits: options.config.limits,
         fuel_per_call: options.config.fuel_per_call,
@@ -246,6 +251,10 @@ fn skip_reason(shared: &Shared, needs: &[Need]) -> Option<String> {
         Need::Cephx if !shared.uses_cephx() => Some(
             "the driver makes no cephx identities (it does not import berth:cephx/identities, or the \
              configuration has no [cephx] table)"
+                .into(),
+        ),
+        Need::OnlineExtend if !shared.online_extend => Some(
+            "the configuration does not say online_extend = true: the host extends only available volumes"
                 .into(),
         ),
         Need::Multiattach if !shared.multiattach() => {

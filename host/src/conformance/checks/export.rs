@@ -40,6 +40,37 @@ pub(super) async fn extend(env: &mut Env<'_>) -> Result<(), String> {
     env.delete_volume(&v).await
 }
 
+// With `online_extend`, the host calls extend-volume for a volume in use: its storage grows, the
+// connection it has keeps working (the same credentials log in), and its export is what it was.
+// A driver that cannot grow volumes answers `unsupported` (the host answers 501) and passes.
+pub(super) async fn extend_attached(env: &mut Env<'_>) -> Result<(), String> {
+    let before = env.store_sizes();
+    let mut v = exported(env, false).await?;
+    let made: Vec<String> = env.store_sizes().into_keys().filter(|k| !before.contains_key(k)).collect();
+    let connected = env.connect(&mut v, &a()).await?;
+    env.login(&connected, A).await.map_err(|e| format!("cannot log in before the extend: {e}"))?;
+    let snapshot = env.snapshot().await?;
+    if !env
+        .extend(&mut v, 2)
+        .await
+        .map_err(|e| format!("extending an attached volume from 1 GiB to 2: {e}"))?
+    {
+        return Ok(());
+    }
+    let sizes = env.store_sizes();
+    for name in &made {
+        ensure!(
+            sizes.get(name) == Some(&(2 << 30)),
+            "extend-volume of an attached volume answered success, but store {name} has {:?} bytes, not 2 GiB",
+            sizes.get(name)
+        );
+    }
+    env.unchanged_since(&snapshot, "extending an attached volume changed its export").await?;
+    env.login(&connected, A)
+        .await
+        .map_err(|e| format!("the connection made before the extend no longer logs in: {e}"))
+}
+
 // C05
 pub(super) async fn export_idempotent(env: &mut Env<'_>) -> Result<(), String> {
     let mut v = exported(env, false).await?;

@@ -37,6 +37,8 @@ pub enum Need {
     /// The driver asks the host for cephx identities (`berth:cephx/identities`), and the
     /// configuration lets the host make them (`[cephx]`).
     Cephx,
+    /// The configuration says the backend extends attached volumes (`online_extend`).
+    OnlineExtend,
 }
 
 /// One check.
@@ -94,6 +96,7 @@ pub enum Id {
     NetworkFaults,
     ArgumentGrammar,
     Extend,
+    ExtendAttached,
 }
 
 use Need::*;
@@ -141,6 +144,12 @@ pub const CHECKS: &[Check] = &[
         needs: &[],
         id: Id::Extend,
         run: |env| Box::pin(export::extend(env)),
+    },
+    Check {
+        name: "extend-volume of an attached volume should grow it and keep its connection",
+        needs: &[Need::TargetService, Need::OnlineExtend],
+        id: Id::ExtendAttached,
+        run: |env| Box::pin(export::extend_attached(env)),
     },
     Check {
         name: "create-export should be idempotent",
