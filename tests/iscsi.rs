@@ -296,6 +296,44 @@ async fn an_attached_volume_grows_under_its_host() {
     login(&target, ALICE).expect("the target takes logins");
 }
 
+/// An attached extend whose driver call passes its deadline while tgtd's LUN is being reopened
+/// (the target closed to logins, a pause there) fails, the volume in use at its old size; the
+/// reopening still runs to its end: the target takes logins again and serves the grown file, and
+/// the extend tried again succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_extend_abandoned_at_its_deadline_leaves_the_target_open() {
+    let backend = "[[backends]]\nname = \"tgt\"\ndriver = \"tgt-iscsi\"\n\
+                   grants = [\"iscsi-target\", \"backing-store\"]\n[backends.limits]\ntimeout_ms = 1000\n";
+    let rig = Rig::start_with(backend);
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let target = Target::from_connection_info(&info);
+    let arm = json!({"name": "tgt.reopen.offline", "nth": 1, "action": "sleep", "millis": 3000});
+    let url = format!("{}/_failpoints/arm", rig.berth.base);
+    reqwest::Client::new().post(url).json(&arm).send().await.unwrap().error_for_status().unwrap();
+
+    let extend = json!({"os-extend": {"new_size": 2}});
+    let answer = c.at("3.42").post(&format!("/volumes/{volume}/action"), extend.clone()).await;
+    assert!(answer.status >= 500, "the driver call passed its deadline: {answer:?}");
+    let shown = c.get(&format!("/volumes/{volume}")).await.expect(200).body["volume"].clone();
+    assert_eq!((shown["size"].as_i64(), shown["status"].as_str()), (Some(1), Some("in-use")));
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let session = loop {
+        match Session::login(&target, ALICE) {
+            Ok(s) => break s,
+            Err(e) => assert!(Instant::now() < deadline, "the target stays closed to logins: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let capacity = as_a_host(|| session.capacity()).unwrap();
+    assert_eq!(capacity, (2 * GIB / BLOCK as u64, BLOCK as u32), "the grown file is served");
+    drop(session);
+    c.at("3.42").post(&format!("/volumes/{volume}/action"), extend).await.expect(202);
+    assert_eq!(c.get(&format!("/volumes/{volume}")).await.body["volume"]["size"], 2);
+}
+
 /// tgtd holds at most the LUNs this machine allows (threads per LUN against the kernel's
 /// threads, or `[tgt] max_luns` when lower): with `max_luns = 2`, a third volume's attach is
 /// refused with 413 in Cinder's shape, naming the limit and the setting, before tgtd hears of it,

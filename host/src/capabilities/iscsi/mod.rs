@@ -147,7 +147,8 @@ pub trait TargetService: Send + Sync {
     async fn add_lun(&self, iqn: &Iqn, lun: Lun, path: &str) -> Result<(), TargetError>;
     async fn remove_lun(&self, iqn: &Iqn, lun: Lun) -> Result<(), TargetError>;
     /// The LUNs that expose the file at `path` open it again, so that they serve the size it has
-    /// now (after it grew: an attached volume's extend); answers how many. Sessions stay.
+    /// now (after it grew: an attached volume's extend); answers how many. Their targets'
+    /// sessions may be ended for it (tgtd), for their initiators to log in again.
     async fn reopen_luns(&self, path: &str) -> Result<u32, TargetError>;
     async fn allow_initiator(&self, iqn: &Iqn, initiator: &Iqn) -> Result<(), TargetError>;
     /// Removes the initiator from the ACL. Sessions it has established stay (see
@@ -300,12 +301,19 @@ impl IscsiCapability {
 
     /// The LUNs exposing the backend's store `name` serve the size it has now (after it grew).
     /// Idempotent: a store that grew before and is exposed at its old size still (a call that
-    /// ended before its LUNs were reopened) is served at its size by the next call.
+    /// ended before its LUNs were reopened) is served at its size by the next call. The reopening
+    /// runs to its end even when the call that asked for it is abandoned (its deadline passed):
+    /// a target closed to logins meanwhile is always opened again.
     pub async fn store_grew(&self, name: &str) -> Result<(), StoreError> {
         let path = self.stores.path(name)?;
-        let path =
-            path.to_str().ok_or_else(|| StoreError::Failed(format!("store {name}: path is not UTF-8")))?;
-        match self.service.reopen_luns(path).await {
+        let path = path
+            .to_str()
+            .ok_or_else(|| StoreError::Failed(format!("store {name}: path is not UTF-8")))?
+            .to_string();
+        let service = self.service.clone();
+        let reopening = tokio::spawn(async move { service.reopen_luns(&path).await });
+        let reopened = reopening.await.unwrap_or_else(|e| Err(TargetError::Failed(e.to_string())));
+        match reopened {
             Ok(reopened) => {
                 if reopened > 0 {
                     tracing::info!(store = name, luns = reopened, "LUNs opened their grown store again");
