@@ -384,31 +384,24 @@ impl Flow {
                 );
                 expect(rig.backing_file(v).exists(), "the unmanaged volume's backing file is gone".into());
             }
-            Flow::ExtendVolume => {
+            Flow::ExtendVolume | Flow::ExtendAttached => {
                 // Finished: the driver grows the backing file again (idempotent), then the size
                 // is recorded; the database and the backing file agree.
                 let size = w.volumes.get(v).map(|x| x.size_gib);
                 let file = std::fs::metadata(rig.backing_file(v)).map(|m| m.len()).ok();
-                expect(status == Some("available"), format!("the volume is {status:?}, not available"));
+                let end = if self == Flow::ExtendVolume { "available" } else { "in-use" };
+                expect(status == Some(end), format!("the volume is {status:?}, not {end}"));
                 expect(
                     size == Some(2) && file == Some(2 << 30),
                     format!(
                         "the volume is {size:?} GiB in the database and {file:?} bytes on disk, not 2 GiB"
                     ),
                 );
-            }
-            Flow::ExtendAttached => {
-                // Finished as above, in use, alice's attachment as it was; and tgtd serves the
-                // new size and takes logins again.
-                let size = w.volumes.get(v).map(|x| x.size_gib);
-                let file = std::fs::metadata(rig.backing_file(v)).map(|m| m.len()).ok();
-                expect(status == Some("in-use"), format!("the volume is {status:?}, not in-use"));
-                expect(
-                    size == Some(2) && file == Some(2 << 30),
-                    format!(
-                        "the volume is {size:?} GiB in the database and {file:?} bytes on disk, not 2 GiB"
-                    ),
-                );
+                if self == Flow::ExtendVolume {
+                    return wrong;
+                }
+                // Attached: alice's attachment as it was; and tgtd serves the new size and takes
+                // logins again.
                 let alice = w.attachment(made.id("alice"));
                 expect(
                     alice.is_some_and(|a| a.status == "attached" && a.is_connected()),

@@ -2,6 +2,7 @@
 //! complete, and an export that stays while a connection uses it.
 
 use super::*;
+use std::collections::BTreeMap;
 
 pub(super) async fn volume_lifecycle(env: &mut Env<'_>) -> Result<(), String> {
     let (stores, snapshot) = (env.stores(), env.snapshot().await?);
@@ -24,14 +25,7 @@ pub(super) async fn extend(env: &mut Env<'_>) -> Result<(), String> {
         ensure!(env.store_sizes() == sizes, "an unsupported extend-volume changed the stores");
         return env.delete_volume(&v).await;
     }
-    let sizes = env.store_sizes();
-    for name in &made {
-        ensure!(
-            sizes.get(name) == Some(&(2 << 30)),
-            "extend-volume answered success, but store {name} has {:?} bytes, not 2 GiB",
-            sizes.get(name)
-        );
-    }
+    let sizes = grown_to_2_gib(env, &made, "extend-volume")?;
     let mut again = record;
     env.extend(&mut again, 2)
         .await
@@ -57,18 +51,24 @@ pub(super) async fn extend_attached(env: &mut Env<'_>) -> Result<(), String> {
     {
         return Ok(());
     }
-    let sizes = env.store_sizes();
-    for name in &made {
-        ensure!(
-            sizes.get(name) == Some(&(2 << 30)),
-            "extend-volume of an attached volume answered success, but store {name} has {:?} bytes, not 2 GiB",
-            sizes.get(name)
-        );
-    }
+    grown_to_2_gib(env, &made, "extend-volume of an attached volume")?;
     env.unchanged_since(&snapshot, "extending an attached volume changed its export").await?;
     env.login(&connected, A)
         .await
         .map_err(|e| format!("the connection made before the extend no longer logs in: {e}"))
+}
+
+/// The stores `made` for a volume after `what` answered success: every one has 2 GiB.
+fn grown_to_2_gib(env: &Env<'_>, made: &[String], what: &str) -> Result<BTreeMap<String, u64>, String> {
+    let sizes = env.store_sizes();
+    for name in made {
+        ensure!(
+            sizes.get(name) == Some(&(2 << 30)),
+            "{what} answered success, but store {name} has {:?} bytes, not 2 GiB",
+            sizes.get(name)
+        );
+    }
+    Ok(sizes)
 }
 
 // C05
