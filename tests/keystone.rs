@@ -1,15 +1,19 @@
 //! `[auth] strategy = "keystone"` against a real Keystone from PyPI (SQLite, `keystone-manage
 //! bootstrap`): tokens validated as keystonemiddleware does, the caller's project and roles taken
 //! from them, service tokens for OSSA-2023-003, a validation cache that expires, Keystone down as
-//! a 503; and the real OpenStack clients (python-cinderclient, openstacksdk) authenticating with a
-//! password and finding Berth in Keystone's catalog as `block-storage` / `volumev3`.
+//! a 503; the real OpenStack clients (python-cinderclient, openstacksdk) authenticating with a
+//! password and finding Berth in Keystone's catalog as `block-storage` / `volumev3`; and Berth
+//! finding Nova in its own token's catalog to tell it of attached volumes that grew (a stand-in
+//! Nova on loopback that validates Berth's token with this Keystone: there is no Nova here).
 
 use berth_tests::keystone::{Keystone, keystone};
 use berth_tests::pg::free_port;
 use berth_tests::process::BerthProcess;
 use berth_tests::python::{self, list, run, table};
 use berth_tests::server::{Client, connector};
-use serde_json::json;
+use serde_json::{Value as Json, json};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 const FAKE: &str = berth_tests::process::FAKE_BACKEND;
 
@@ -220,4 +224,251 @@ fn openstacksdk_authenticates_with_a_password_and_finds_berth_in_the_catalog() {
     assert!(lines[1].ends_with(" attaching True"), "{out}");
     assert_eq!(lines[3], "completed attached in-use", "{out}");
     assert_eq!(lines[4], "deleted available []", "{out}");
+}
+
+/// What the stand-in Nova saw of one `POST /os-server-external-events`.
+#[derive(Debug, Clone)]
+struct NovaCall {
+    path: String,
+    microversion: Option<String>,
+    request_id: Option<String>,
+    token: String,
+    body: Json,
+    status: u16,
+    /// The volume as Nova reads it from Berth while it handles the event: (status, size).
+    volume_seen: Option<(String, i64)>,
+}
+
+/// A stand-in for Nova's server external events API on loopback: it answers each call with the
+/// next of `answers` (200 when none is left: every event taken, as Nova answers), and, as Nova
+/// does when it handles `volume-extended`, reads the volume from Berth as `reader`.
+struct FakeNova {
+    url: String,
+    calls: Arc<Mutex<Vec<NovaCall>>>,
+    answers: Arc<Mutex<Vec<u16>>>,
+}
+
+impl FakeNova {
+    async fn start(reader: Client) -> FakeNova {
+        let calls: Arc<Mutex<Vec<NovaCall>>> = Arc::default();
+        let answers: Arc<Mutex<Vec<u16>>> = Arc::default();
+        let (c, a) = (calls.clone(), answers.clone());
+        let handler = move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: axum::Json<Json>| {
+            let (calls, answers, reader) = (c.clone(), a.clone(), reader.clone());
+            async move {
+                let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+                let status = { answers.lock().unwrap().pop() }.unwrap_or(200);
+                let volume = body.0["events"][0]["tag"].as_str().unwrap_or_default().to_string();
+                let volume_seen = if status == 200 {
+                    let v =
+                        reader.get(&format!("/volumes/{volume}")).await.expect(200).body["volume"].clone();
+                    Some((v["status"].as_str().unwrap().to_string(), v["size"].as_i64().unwrap()))
+                } else {
+                    None
+                };
+                calls.lock().unwrap().push(NovaCall {
+                    path: uri.path().to_string(),
+                    microversion: header("x-openstack-nova-api-version"),
+                    request_id: header("x-openstack-request-id"),
+                    token: header("x-auth-token").unwrap_or_default(),
+                    body: body.0.clone(),
+                    status,
+                    volume_seen,
+                });
+                let answer = match status {
+                    200 => {
+                        let mut events = body.0["events"].clone();
+                        for e in events.as_array_mut().unwrap() {
+                            e["status"] = json!("completed");
+                            e["code"] = json!(200);
+                        }
+                        json!({ "events": events })
+                    }
+                    404 => {
+                        json!({"itemNotFound": {"code": 404, "message": "No instances found for any event"}})
+                    }
+                    s => json!({"error": {"code": s, "message": "refused"}}),
+                };
+                (axum::http::StatusCode::from_u16(status).unwrap(), axum::Json(answer))
+            }
+        };
+        let app = axum::Router::new().route("/v2.1/os-server-external-events", axum::routing::post(handler));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v2.1", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        FakeNova { url, calls, answers }
+    }
+
+    /// Waits until Nova has had `n` calls, and returns them.
+    async fn calls(&self, n: usize) -> Vec<NovaCall> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let calls = self.calls.lock().unwrap().clone();
+            if calls.len() >= n || Instant::now() > deadline {
+                assert_eq!(calls.len(), n, "Nova's calls: {calls:#?}");
+                return calls;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nova_hears_of_an_attached_volume_that_grew_and_a_refused_event_is_a_message() {
+    let ks = keystone();
+    let region = format!("nova-{}", uuid::Uuid::new_v4().simple());
+    let metrics_port = free_port();
+    let server = berth(
+        ks,
+        "",
+        &format!("[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n[nova]\nregion_name = \"{region}\"\n"),
+    );
+    let (alice, _) = as_user(ks, &server, "alice", "demo").await;
+    let nova = FakeNova::start(alice.clone()).await;
+    ks.register_compute(&region, &nova.url);
+
+    // Not told: an available volume, and one attached to a host without an instance (bare metal).
+    let spare = alice.create_volume(json!({"size": 1})).await;
+    let bare = alice.create_volume(json!({"size": 1})).await;
+    let attach = async |volume: &str, instance: Option<&str>| {
+        let mut body = json!({"volume_uuid": volume, "connector": connector("iqn.1993-08.org.debian:01:c1", "compute-1")});
+        if let Some(i) = instance {
+            body["instance_uuid"] = json!(i);
+        }
+        let id = alice.post("/attachments", json!({ "attachment": body })).await.expect(200).body["attachment"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        alice.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    };
+    attach(&bare, None).await;
+    let extend = async |volume: &str, size: i64| {
+        let global = format!("req-{}", uuid::Uuid::new_v4());
+        let r = alice
+            .with_header("x-openstack-request-id", &global)
+            .post(&format!("/volumes/{volume}/action"), json!({"os-extend": {"new_size": size}}))
+            .await
+            .expect(202);
+        (global, r.header("x-openstack-request-id").unwrap().to_string())
+    };
+    extend(&spare, 2).await;
+    extend(&bare, 2).await;
+
+    // An instance's volume grows: Nova is told once, by Berth's own user, with the request's
+    // global id, and reads the volume in use at its new size.
+    let volume = alice.create_volume(json!({"size": 1})).await;
+    let instance = "0b6f1e0c-55a5-4b8e-9a63-6f4f1f0e2a11";
+    attach(&volume, Some(instance)).await;
+    let (global, _) = extend(&volume, 2).await;
+    let call = nova.calls(1).await.remove(0);
+    assert_eq!(call.path, "/v2.1/os-server-external-events");
+    assert_eq!(call.microversion.as_deref(), Some("2.51"));
+    assert_eq!(call.request_id.as_deref(), Some(global.as_str()));
+    assert_eq!(
+        call.body,
+        json!({"events": [{"name": "volume-extended", "server_uuid": instance, "tag": volume}]})
+    );
+    assert_eq!(call.volume_seen, Some(("in-use".to_string(), 2)));
+    let who = ks.validate(&call.token).await.expect("Berth's token is valid in Keystone");
+    assert_eq!(who["user"]["id"], ks.users["berth"]);
+    assert!(who["roles"].as_array().unwrap().iter().any(|r| r["name"] == "service"), "{who}");
+
+    // Nova refuses Berth's token once (revoked, expired early): Berth authenticates again and
+    // the event gets through; nothing for the user to read.
+    nova.answers.lock().unwrap().push(401);
+    extend(&volume, 3).await;
+    let calls = nova.calls(3).await;
+    assert_eq!((calls[1].status, calls[2].status), (401, 200));
+    assert_ne!(calls[1].token, calls[2].token, "a new token after the refusal");
+    assert_eq!(calls[2].volume_seen, Some(("in-use".to_string(), 3)));
+
+    // Nova does not take the event (its instance is gone): the extend stands, and the volume's
+    // users read why their guest did not grow, as Cinder words it.
+    nova.answers.lock().unwrap().push(404);
+    let (_, request) = extend(&volume, 4).await;
+    nova.calls(4).await;
+    let messages = async || {
+        let r = alice.at("3.3").get(&format!("/messages?resource_uuid={volume}")).await.expect(200);
+        r.body["messages"].as_array().unwrap().clone()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while messages().await.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let messages = messages().await;
+    assert_eq!(messages.len(), 1, "{messages:#?}");
+    assert_eq!(messages[0]["user_message"], "extend volume:Compute service failed to extend volume.");
+    assert_eq!(messages[0]["event_id"], "VOLUME_VOLUME_007_009");
+    assert_eq!(messages[0]["request_id"], request);
+    let shown = alice.get(&format!("/volumes/{volume}")).await.expect(200).body["volume"].clone();
+    assert_eq!((shown["status"].as_str(), shown["size"].as_i64()), (Some("in-use"), Some(4)));
+
+    // Nothing more was sent (the available and bare-metal volumes' extends told nobody).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(nova.calls.lock().unwrap().len(), 4);
+    let metrics =
+        reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics")).await.unwrap().text().await.unwrap();
+    for line in
+        ["berth_compute_events_total{outcome=\"sent\"} 2", "berth_compute_events_total{outcome=\"failed\"} 1"]
+    {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
+    let log = server.log_text();
+    for call in nova.calls.lock().unwrap().iter() {
+        assert!(!log.contains(&call.token), "a token Berth sent Nova was logged");
+    }
+    assert!(!log.contains(ks.password("berth")), "Berth's own password was logged");
+}
+
+/// An attached extend killed after its intent: recovery finishes it when the service starts
+/// again, and Nova hears of it then (without a request id: the service's own work).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nova_hears_of_an_attached_extend_that_recovery_finished() {
+    let ks = keystone();
+    let region = format!("nova-{}", uuid::Uuid::new_v4().simple());
+    let mut server = BerthProcess::start_with_env(
+        &format!("[nova]\nregion_name = \"{region}\"\n"),
+        &format!("{}{FAKE}", ks.berth_config("")),
+        &[("BERTH_FAILPOINTS", "volume.extend.intent=kill")],
+    );
+    let (alice, _) = as_user(ks, &server, "alice", "demo").await;
+    let nova = FakeNova::start(alice.clone()).await;
+    ks.register_compute(&region, &nova.url);
+    let volume = alice.create_volume(json!({"size": 1})).await;
+    let instance = "7c1d2e3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f";
+    let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": instance,
+                      "connector": connector("iqn.1993-08.org.debian:01:c1", "compute-1")}});
+    let id = alice.post("/attachments", body).await.expect(200).body["attachment"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    alice.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+
+    let path = format!("/volumes/{volume}/action");
+    let answer = alice
+        .try_send(
+            http::Method::POST,
+            &path,
+            Some(json!({"os-extend": {"new_size": 2}})),
+            Some(Duration::from_secs(10)),
+        )
+        .await;
+    assert!(answer.is_err(), "the process died after the extend's intent: {answer:?}");
+    assert!(server.wait_exit(Duration::from_secs(10)).is_some());
+    assert!(nova.calls.lock().unwrap().is_empty(), "nothing was sent before the extend finished");
+    server.start_again();
+
+    let call = nova.calls(1).await.remove(0);
+    assert_eq!(
+        call.body,
+        json!({"events": [{"name": "volume-extended", "server_uuid": instance, "tag": volume}]})
+    );
+    assert_eq!(call.volume_seen, Some(("in-use".to_string(), 2)));
+    assert_eq!(call.request_id, None);
+}
+
+#[test]
+fn nova_events_without_keystone_are_refused_at_start() {
+    let log = BerthProcess::try_start("[nova]\nenabled = true\n", FAKE, &[]).err().expect("refused");
+    assert!(log.contains("[nova] enabled = true needs [auth] strategy = \"keystone\""), "{log}");
 }

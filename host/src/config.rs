@@ -38,6 +38,7 @@ pub struct Config {
     pub advertise_url: Option<String>,
     pub auth: AuthConfig,
     pub keystone: KeystoneConfig,
+    pub nova: NovaConfig,
     pub http: HttpConfig,
     pub metrics: MetricsConfig,
     pub attachments: AttachmentsConfig,
@@ -67,6 +68,7 @@ impl Default for Config {
             advertise_url: None,
             auth: AuthConfig::default(),
             keystone: KeystoneConfig::default(),
+            nova: NovaConfig::default(),
             http: HttpConfig::default(),
             metrics: MetricsConfig::default(),
             attachments: AttachmentsConfig::default(),
@@ -213,6 +215,40 @@ impl Default for KeystoneConfig {
             service_token_roles: vec!["service".into()],
             service_token_roles_required: true,
             timeout_seconds: 10.0,
+        }
+    }
+}
+
+/// The compute service (Nova, `compute.rs`): what Cinder's `[nova]` holds. When an attached
+/// volume grows (`os-extend`, 3.42), Berth tells Nova with a `volume-extended` server external
+/// event for each instance attached, as Cinder does, so that Nova grows the disk its guest sees.
+/// Berth authenticates as its `[keystone]` user (which Nova's policy must let create server
+/// external events: the `service` role, or `admin` before Nova 2023.2) and finds Nova in that
+/// token's catalog (type `compute`).
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct NovaConfig {
+    /// Send the events; default: when `[auth] strategy = "keystone"` (Nova takes only Keystone
+    /// tokens). `true` without Keystone is refused at start; `false` for a cloud without Nova.
+    pub enabled: Option<bool>,
+    /// Nova's URL (`http://host:8774/v2.1`), instead of the catalog's.
+    pub endpoint_override: Option<String>,
+    /// The catalog's interface: `public`, `internal` or `admin`.
+    pub interface: String,
+    /// The catalog's region (default: the first `compute` endpoint at `interface`).
+    pub region_name: Option<String>,
+    /// How long one call to Nova may take.
+    pub timeout_seconds: f64,
+}
+
+impl Default for NovaConfig {
+    fn default() -> Self {
+        NovaConfig {
+            enabled: None,
+            endpoint_override: None,
+            interface: "public".into(),
+            region_name: None,
+            timeout_seconds: 30.0,
         }
     }
 }

@@ -84,6 +84,63 @@ pub struct Identity {
     pub expires_at: Option<OffsetDateTime>,
 }
 
+/// A service's own token (password authentication as the service's user), kept until shortly
+/// before it expires or until a caller says Keystone or another service refused it
+/// ([`Session::forget`]); one authentication at a time. Its body holds the catalog.
+pub struct Session {
+    http: reqwest::Client,
+    password: Password,
+    own: tokio::sync::Mutex<Option<(std::sync::Arc<Issued>, std::time::Instant)>>,
+}
+
+/// The own token is renewed this long before it expires.
+const RENEW_BEFORE: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl Session {
+    pub fn new(http: reqwest::Client, password: Password) -> Session {
+        Session { http, password, own: tokio::sync::Mutex::new(None) }
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// Keystone's v3 URL.
+    pub fn auth_url(&self) -> &str {
+        &self.password.auth_url
+    }
+
+    /// The own token, authenticating first when there is none or it is about to expire.
+    pub async fn token(&self) -> Result<std::sync::Arc<Issued>, KeystoneError> {
+        use std::time::{Duration, Instant};
+        let mut own = self.own.lock().await;
+        if let Some((issued, _)) = own.as_ref().filter(|(_, renew_at)| *renew_at > Instant::now()) {
+            return Ok(issued.clone());
+        }
+        let issued = authenticate(&self.http, &self.password).await.inspect_err(|e| {
+            if let KeystoneError::Refused { .. } = e {
+                tracing::error!(
+                    "Keystone refused Berth's own credentials ([keystone] username/password): {e}"
+                );
+            }
+        })?;
+        let left = expires_at(&issued.token)
+            .and_then(|at| Duration::try_from(at - OffsetDateTime::now_utc()).ok())
+            .unwrap_or(Duration::from_secs(3600));
+        let renew_at = Instant::now() + left.saturating_sub(RENEW_BEFORE).max(Duration::from_secs(1));
+        tracing::info!(auth_url = %self.password.auth_url, "authenticated with Keystone");
+        let issued = std::sync::Arc::new(issued);
+        *own = Some((issued.clone(), renew_at));
+        Ok(issued)
+    }
+
+    /// Forgets the own token (it was refused: revoked, or expired early); the next
+    /// [`Session::token`] authenticates again.
+    pub async fn forget(&self) {
+        *self.own.lock().await = None;
+    }
+}
+
 /// Keystone's v3 URL from what operators and clients write: `http://h:5000`, `http://h:5000/`,
 /// `http://h:5000/v3` and `http://h:5000/identity/v3/` all work.
 pub fn v3_url(auth_url: &str) -> String {
@@ -205,7 +262,8 @@ fn refusal(url: &str, status: StatusCode, text: &str) -> KeystoneError {
     KeystoneError::Refused { url: url.to_string(), status: status.as_u16(), message }
 }
 
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+/// The innermost cause of an HTTP client's error (what says why: refused, timed out, ...).
+pub(crate) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cause = e;
     while let Some(next) = cause.source() {
         cause = next;

@@ -2,13 +2,15 @@
 //!
 //! Rooms: `api` (HTTP), `attach` (state machine and orchestration), `store` (SQL), `runtime`
 //! (wasmtime), `capabilities` (what drivers may do to the outside world), `client` (`berth` as an
-//! attach client), `keystone` (Identity v3, for the API and the client), `failpoint` (crash
+//! attach client), `keystone` (Identity v3, for the API and the client), `compute` (events to
+//! Nova), `failpoint` (crash
 //! points for tests, compiled in only for them).
 
 pub mod api;
 pub mod attach;
 pub mod capabilities;
 pub mod client;
+pub mod compute;
 pub mod config;
 pub mod conformance;
 pub mod domain;
@@ -43,6 +45,7 @@ mod floors {
         "domain",
         "store",
         "config",
+        "compute",
         "conformance",
         "attach",
         "upgrade",

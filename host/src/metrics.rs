@@ -124,6 +124,7 @@ pub struct Metrics {
     pub reconcile_passes: Counter,
     pub reconcile_changes: Family<ChangeLabels, Counter>,
     pub keystone_validations: Family<OutcomeLabels, Counter>,
+    pub compute_events: Family<OutcomeLabels, Counter>,
     pub forwarded: Family<ForwardLabels, Counter>,
     pub driver_switches: Family<SwitchLabels, Counter>,
     pub outbound_requests: Family<OutboundLabels, Counter>,
@@ -154,6 +155,7 @@ impl Metrics {
             reconcile_passes: Counter::default(),
             reconcile_changes: Family::default(),
             keystone_validations: Family::default(),
+            compute_events: Family::default(),
             forwarded: Family::default(),
             driver_switches: Family::default(),
             outbound_requests: Family::default(),
@@ -209,6 +211,11 @@ impl Metrics {
             "keystone_validations",
             "Token validations ([auth] strategy = \"keystone\") by outcome: valid, invalid, cached, unavailable",
             m.keystone_validations.clone(),
+        );
+        registry.register(
+            "compute_events",
+            "Server external events sent to Nova ([nova]) by outcome: sent, failed",
+            m.compute_events.clone(),
         );
         registry.register(
             "driver_switches",

@@ -77,6 +77,7 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             Auth::Keystone(Box::new(KeystoneAuth::new(&config.keystone).map_err(anyhow::Error::msg)?))
         }
     };
+    let compute = compute(&config, &auth)?;
 
     let policy = match &config.auth.policy_file {
         Some(path) => Policy::from_file(path).map_err(anyhow::Error::msg)?,
@@ -207,7 +208,9 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         keep_messages_days: config.messages.keep_days,
     };
     let targets = iscsi.as_ref().map(|(service, _, _, _)| service.clone());
-    let service = Arc::new(Service::new(store, catalog, owner).with_limits(limits).with_targets(targets));
+    let service = Arc::new(
+        Service::new(store, catalog, owner).with_limits(limits).with_targets(targets).with_compute(compute),
+    );
     let cache_dir = Some(config.runtime.cache_dir.clone().unwrap_or_else(|| data_dir.join("cache")));
     let upgrades = Arc::new(Upgrades::new(runtime, &data_dir, cache_dir, loadables, config.upgrades.watch()));
     upgrades.resume(&service).await;
@@ -227,6 +230,25 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         ),
     };
     Ok(Assembled { state, targets: iscsi.map(|(service, _, _, _)| service), config, _lock: lock })
+}
+
+/// The compute service Berth tells of attached volumes that grew (`[nova]`): by default when
+/// Berth authenticates callers with Keystone (it then has a token Nova takes).
+fn compute(config: &Config, auth: &Auth) -> anyhow::Result<Option<Arc<crate::compute::Nova>>> {
+    let keystone = match auth {
+        Auth::Keystone(k) => Some(k.session()),
+        _ => None,
+    };
+    match (config.nova.enabled, keystone) {
+        (Some(false), _) | (None, None) => Ok(None),
+        (Some(true), None) => bail!(
+            "[nova] enabled = true needs [auth] strategy = \"keystone\": Nova takes only Keystone tokens"
+        ),
+        (_, Some(session)) => {
+            let nova = crate::compute::Nova::new(session, &config.nova).map_err(anyhow::Error::msg)?;
+            Ok(Some(Arc::new(nova)))
+        }
+    }
 }
 
 /// A backend's network capability: with the `network` grant, its `[backends.network]` table

@@ -135,6 +135,31 @@ impl Keystone {
         region
     }
 
+    /// Registers a compute service (Nova) at `compute_url` in `region`'s catalog (the region is
+    /// made when it is new).
+    pub fn register_compute(&self, region: &str, compute_url: &str) {
+        let mut c = script();
+        c.args(["register-compute", &self.url, ADMIN_PASSWORD, region, compute_url]);
+        run(c);
+    }
+
+    /// Who a token speaks for, as a service validating it sees it (Keystone's token body).
+    pub async fn validate(&self, token: &str) -> Option<Json> {
+        let service = self.token("nova", "service").await;
+        let r = self
+            .http
+            .get(format!("{}/v3/auth/tokens", self.url))
+            .header("X-Auth-Token", &service)
+            .header("X-Subject-Token", token)
+            .send()
+            .await
+            .unwrap();
+        if !r.status().is_success() {
+            return None;
+        }
+        Some(r.json::<Json>().await.unwrap()["token"].clone())
+    }
+
     /// A token for `user` (its password) scoped to its project.
     pub async fn token(&self, user: &str, project: &str) -> String {
         let body = json!({ "auth": {

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 
 USERS = {
@@ -139,6 +140,20 @@ def register(url, admin_password, region, volume_url):
             "url": volume_url.rstrip("/") + "/v3/$(project_id)s"}})
 
 
+def register_compute(url, admin_password, region, compute_url):
+    """A compute (Nova) endpoint in `region` (created if it is new)."""
+    t = admin_token(url, admin_password)
+    try:
+        call(url, "POST", "/v3/regions", t, {"region": {"id": region}})
+    except urllib.error.HTTPError as e:
+        if e.code != 409:
+            raise
+    _, s = call(url, "POST", "/v3/services", t, {"service": {"type": "compute", "name": "nova"}})
+    call(url, "POST", "/v3/endpoints", t, {"endpoint": {
+        "service_id": s["service"]["id"], "interface": "public", "region_id": region,
+        "url": compute_url}})
+
+
 if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
     if command == "init":
@@ -149,5 +164,7 @@ if __name__ == "__main__":
         populate(args[0], args[1])
     elif command == "register":
         register(*args)
+    elif command == "register-compute":
+        register_compute(*args)
     else:
         sys.exit(f"unknown command {command}")

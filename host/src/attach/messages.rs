@@ -4,7 +4,8 @@
 //! `error` or an attachment in `error_attaching` later, and the operations that nobody waited for
 //! (an interrupted create or extend that recovery finished). Recorded for a driver that failed
 //! to make a volume, to grow it, to attach it or to detach it, in the transaction that records
-//! the failure, so a message exists exactly when its failure does; worded by Cinder's action and
+//! the failure, so a message exists exactly when its failure does; and for Nova when it did not
+//! take the news that an attached volume grew (`compute.rs`). Worded by Cinder's action and
 //! detail ids (`domain/messages.rs`), never by the driver's own words. A message belongs to the
 //! volume's project, names the request that failed (none for the service's own work) and expires
 //! after `[messages] keep_days`; a member of the project may delete it.
@@ -22,6 +23,34 @@ fn message_not_found(id: &str) -> AttachError {
     AttachError::NotFound(format!("Message {id} could not be found."))
 }
 
+/// Records that `action` on `volume`, asked by the request `request_id`, failed with `detail`;
+/// the message is kept `keep_days`.
+pub(super) async fn tell(
+    tx: &mut Tx,
+    volume: &Volume,
+    request_id: Option<String>,
+    keep_days: u32,
+    action: Action,
+    detail: Detail,
+) -> Result<(), AttachError> {
+    let now = now_micros();
+    let message = Message {
+        id: uuid::Uuid::new_v4().to_string(),
+        project_id: volume.project_id.clone(),
+        request_id,
+        resource_type: RESOURCE_VOLUME.into(),
+        resource_uuid: Some(volume.id.clone()),
+        event_id: event_id(RESOURCE_VOLUME, action.id(), detail.id()),
+        action_id: action.id().into(),
+        detail_id: detail.id().into(),
+        message_level: "ERROR".into(),
+        created_at: now,
+        expires_at: now + i64::from(keep_days) * 86_400_000_000,
+    };
+    messages::insert(tx, &message).await?;
+    Ok(())
+}
+
 impl Service {
     /// Records, in the caller's transaction (the failure's), that `action` on `volume` failed
     /// with `detail`.
@@ -32,22 +61,8 @@ impl Service {
         action: Action,
         detail: Detail,
     ) -> Result<(), AttachError> {
-        let now = now_micros();
-        let message = Message {
-            id: uuid::Uuid::new_v4().to_string(),
-            project_id: volume.project_id.clone(),
-            request_id: super::history::current_caller().request.id,
-            resource_type: RESOURCE_VOLUME.into(),
-            resource_uuid: Some(volume.id.clone()),
-            event_id: event_id(RESOURCE_VOLUME, action.id(), detail.id()),
-            action_id: action.id().into(),
-            detail_id: detail.id().into(),
-            message_level: "ERROR".into(),
-            created_at: now,
-            expires_at: now + i64::from(self.limits.keep_messages_days) * 86_400_000_000,
-        };
-        messages::insert(tx, &message).await?;
-        Ok(())
+        let request_id = super::history::current_caller().request.id;
+        tell(tx, volume, request_id, self.limits.keep_messages_days, action, detail).await
     }
 
     /// A message the caller may read.

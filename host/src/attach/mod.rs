@@ -126,6 +126,8 @@ pub struct Service {
     /// The target service of the backends granted it, to verify an export before a connection
     /// is acknowledged.
     targets: Option<Arc<dyn crate::capabilities::iscsi::TargetService>>,
+    /// Nova, told when an attached volume grew (`[nova]`).
+    compute: Option<Arc<crate::compute::Nova>>,
 }
 
 /// Bounds the service enforces.
@@ -153,7 +155,14 @@ impl Service {
             reconciler: Default::default(),
             limits: Limits::default(),
             targets: None,
+            compute: None,
         }
+    }
+
+    /// The same service, telling this compute service when an attached volume grew.
+    pub fn with_compute(mut self, compute: Option<Arc<crate::compute::Nova>>) -> Self {
+        self.compute = compute;
+        self
     }
 
     /// The same service, verifying exports on this target service (`berth serve` gives it the

@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use super::history::Change;
 use super::list::{Page, Scope, VolumeFilter};
 use super::model::{Attachment, OpKind, Volume};
-use super::state::{Event, VolumeStatus, transition};
+use super::state::{Event, VolumeAttachStatus, VolumeStatus, transition};
 use super::{AttachError, Caller, Service, conclude, names, volume_not_found};
 use crate::domain::history::Access;
 use crate::domain::messages::{Action, Detail};
 use crate::failpoint;
+use crate::metrics::{METRICS, OutcomeLabels};
 use crate::runtime::Call;
 use crate::runtime::model::VolumeFields;
 use crate::store::attachments as rows;
@@ -616,7 +617,64 @@ impl Volumes<'_> {
             })
             .await?;
         extended?;
-        written.ok_or_else(|| volume_not_found(&volume.id))
+        let written = written.ok_or_else(|| volume_not_found(&volume.id))?;
+        if volume.attach_status == VolumeAttachStatus::Attached {
+            self.tell_compute_extended(&written);
+        }
+        Ok(written)
+    }
+
+    /// Tells Nova (`[nova]`, `compute.rs`) that `volume` grew under the instances attached to
+    /// it, as Cinder does after an attached extend, in a task of its own: the answer to the
+    /// extend does not wait on Nova. An event Nova did not take is a user message on the volume.
+    fn tell_compute_extended(&self, volume: &Volume) {
+        let Some(nova) = self.compute.clone() else { return };
+        let store = self.store.clone();
+        let keep_days = self.limits.keep_messages_days;
+        let request = super::history::current_caller().request;
+        let volume = volume.clone();
+        tokio::spawn(async move {
+            let attachments = store.read(async |tx| rows::of_volume(tx, &volume.id).await).await;
+            let mut servers: Vec<String> = match attachments {
+                Ok(a) => a.into_iter().filter_map(|a| a.instance_uuid).collect(),
+                Err(e) => {
+                    tracing::warn!(volume = %volume.id, "cannot read the attachments to tell Nova of the extend: {e}");
+                    Vec::new()
+                }
+            };
+            servers.sort();
+            servers.dedup();
+            if servers.is_empty() {
+                return;
+            }
+            let global = request.global.as_deref().or(request.id.as_deref());
+            match nova.volume_extended(&volume.id, &servers, global).await {
+                Ok(delivered) => {
+                    METRICS.compute_events.get_or_create(&outcome("sent")).inc();
+                    for d in delivered {
+                        if d.code == 200 {
+                            tracing::info!(volume = %volume.id, server = %d.server_uuid, "Nova took the volume-extended event");
+                        } else {
+                            tracing::warn!(volume = %volume.id, server = %d.server_uuid, code = d.code, "Nova could not apply the volume-extended event");
+                        }
+                    }
+                }
+                Err(e) => {
+                    METRICS.compute_events.get_or_create(&outcome("failed")).inc();
+                    tracing::warn!(volume = %volume.id, ?servers, "Nova was not told that the volume grew: {e}");
+                    let (action, detail) = (Action::ExtendVolume, Detail::NotifyComputeServiceFailed);
+                    let told = store
+                        .write(async |tx| {
+                            super::messages::tell(tx, &volume, request.id.clone(), keep_days, action, detail)
+                                .await
+                        })
+                        .await;
+                    if let Err(e) = told {
+                        tracing::warn!(volume = %volume.id, "cannot record the message of the failed event: {e}");
+                    }
+                }
+            }
+        });
     }
 
     /// A volume with its live attachments.
@@ -815,9 +873,9 @@ impl Volumes<'_> {
     }
 
     /// `os-extend_volume_completion` (3.71): completes an extend that the compute service finished.
-    /// Berth extends only volumes that are not attached (`os-extend` on an `available` volume,
-    /// the driver's resize and nothing else), so no extend ever waits on a compute service, and
-    /// the answer is Cinder's for a volume that is not waiting on one.
+    /// Berth's extends finish with the driver's resize, attached or not (Nova is told afterwards,
+    /// as Cinder does without 3.71's wait), so no extend ever waits on a compute service, and the
+    /// answer is Cinder's for a volume that is not waiting on one.
     pub async fn extend_volume_completion(&self, caller: &Caller, id: &str) -> Result<(), AttachError> {
         let volume = self.volume(caller, id).await?;
         if volume.status == VolumeStatus::Extending {
@@ -826,8 +884,8 @@ impl Volumes<'_> {
             )));
         }
         Err(AttachError::InvalidVolume(format!(
-            "Volume {id} status must be extending, but the current status is {} (this service does not \
-             extend attached volumes).",
+            "Volume {id} status must be extending, but the current status is {} (this service's \
+             extends never wait on a compute service).",
             volume.status
         )))
     }
@@ -852,4 +910,8 @@ impl Volumes<'_> {
         }
         Ok(Summary { count, size_gib, metadata: values })
     }
+}
+
+fn outcome(outcome: &'static str) -> OutcomeLabels {
+    OutcomeLabels { outcome: outcome.into() }
 }

@@ -49,6 +49,7 @@ impl Action {
 /// What went wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Detail {
+    NotifyComputeServiceFailed,
     DriverFailedExtend,
     DriverFailedCreate,
     AttachError,
@@ -58,6 +59,7 @@ pub enum Detail {
 /// Cinder's details that Berth records, and the unknown error's: id and words.
 const DETAILS: &[(&str, &str)] = &[
     ("001", "An unknown error occurred."),
+    ("009", "Compute service failed to extend volume."),
     ("010", "Volume Driver failed to extend volume."),
     ("012", "Driver failed to create the volume."),
     ("021", "Failed to attach volume."),
@@ -67,6 +69,7 @@ const DETAILS: &[(&str, &str)] = &[
 impl Detail {
     pub fn id(self) -> &'static str {
         match self {
+            Detail::NotifyComputeServiceFailed => "009",
             Detail::DriverFailedExtend => "010",
             Detail::DriverFailedCreate => "012",
             Detail::AttachError => "021",
@@ -104,7 +107,13 @@ mod tests {
         for action in [Action::UpdateAttachment, Action::ExtendVolume, a] {
             assert!(ACTIONS.iter().any(|(id, _)| *id == action.id()), "{action:?}");
         }
-        for detail in [Detail::DriverFailedExtend, d, Detail::AttachError, Detail::DetachError] {
+        for detail in [
+            Detail::NotifyComputeServiceFailed,
+            Detail::DriverFailedExtend,
+            d,
+            Detail::AttachError,
+            Detail::DetachError,
+        ] {
             assert!(DETAILS.iter().any(|(id, _)| *id == detail.id()), "{detail:?}");
         }
     }

@@ -1,7 +1,8 @@
 //! `[auth] strategy = "keystone"`: what keystonemiddleware's auth_token does in front of Cinder.
 //!
 //! - Berth authenticates as its own user (password, `[keystone]`) and keeps that token until
-//!   shortly before it expires, or until Keystone refuses it (then it authenticates again, once).
+//!   shortly before it expires, or until Keystone refuses it (then it authenticates again, once;
+//!   `keystone::Session`, shared with the compute notifier).
 //! - Each caller's `X-Auth-Token` is validated with `GET /v3/auth/tokens`; the caller's user,
 //!   project and roles come from Keystone's answer. A token that is not project-scoped is refused.
 //! - Validations, valid or not, are remembered for `cache_seconds` (never past the token's
@@ -14,7 +15,7 @@
 //!   `WWW-Authenticate: Keystone uri="..."`.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, StatusCode};
@@ -24,29 +25,21 @@ use time::OffsetDateTime;
 use crate::api::error::ApiError;
 use crate::attach::Caller;
 use crate::config::KeystoneConfig;
-use crate::keystone::{self, Identity, KeystoneError, Named, Password};
+use crate::keystone::{self, Identity, KeystoneError, Named, Password, Session};
 use crate::metrics::METRICS;
 
 /// Validations remembered at most (the oldest half is dropped when full).
 const CACHE_ENTRIES: usize = 10_000;
-/// Berth's own token is renewed this long before it expires.
-const RENEW_BEFORE: Duration = Duration::from_secs(120);
 
 pub struct KeystoneAuth {
-    http: reqwest::Client,
-    password: Password,
+    /// Berth's own token, shared with the compute notifier (`compute.rs`).
+    session: Arc<Session>,
     /// Sent in `WWW-Authenticate` with a 401.
     www_authenticate: String,
     cache_for: Duration,
     service_roles: Vec<String>,
     service_roles_required: bool,
-    own: tokio::sync::Mutex<Option<OwnToken>>,
     cache: Mutex<HashMap<[u8; 32], Cached>>,
-}
-
-struct OwnToken {
-    id: String,
-    renew_at: Instant,
 }
 
 #[derive(Clone)]
@@ -73,25 +66,31 @@ impl KeystoneAuth {
             .map_err(|e| format!("cannot build an HTTP client for Keystone: {e}"))?;
         let auth_url = keystone::v3_url(auth_url);
         Ok(KeystoneAuth {
-            http,
             www_authenticate: format!(
                 "Keystone uri=\"{}\"",
                 c.www_authenticate_uri.as_deref().unwrap_or(&auth_url).replace('"', "")
             ),
-            password: Password {
-                auth_url,
-                user: Named::Name(username),
-                user_domain: Named::Name(c.user_domain_name.clone()),
-                password,
-                project: Named::Name(c.project_name.clone()),
-                project_domain: Named::Name(c.project_domain_name.clone()),
-            },
+            session: Arc::new(Session::new(
+                http,
+                Password {
+                    auth_url,
+                    user: Named::Name(username),
+                    user_domain: Named::Name(c.user_domain_name.clone()),
+                    password,
+                    project: Named::Name(c.project_name.clone()),
+                    project_domain: Named::Name(c.project_domain_name.clone()),
+                },
+            )),
             cache_for: Duration::from_secs(c.cache_seconds),
             service_roles: c.service_token_roles.clone(),
             service_roles_required: c.service_token_roles_required,
-            own: tokio::sync::Mutex::new(None),
             cache: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Berth's own Keystone session (its token and catalog).
+    pub fn session(&self) -> Arc<Session> {
+        self.session.clone()
     }
 
     /// The caller of a request: its `X-Auth-Token` (and `X-Service-Token`) validated.
@@ -138,7 +137,7 @@ impl KeystoneAuth {
         let answer = match self.ask(token).await {
             Err(KeystoneError::Refused { status: 401, .. }) => {
                 // Berth's own token was revoked or expired early: authenticate again, once.
-                *self.own.lock().await = None;
+                self.session.forget().await;
                 self.ask(token).await
             }
             other => other,
@@ -179,29 +178,8 @@ impl KeystoneAuth {
 
     /// One validation with Berth's own token (authenticating first when it has none).
     async fn ask(&self, token: &str) -> Result<Option<serde_json::Value>, KeystoneError> {
-        let own = self.own_token().await?;
-        keystone::validate(&self.http, &self.password.auth_url, &own, token).await
-    }
-
-    async fn own_token(&self) -> Result<String, KeystoneError> {
-        let mut own = self.own.lock().await;
-        if let Some(t) = own.as_ref().filter(|t| t.renew_at > Instant::now()) {
-            return Ok(t.id.clone());
-        }
-        let issued = keystone::authenticate(&self.http, &self.password).await.inspect_err(|e| {
-            if let KeystoneError::Refused { .. } = e {
-                tracing::error!(
-                    "Keystone refused Berth's own credentials ([keystone] username/password): {e}"
-                );
-            }
-        })?;
-        let left = keystone::expires_at(&issued.token)
-            .and_then(|at| Duration::try_from(at - OffsetDateTime::now_utc()).ok())
-            .unwrap_or(Duration::from_secs(3600));
-        let renew_at = Instant::now() + left.saturating_sub(RENEW_BEFORE).max(Duration::from_secs(1));
-        tracing::info!(auth_url = %self.password.auth_url, "authenticated with Keystone");
-        *own = Some(OwnToken { id: issued.id.clone(), renew_at });
-        Ok(issued.id)
+        let own = self.session.token().await?;
+        keystone::validate(self.session.http(), self.session.auth_url(), &own.id, token).await
     }
 
     fn refuse(&self) -> ApiError {
