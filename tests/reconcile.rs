@@ -81,6 +81,52 @@ async fn an_acl_entry_nobody_needs_is_revoked_and_a_missing_one_comes_back() {
     }
 }
 
+/// A store grown behind its LUN (a driver's resize whose reopen failed or was cut short leaves
+/// it so: tgtd serves the old size) and a target left taking no login (closed for a reopen that
+/// never finished): the reconciler opens them again, and a host sees the store's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_behind_its_grown_store_and_a_target_taking_no_login_are_opened_again() {
+    let rig = Rig::start();
+    let c = rig.client();
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
+    let iqn = info["target_iqn"].as_str().unwrap().to_string();
+    let store = format!("volume-{volume}");
+    assert_eq!(rig.tgtd.served(&store), Some((true, 1074)), "ready, 1 GiB");
+
+    let file = std::fs::OpenOptions::new().write(true).open(rig.backing_file(&volume)).unwrap();
+    file.set_len(2 << 30).unwrap();
+    eventually(&rig, "the LUN was not opened again at its store's size", |r| {
+        r.tgtd.served(&store) == Some((true, 2147))
+    })
+    .await;
+    assert!(rig.berth.log_text().contains("a LUN serves another size than its store has"));
+    let target = Target::from_connection_info(&info);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let session = loop {
+        match Session::login(&target, ALICE) {
+            Ok(s) => break s,
+            Err(e) => assert!(Instant::now() < deadline, "alice cannot log in: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(session.capacity().unwrap(), ((2u64 << 30) / 512, 512), "the host sees 2 GiB");
+    drop(session);
+
+    let tid = tid_of(&rig, &iqn);
+    let closed = rig
+        .tgtd
+        .tgtadm(&["--op", "update", "--mode", "target", "--tid", &tid, "-n", "state", "-v", "offline"]);
+    assert!(closed.status.success(), "{closed:?}");
+    let refreshes =
+        |r: &Rig| r.berth.log_text().matches("a target takes no login; opening them again").count();
+    eventually(&rig, "the target was not opened to logins again", |r| {
+        refreshes(r) == 2 && r.tgtd.served(&store) == Some((true, 2147))
+    })
+    .await;
+    Session::login(&target, ALICE).expect("alice logs in again");
+}
+
 /// An attachment whose connect failed and whose cleanup failed too (`error_attaching`) may still
 /// have access: the reconciler revokes it and removes the export, and deleting the row later
 /// still works.

@@ -501,6 +501,7 @@ async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
                 for (change, n) in [
                     ("recovered", r.recovered),
                     ("repaired", r.repaired.len()),
+                    ("refreshed", r.refreshed.len()),
                     ("revoked", r.revoked.len()),
                     ("removed", r.removed.len()),
                     ("identity_removed", r.identities_removed.len()),
@@ -517,6 +518,7 @@ async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
                         millis,
                         recovered = r.recovered,
                         repaired = r.repaired.len(),
+                        refreshed = r.refreshed.len(),
                         revoked = r.revoked.len(),
                         removed = r.removed.len(),
                         identities_removed = r.identities_removed.len(),

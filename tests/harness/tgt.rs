@@ -150,21 +150,12 @@ impl TgtdProcess {
     /// How tgtd serves the LUN whose backing file is `<store>.img`: whether its target takes
     /// logins (`State: ready`) and the LUN's size as tgtd shows it (see [`tgtd_megabytes`]).
     pub fn served(&self, store: &str) -> Option<(bool, u64)> {
-        let out = self.tgtadm(&["--op", "show", "--mode", "target"]);
-        let text = String::from_utf8_lossy(&out.stdout);
         let file = format!("/{store}.img");
-        let target = text.split("\nTarget ").find(|t| t.lines().any(|l| l.trim_end().ends_with(&file)))?;
-        let ready = target.lines().any(|l| l.trim() == "State: ready");
-        let mut size = None;
-        for line in target.lines().map(str::trim) {
-            if let Some(rest) = line.strip_prefix("Size: ") {
-                size = rest.split(' ').next().and_then(|n| n.parse().ok());
-            }
-            if line.starts_with("Backing store path:") && line.ends_with(&file) {
-                return Some((ready, size?));
-            }
-        }
-        None
+        self.targets().into_iter().find_map(|t| {
+            let (lun, _) = t.luns.iter().find(|(_, path)| path.ends_with(&file))?;
+            let (_, size) = t.lun_sizes.iter().find(|(l, _)| l == lun)?;
+            Some((!t.offline, *size))
+        })
     }
 
     /// The CHAP account names tgtd has (incoming ones).
@@ -307,6 +298,5 @@ impl Rig {
 
 /// A LUN's size as tgtd shows it ("Size: N MB", tgtd's own arithmetic).
 pub fn tgtd_megabytes(bytes: u64) -> u64 {
-    let sectors = bytes / 512;
-    (sectors - (sectors / 625 - 974)) / 1950
+    berth::capabilities::iscsi::tgt::shown_megabytes(bytes)
 }

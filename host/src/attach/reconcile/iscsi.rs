@@ -2,6 +2,7 @@
 //! attachments and the targets this service recorded (the module notes, 2).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::Instant;
 
 use futures_util::StreamExt;
 
@@ -89,7 +90,9 @@ impl Reconcile<'_> {
         });
         let backends = backends.await?;
         let mut still_seen = HashSet::new();
+        let mut stale_seen = HashSet::new();
         let mut to_repair = Vec::new();
+        let mut to_refresh = BTreeSet::new();
 
         for (volume_id, expected) in &by_volume {
             // Only this node's volumes: another node's targets live in its own target service.
@@ -128,6 +131,16 @@ impl Reconcile<'_> {
                             Err(e) => report.failed.push((volume_id.clone(), format!("revoke {extra}: {e}"))),
                         }
                     }
+                    if target.offline || !target.stale_stores.is_empty() {
+                        let key = (iqn.clone(), target.offline, target.stale_stores.clone());
+                        stale_seen.insert(key.clone());
+                        let first = *self.reconciler.seen().stale.entry(key).or_insert_with(Instant::now);
+                        if first.elapsed() < options.grace {
+                            report.waiting += 1;
+                        } else {
+                            to_refresh.insert(volume_id.clone());
+                        }
+                    }
                 }
             } else {
                 for iqn in &expected.targets {
@@ -152,6 +165,7 @@ impl Reconcile<'_> {
             }
         }
         self.reconciler.seen().first_seen.retain(|k, _| still_seen.contains(k));
+        self.reconciler.seen().stale.retain(|k, _| stale_seen.contains(k));
 
         // After a restart of the target service every volume needs a repair: several at a time.
         let repaired: Vec<(String, Result<bool, AttachError>)> = futures_util::stream::iter(to_repair)
@@ -167,6 +181,14 @@ impl Reconcile<'_> {
                 Ok(true) => report.repaired.push(volume_id),
                 Ok(false) => {}
                 Err(e) => report.failed.push((volume_id, format!("repair: {e}"))),
+            }
+        }
+
+        for volume_id in to_refresh {
+            match self.refresh(&volume_id, service).await {
+                Ok(true) => report.refreshed.push(volume_id),
+                Ok(false) => {}
+                Err(e) => report.failed.push((volume_id, format!("refresh: {e}"))),
             }
         }
 
@@ -220,6 +242,40 @@ impl Reconcile<'_> {
             return Ok(false);
         }
         self.repair_locked(volume_id).await
+    }
+
+    /// Opens again the LUNs of a volume's targets that serve another size than their stores
+    /// have, and opens to logins a target left taking none (the target service's `reopen-luns`:
+    /// the target closed, its sessions ended, each LUN on the store opened again, the target
+    /// opened), when a listing made under the volume's lock (no flow of this node can change the
+    /// stores or the targets meanwhile) still shows it; false when it does not.
+    async fn refresh(&self, volume_id: &str, service: &dyn TargetService) -> Result<bool, AttachError> {
+        let _held = self.hold(volume_id).await?;
+        let recorded = self.store.read(async |tx| targets::of_volume(tx, volume_id).await).await?;
+        let listed = service.list().await.map_err(|e| {
+            AttachError::Unavailable(format!("cannot list the target service's targets: {e}"))
+        })?;
+        let mut stores = BTreeSet::new();
+        for t in listed.iter().filter(|t| recorded.iter().any(|r| r.iqn == t.iqn)) {
+            stores.extend(t.stale_stores.iter().cloned());
+            if t.offline {
+                stores.extend(t.luns.iter().map(|(_, store)| store.clone()));
+            }
+        }
+        if stores.is_empty() {
+            return Ok(false);
+        }
+        tracing::warn!(
+            volume = %volume_id, ?stores,
+            "reconcile: a LUN serves another size than its store has, or a target takes no login; opening them again"
+        );
+        for store in &stores {
+            service
+                .reopen_luns(store)
+                .await
+                .map_err(|e| AttachError::Unavailable(format!("cannot open {store} again: {e}")))?;
+        }
+        Ok(true)
     }
 
     /// Until the first pass after start-up has finished, a volume about to be connected is

@@ -13,10 +13,14 @@
 //!    - an ACL entry that no connected attachment needs (an error row's, a crash's leftover, a
 //!      manual edit) is revoked through the driver's `terminate-connection` (a `revoke`);
 //!    - a target this service created for a volume with no connected attachment is removed
-//!      through `remove-export` (a `remove-export`).
+//!      through `remove-export` (a `remove-export`);
+//!    - a LUN that serves another size than its store has now (a store grown by an extend whose
+//!      reopen failed or was cut short), or a target left taking no login (`State: offline`), is
+//!      opened again by the target service (`reopen-luns`: the hosts log in again; a `refresh`).
 //!
-//!    Removals wait until the difference has been seen for the grace period, and in report-only
-//!    mode they are only logged. Targets this service did not create are reported as drift and
+//!    Removals and refreshes wait until the difference has been seen for the grace period (an
+//!    extend in flight shows both for a moment), and in report-only mode removals are only
+//!    logged. Targets this service did not create are reported as drift and
 //!    never touched. Every change is an operation, so a crash in the middle of one is recovered
 //!    like any other, and every change is logged with its reason.
 //!
@@ -86,6 +90,9 @@ pub struct Reconciled {
     pub recovered: usize,
     /// Volumes whose exports and connections were replayed.
     pub repaired: Vec<String>,
+    /// Volumes whose LUNs were opened again (their stores' size had changed behind them, or a
+    /// target took no login).
+    pub refreshed: Vec<String>,
     /// ACL entries revoked: (target, initiator).
     pub revoked: Vec<(String, String)>,
     /// Targets removed.
@@ -113,6 +120,7 @@ impl Reconciled {
     pub fn changed(&self) -> bool {
         self.recovered > 0
             || !self.repaired.is_empty()
+            || !self.refreshed.is_empty()
             || !self.revoked.is_empty()
             || !self.removed.is_empty()
             || !self.identities_removed.is_empty()
@@ -142,6 +150,9 @@ struct Seen {
     reported: HashSet<String>,
     /// When each unneeded cephx identity and each image of a deleted volume was first seen.
     cephx: HashMap<String, Instant>,
+    /// When each target was first seen taking no login or with stale LUNs: (target, offline,
+    /// stale stores).
+    stale: HashMap<(String, bool, Vec<String>), Instant>,
 }
 
 impl Memory {

@@ -102,6 +102,13 @@ pub struct TargetState {
     pub chap_users: Vec<String>,
     /// Logged-in sessions.
     pub sessions: u32,
+    /// Taking no logins (tgtd's `State: offline`).
+    pub offline: bool,
+    /// Each LUN's size as the service shows it (tgtd: its own "MB", `tgt::shown_megabytes`).
+    pub lun_sizes: Vec<(u32, u64)>,
+    /// Stores (host paths) whose LUNs serve another size than the store has now (it grew behind
+    /// them): filled in by [`TargetService::list`].
+    pub stale_stores: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

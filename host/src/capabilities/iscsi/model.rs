@@ -173,6 +173,7 @@ fn state_of(iqn: &str, t: &ModelTarget, sessions: &BTreeMap<String, Vec<String>>
         initiators: t.initiators.iter().cloned().collect(),
         chap_users: t.chap_users.iter().cloned().collect(),
         sessions: sessions.get(iqn).map_or(0, |s| s.len() as u32),
+        ..Default::default()
     }
 }
 

@@ -45,5 +45,5 @@ mod tgtd;
 
 pub use ceiling::Ceiling;
 pub use config::TgtdConfig;
-pub use protocol::{Request, parse_accounts, parse_connections, parse_show};
+pub use protocol::{Request, parse_accounts, parse_connections, parse_show, shown_megabytes};
 pub use tgtd::{Tgtd, listens_on};

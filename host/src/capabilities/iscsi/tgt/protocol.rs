@@ -496,11 +496,20 @@ fn closed_early() -> Failure {
     Failure::Other("read from tgtd: the connection was closed before the whole answer".into())
 }
 
+/// A LUN's size as tgtd shows it (`Size: N MB`, `print_disksize` in tgt's `usr/target.c`: its
+/// own rounding of 512-byte sectors to about 10^6 bytes).
+pub fn shown_megabytes(bytes: u64) -> u64 {
+    let sectors = bytes / 512;
+    // tgtd computes `(s - (s / 625 - 974)) / 1950` in wrapping 64-bit arithmetic: the same.
+    (sectors - sectors / 625 + 974) / 1950
+}
+
 /// Parses `tgtadm --lld iscsi --op show --mode target`.
 pub fn parse_show(out: &str) -> Vec<TargetState> {
     #[derive(PartialEq)]
     enum Section {
         Other,
+        System,
         Nexus,
         Lun,
         Account,
@@ -509,6 +518,7 @@ pub fn parse_show(out: &str) -> Vec<TargetState> {
     let mut targets: Vec<TargetState> = Vec::new();
     let mut section = Section::Other;
     let mut lun: Option<u32> = None;
+    let mut size: Option<u64> = None;
     for line in out.lines() {
         let indent = line.len() - line.trim_start().len();
         let text = line.trim();
@@ -528,6 +538,7 @@ pub fn parse_show(out: &str) -> Vec<TargetState> {
         let Some(target) = targets.last_mut() else { continue };
         if indent == 4 {
             section = match text {
+                "System information:" => Section::System,
                 "I_T nexus information:" => Section::Nexus,
                 "LUN information:" => Section::Lun,
                 "Account information:" => Section::Account,
@@ -537,14 +548,28 @@ pub fn parse_show(out: &str) -> Vec<TargetState> {
             continue;
         }
         match section {
+            Section::System if indent == 8 => {
+                if let Some(state) = text.strip_prefix("State: ") {
+                    target.offline = state == "offline";
+                }
+            }
             Section::Nexus if indent == 8 && text.starts_with("I_T nexus:") => target.sessions += 1,
-            Section::Lun if indent == 8 => lun = text.strip_prefix("LUN: ").and_then(|n| n.parse().ok()),
+            Section::Lun if indent == 8 => {
+                lun = text.strip_prefix("LUN: ").and_then(|n| n.parse().ok());
+                size = None;
+            }
             Section::Lun if indent == 12 => {
+                if let Some(shown) = text.strip_prefix("Size: ") {
+                    size = shown.split_once(" MB").and_then(|(mb, _)| mb.parse().ok());
+                }
                 if let (Some(l), Some(path)) = (lun, text.strip_prefix("Backing store path: "))
                     && l != 0
                     && path != "None"
                 {
                     target.luns.push((l, path.to_string()));
+                    if let Some(mb) = size {
+                        target.lun_sizes.push((l, mb));
+                    }
                 }
             }
             Section::Account if indent == 8 && !text.ends_with("(outgoing)") => {
@@ -636,6 +661,7 @@ mod tests {
             Backing store flags: 
         LUN: 1
             Type: disk
+            Size: 1074 MB, Block size: 512
             Backing store type: rdwr
             Backing store path: /var/lib/berth/volumes/volume-abc.img
             Backing store flags: 
@@ -647,7 +673,7 @@ mod tests {
 Target 2: iqn.2010-10.org.openstack:volume-def
     System information:
         Driver: iscsi
-        State: ready
+        State: offline
     I_T nexus information:
     LUN information:
         LUN: 0
@@ -666,8 +692,19 @@ Target 2: iqn.2010-10.org.openstack:volume-def
         assert_eq!(t[0].luns, vec![(1, "/var/lib/berth/volumes/volume-abc.img".to_string())]);
         assert_eq!(t[0].chap_users, vec!["userA".to_string()]);
         assert_eq!(t[0].initiators, vec!["iqn.1993-08.org.debian:01:aaa".to_string()]);
+        assert_eq!(t[0].lun_sizes, vec![(1, 1074)]);
         assert_eq!(t[1].tid, 2);
         assert!(t[1].luns.is_empty() && t[1].initiators.is_empty() && t[1].sessions == 0);
+        assert_eq!((t[0].offline, t[1].offline), (false, true));
+    }
+
+    #[test]
+    fn sizes_are_rounded_as_tgtd_shows_them() {
+        // Read off a real tgtd (tgt-notes.md, tests/tgt.rs): 1 GiB, 2 GiB, 3 GiB, 10 MiB.
+        for (bytes, shown) in [(1u64 << 30, 1074), (2 << 30, 2147), (3 << 30, 3221), (10 << 20, 10)] {
+            assert_eq!(shown_megabytes(bytes), shown, "{bytes}");
+        }
+        assert_eq!(shown_megabytes(0), 0);
     }
 
     #[test]

@@ -424,7 +424,13 @@ impl TargetService for Tgtd {
     }
 
     async fn list(&self) -> Result<Vec<TargetState>, TargetError> {
-        Ok(self.listing().await.map_err(|f| f.into_error("show targets"))?.0)
+        let targets = self.listing().await.map_err(|f| f.into_error("show targets"))?.0;
+        // A stat per LUN, off the runtime's threads (10,000 LUNs: some milliseconds).
+        tokio::task::spawn_blocking(move || {
+            targets.into_iter().map(|t| TargetState { stale_stores: stale_stores(&t), ..t }).collect()
+        })
+        .await
+        .map_err(|e| TargetError::Failed(format!("cannot compare the LUNs with their stores: {e}")))
     }
 
     /// From the model: no listing per call.
@@ -437,4 +443,18 @@ impl TargetService for Tgtd {
             .map(|k| k.state.iqn.clone())
             .collect())
     }
+}
+
+/// The stores (regular files) of `target`'s LUNs whose size now is not the size the LUN serves,
+/// as tgtd shows both: a store grown behind its LUN (a reopen that did not happen) or shrunk.
+fn stale_stores(target: &TargetState) -> Vec<String> {
+    target
+        .luns
+        .iter()
+        .filter_map(|(lun, path)| {
+            let (_, shown) = target.lun_sizes.iter().find(|(l, _)| l == lun)?;
+            let file = std::fs::metadata(path).ok().filter(std::fs::Metadata::is_file)?;
+            (super::protocol::shown_megabytes(file.len()) != *shown).then(|| path.clone())
+        })
+        .collect()
 }
