@@ -453,3 +453,79 @@ fn python_cinderclient_sets_log_levels_while_serving_and_the_debug_log_holds_no_
     let out = refused.output().unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not a module path"));
 }
+
+/// `[http] tls_cert_file` and `tls_key_file`: the API over HTTPS. python-cinderclient and the
+/// `berth` client verify it with the CA named by `OS_CACERT`, and refuse it without; links say
+/// `https://`; plain HTTP gets no answer; a key others can read stops the start.
+#[test]
+fn python_cinderclient_and_the_berth_client_reach_the_api_over_tls() {
+    use std::os::unix::fs::PermissionsExt;
+    let certs = tempfile::tempdir().unwrap();
+    let ca = berth_tests::https::TestCa::new();
+    let ca_file = ca.write(certs.path());
+    let (cert, key) = ca.issue(&["localhost", "127.0.0.1"]);
+    let (cert_file, key_file) = (certs.path().join("api.pem"), certs.path().join("api.key"));
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let http = format!(
+        "[http]\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n",
+        cert_file.display(),
+        key_file.display()
+    );
+    let refused =
+        BerthProcess::try_start(&http, CONFIG, &[]).err().expect("a key others can read is refused");
+    assert!(refused.contains("api.key is readable by others (mode 644); chmod 600 it"), "{refused}");
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let server = BerthProcess::start_full(&http, CONFIG);
+    let base = format!("https://localhost:{}", server.port);
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let ca_cert = reqwest::Certificate::from_pem(&std::fs::read(&ca_file).unwrap()).unwrap();
+        let trusting = reqwest::Client::builder().add_root_certificate(ca_cert).build().unwrap();
+        let versions = trusting.get(format!("{base}/")).send().await.unwrap();
+        assert_eq!(versions.status(), 300);
+        let versions: serde_json::Value = versions.json().await.unwrap();
+        let links = versions["versions"][0]["links"].as_array().unwrap();
+        let href = links.iter().find(|l| l["rel"] == "self").unwrap()["href"].as_str().unwrap().to_string();
+        assert!(href.starts_with(&format!("{base}/v3")), "{href}");
+        let plain = reqwest::get(format!("http://127.0.0.1:{}/", server.port)).await;
+        assert!(plain.is_err(), "plain HTTP was answered: {plain:?}");
+        let untrusting = reqwest::get(format!("{base}/")).await;
+        assert!(untrusting.is_err(), "a client without the CA reached it: {untrusting:?}");
+    });
+
+    let cli = |args: &[&str], with_ca: bool| {
+        let mut c = cinder(&base, "tls", "3.54");
+        if with_ca {
+            c.env("OS_CACERT", &ca_file);
+        }
+        c.args(args);
+        c
+    };
+    let created = table(&run(cli(&["create", "--name", "over-tls", "1"], true)));
+    assert_eq!(created["status"], "available");
+    let listed = list(&run(cli(&["list"], true)));
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let refused = cli(&["list"], false).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("CERTIFICATE_VERIFY_FAILED"), "{refused:?}");
+
+    let berth = |with_ca: bool| {
+        let mut c = std::process::Command::new(berth_tests::process::berth_binary());
+        c.args(["driver", "list"])
+            .env("OS_AUTH_TYPE", "noauth")
+            .env("CINDER_ENDPOINT", format!("{base}/v3"))
+            .env("OS_PROJECT_ID", "tls")
+            .env("OS_USER_ID", "admin");
+        if with_ca {
+            c.env("OS_CACERT", &ca_file);
+        }
+        c.output().unwrap()
+    };
+    let listed = berth(true);
+    assert!(listed.status.success(), "{listed:?}");
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("fake"), "{listed:?}");
+    assert!(!berth(false).status.success(), "the berth client reached it without the CA");
+}

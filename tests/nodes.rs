@@ -538,3 +538,65 @@ async fn a_volume_of_a_node_that_is_down_is_unmanaged_and_nothing_of_it_stays_ex
     assert!(file.exists(), "the unmanaged volume's data stays: {}", file.display());
     assert!(!cluster.nodes[0].berth.log_text().lines().any(|l| l.contains("drift") && l.contains(&volume)));
 }
+
+/// Nodes that serve the API over HTTPS (`[http] tls_cert_file`) forward to one another over it,
+/// verifying each other's certificate with `[http] ca_file`; a node that does not trust the CA
+/// cannot forward (503), and nothing is done on the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_over_https_forward_to_one_another_with_their_ca_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let url = berth_tests::pg::fresh_database().await;
+    let certs = tempfile::tempdir().unwrap();
+    let ca = berth_tests::https::TestCa::new();
+    let ca_file = ca.write(certs.path());
+    let (cert, key) = ca.issue(&["localhost", "127.0.0.1"]);
+    let (cert_file, key_file) = (certs.path().join("node.pem"), certs.path().join("node.key"));
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let node = |name: &str, trusts: bool| {
+        let ca = if trusts { format!("ca_file = \"{}\"\n", ca_file.display()) } else { String::new() };
+        let top = format!(
+            "node = \"{name}\"\ndatabase_url = \"{url}\"\n[http]\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n{ca}",
+            cert_file.display(),
+            key_file.display()
+        );
+        berth_tests::process::BerthProcess::start_full(&top, berth_tests::process::FAKE_BACKEND)
+    };
+    let (a, b, c) = (node("tls-a", true), node("tls-b", true), node("tls-c", false));
+    let ca_cert = reqwest::Certificate::from_pem(&std::fs::read(&ca_file).unwrap()).unwrap();
+    let http = reqwest::Client::builder().add_root_certificate(ca_cert).build().unwrap();
+    let call =
+        async |node: &berth_tests::process::BerthProcess, method: Method, path: &str, body: Option<Value>| {
+            let mut r = http
+                .request(method, format!("https://127.0.0.1:{}/v3/e2e{path}", node.port))
+                .header("X-Auth-Token", "admin:e2e")
+                .header("X-Roles", "admin,member,reader")
+                .header("OpenStack-API-Version", "volume 3.54");
+            if let Some(body) = body {
+                r = r.json(&body);
+            }
+            let r = r.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        };
+    let (status, created) = call(&a, Method::POST, "/volumes", Some(json!({"volume": {"size": 1}}))).await;
+    assert_eq!(status, 202, "{created}");
+    let volume = created["volume"]["id"].as_str().unwrap().to_string();
+    let extend = |size: u64| Some(json!({"os-extend": {"new_size": size}}));
+    let action = format!("/volumes/{volume}/action");
+
+    // Node b forwards the extend of node a's volume to a, over HTTPS.
+    let (status, body) = call(&b, Method::POST, &action, extend(2)).await;
+    assert_eq!(status, 202, "{body}");
+    assert!(b.log_text().contains("forwarding the request to the node that serves its volume"));
+    let (_, shown) = call(&a, Method::GET, &format!("/volumes/{volume}"), None).await;
+    assert_eq!(shown["volume"]["size"], 2);
+
+    // Node c does not trust the CA: 503, and the volume is as it was.
+    let (status, body) = call(&c, Method::POST, &action, extend(3)).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(c.log_text().contains("a forwarded request got no answer"), "{}", c.log_text());
+    let (_, shown) = call(&a, Method::GET, &format!("/volumes/{volume}"), None).await;
+    assert_eq!((&shown["volume"]["size"], &shown["volume"]["status"]), (&json!(2), &json!("available")));
+}

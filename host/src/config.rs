@@ -104,6 +104,15 @@ pub struct HttpConfig {
     /// How long a request forwarded to the node that serves its volume may take before this node
     /// answers 503 (the operation itself goes on there).
     pub forward_timeout_seconds: f64,
+    /// Serve the API over HTTPS with this certificate chain (PEM, the server's own certificate
+    /// first); with `tls_key_file`. Plain HTTP on the same port is then refused. Links in answers
+    /// say `https://`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The certificate's private key (PEM, readable by its owner only: `chmod 600`).
+    pub tls_key_file: Option<PathBuf>,
+    /// More roots (PEM) to verify other nodes' `https://` URLs (`advertise_url`) with, besides
+    /// the system's: the private CA that signed their certificates.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for HttpConfig {
@@ -113,6 +122,9 @@ impl Default for HttpConfig {
             body_read_timeout_seconds: 30.0,
             max_requests_in_flight: 512,
             forward_timeout_seconds: 300.0,
+            tls_cert_file: None,
+            tls_key_file: None,
+            ca_file: None,
         }
     }
 }
@@ -711,10 +723,16 @@ impl Config {
         if let Some(url) = self.advertise_url.as_deref().filter(|u| !u.trim().is_empty()) {
             return url.trim().trim_end_matches('/').to_string();
         }
+        let scheme = self.scheme();
         if !bound.ip().is_unspecified() {
-            return format!("http://{bound}");
+            return format!("{scheme}://{bound}");
         }
-        format!("http://{}:{}", hostname(), bound.port())
+        format!("{scheme}://{}:{}", hostname(), bound.port())
+    }
+
+    /// `https` when the API is served over TLS (`[http] tls_cert_file`), else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.http.tls_cert_file.is_some() { "https" } else { "http" }
     }
 
     pub fn database_url(&self) -> String {

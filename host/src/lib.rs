@@ -22,6 +22,7 @@ pub mod runtime;
 pub mod serve;
 pub mod shipped;
 pub mod store;
+pub mod tls;
 pub mod upgrade;
 
 /// The rooms' floors, lowest first: a room may import only rooms on floors below its own, so no
@@ -39,6 +40,7 @@ mod floors {
         "logging",
         "metrics",
         "keystone",
+        "tls",
         "capabilities",
         "runtime",
         "shipped",

@@ -40,6 +40,8 @@ pub struct Assembled {
     pub config: Config,
     /// The target service drivers were granted, if any.
     pub targets: Option<Arc<dyn TargetService>>,
+    /// The API's TLS configuration (`[http] tls_cert_file`, `tls_key_file`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     /// The data directory's lock, held for as long as the service lives.
     _lock: std::fs::File,
 }
@@ -78,6 +80,13 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         }
     };
     let compute = compute(&config, &auth)?;
+    let tls = match (&config.http.tls_cert_file, &config.http.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            Some(crate::tls::server_config(cert, key).map_err(|e| anyhow::anyhow!("[http] TLS: {e}"))?)
+        }
+        (None, None) => None,
+        _ => bail!("[http] needs both tls_cert_file and tls_key_file, or neither"),
+    };
 
     let policy = match &config.auth.policy_file {
         Some(path) => Policy::from_file(path).map_err(anyhow::Error::msg)?,
@@ -221,15 +230,18 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         policy: Arc::new(policy),
         in_flight: InFlight::new(config.http.max_requests_in_flight),
         public_endpoint: config.public_endpoint.clone(),
+        scheme: config.scheme(),
         body_read_timeout: Duration::from_secs_f64(
             config.http.body_read_timeout_seconds.clamp(0.01, 86_400.0),
         ),
         forwarder: Forwarder::new(
             &node,
             Duration::from_secs_f64(config.http.forward_timeout_seconds.clamp(0.1, 86_400.0)),
-        ),
+            config.http.ca_file.as_deref(),
+        )
+        .map_err(anyhow::Error::msg)?,
     };
-    Ok(Assembled { state, targets: iscsi.map(|(service, _, _, _)| service), config, _lock: lock })
+    Ok(Assembled { state, targets: iscsi.map(|(service, _, _, _)| service), config, tls, _lock: lock })
 }
 
 /// The compute service Berth tells of attached volumes that grew (`[nova]`): by default when
@@ -595,7 +607,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!(
         listen = %listener.local_addr()?, data_dir = %assembled.config.data_dir().display(),
         database = %crate::store::redact_url(&assembled.config.database_url()), node = %service.owner().node,
-        advertise_url = %url, ?types, "berth is serving"
+        advertise_url = %url, tls = assembled.tls.is_some(), ?types, "berth is serving"
     );
     let interval = Duration::from_secs_f64(assembled.config.reconcile.interval_seconds.clamp(0.05, 86_400.0));
     service.reconcile().awaiting_first_pass();
@@ -615,7 +627,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         Some(addr) => Some(serve_metrics(addr, limits).await?),
         None => None,
     };
-    crate::api::server::serve(listener, app, limits, async {
+    crate::api::server::serve(listener, app, limits, assembled.tls.clone(), async {
         shutdown().await;
         // Down at once, for the other nodes: they answer for this node's volumes with 503 now,
         // rather than forwarding to a node that is going away.
@@ -679,7 +691,7 @@ async fn serve_metrics(
         )
         .layer(axum::middleware::from_fn_with_state(InFlight::new(8), crate::api::server::shed));
     Ok(tokio::spawn(async move {
-        if let Err(e) = crate::api::server::serve(listener, app, limits, std::future::pending()).await {
+        if let Err(e) = crate::api::server::serve(listener, app, limits, None, std::future::pending()).await {
             tracing::warn!("metrics endpoint stopped: {e}");
         }
     }))

@@ -122,7 +122,7 @@ impl TestServer {
             shutdown_wait: std::time::Duration::ZERO,
         };
         let task = tokio::spawn(async move {
-            berth::api::server::serve(listener, app, limits, std::future::pending()).await.unwrap();
+            berth::api::server::serve(listener, app, limits, None, std::future::pending()).await.unwrap();
         });
         TestServer { base, db, service, config: assembled.config, _dir: dir, task, heartbeat }
     }

@@ -54,13 +54,18 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    pub fn new(node: &str, timeout: Duration) -> Forwarder {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .redirect(reqwest::redirect::Policy::none())
+    /// A forwarder that trusts the system's roots and those of `ca_file` (`[http] ca_file`).
+    pub fn new(
+        node: &str,
+        timeout: Duration,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Forwarder, String> {
+        let builder = reqwest::Client::builder().timeout(timeout).redirect(reqwest::redirect::Policy::none());
+        let client = crate::tls::with_ca_file(builder, ca_file)
+            .map_err(|e| format!("[http] ca_file: {e}"))?
             .build()
-            .expect("an HTTP client with a timeout builds");
-        Forwarder { client, node: node.to_string() }
+            .map_err(|e| format!("cannot build an HTTP client to forward with: {e}"))?;
+        Ok(Forwarder { client, node: node.to_string() })
     }
 
     /// Sends `request` (its body read into `body`) to `to`; its answer, or 503 when it gives none.

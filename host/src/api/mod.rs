@@ -70,6 +70,9 @@ pub struct AppState {
     pub in_flight: server::InFlight,
     /// The URL clients use to reach this service, for links; the request's Host when unset.
     pub public_endpoint: Option<String>,
+    /// `https` when the API is served over TLS, else `http`: the scheme of links to the
+    /// request's Host.
+    pub scheme: &'static str,
     /// Sends requests this node cannot answer to the node that can (`forward.rs`).
     pub forwarder: forward::Forwarder,
     /// How long a request's body may take to arrive once its headers are in (`body.rs`).

@@ -1,5 +1,6 @@
-//! The HTTP server around the API (and the metrics endpoint): header-read (and idle) timeouts, a
-//! bound on requests in flight with 503 and `Retry-After` beyond it, and a graceful stop.
+//! The HTTP server around the API (and the metrics endpoint): TLS when configured, header-read
+//! (and idle) timeouts, a bound on requests in flight with 503 and `Retry-After` beyond it, and a
+//! graceful stop.
 //!
 //! `axum::serve` sets no timer, so a client could hold a connection open forever without sending
 //! a request; here hyper's header-read timeout runs from the moment a connection is ready for a
@@ -31,12 +32,14 @@ pub struct ServerLimits {
     pub shutdown_wait: Duration,
 }
 
-/// Serves `app` on `listener` until `stop` resolves, then lets requests in flight finish (for at
-/// most `shutdown_wait`).
+/// Serves `app` on `listener` (over TLS with `tls`: a handshake must end within the header-read
+/// timeout) until `stop` resolves, then lets requests in flight finish (for at most
+/// `shutdown_wait`).
 pub async fn serve<S>(
     listener: TcpListener,
     app: S,
     limits: ServerLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
     stop: impl Future<Output = ()>,
 ) -> std::io::Result<()>
 where
@@ -47,6 +50,7 @@ where
     S::Future: Send + 'static,
 {
     let graceful = GracefulShutdown::new();
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     tokio::pin!(stop);
@@ -66,10 +70,24 @@ where
         let _ = stream.set_nodelay(true);
         let service =
             app.clone().map_request(|r: Request<hyper::body::Incoming>| r.map(axum::body::Body::new));
-        let connection = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
-        let watched = graceful.watch(connection);
+        let service = TowerToHyperService::new(service);
+        let Some(tls) = tls.clone() else {
+            let watched = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+            tokio::spawn(async move {
+                if let Err(e) = watched.await {
+                    tracing::debug!("connection ended: {e}");
+                }
+            });
+            continue;
+        };
+        let (builder, watcher) = (builder.clone(), graceful.watcher());
         tokio::spawn(async move {
-            if let Err(e) = watched.await {
+            let stream = match tokio::time::timeout(limits.header_read_timeout, tls.accept(stream)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => return tracing::debug!("TLS handshake failed: {e}"),
+                Err(_) => return tracing::debug!("TLS handshake not finished in the header-read timeout"),
+            };
+            if let Err(e) = watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await {
                 tracing::debug!("connection ended: {e}");
             }
         });

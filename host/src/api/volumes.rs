@@ -765,7 +765,7 @@ async fn remove(
 pub(super) fn links(state: &AppState, headers: &HeaderMap) -> Links {
     let base = state.public_endpoint.clone().unwrap_or_else(|| {
         let host = headers.get(axum::http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");
-        format!("http://{host}")
+        format!("{}://{host}", state.scheme)
     });
     Links { base: base.trim_end_matches('/').to_string() }
 }

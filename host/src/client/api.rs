@@ -13,6 +13,9 @@
 //! - noauth (cinderclient's `X-Auth-Token: user:project`), the default without a token:
 //!   `OS_USER_ID`, `OS_PROJECT_ID`; the endpoint defaults to `http://127.0.0.1:8776/v3`, a local
 //!   `berth serve`.
+//!
+//! `OS_CACERT` (`--os-cacert`) names a CA bundle that verifies HTTPS endpoints (the API's
+//! `[http] tls_cert_file`, Keystone's) besides the system's roots.
 
 use std::time::Duration;
 
@@ -64,6 +67,10 @@ pub struct Credentials {
     /// The catalog interface: public, internal or admin [env: OS_INTERFACE, OS_ENDPOINT_TYPE]
     #[arg(long = "os-interface", global = true)]
     pub interface: Option<String>,
+    /// A CA bundle (PEM) that verifies the API's and Keystone's HTTPS certificates, besides the
+    /// system's roots [env: OS_CACERT]
+    #[arg(long = "os-cacert", global = true)]
+    pub cacert: Option<std::path::PathBuf>,
 }
 
 /// The default endpoint: a `berth serve` on this machine.
@@ -99,9 +106,12 @@ impl Endpoint {
     /// The endpoint and token the credentials name; with Keystone password authentication, a
     /// token is issued first and the endpoint found in its catalog.
     pub async fn resolve(c: &Credentials) -> Result<Endpoint, ClientError> {
-        let http = reqwest::Client::builder()
+        let cacert = c.cacert.clone().or_else(|| env("OS_CACERT").map(Into::into));
+        let builder = reqwest::Client::builder()
             .timeout(Duration::from_secs(120))
-            .connect_timeout(Duration::from_secs(10))
+            .connect_timeout(Duration::from_secs(10));
+        let http = crate::tls::with_ca_file(builder, cacert.as_deref())
+            .map_err(|e| ClientError::Usage(format!("OS_CACERT (--os-cacert): {e}")))?
             .build()
             .map_err(|e| ClientError::Usage(format!("cannot build an HTTP client: {e}")))?;
         let endpoint = c.endpoint.clone().or_else(|| env("CINDER_ENDPOINT")).or_else(|| env("OS_ENDPOINT"));

@@ -259,18 +259,6 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAny {
     }
 }
 
-fn pem_certs(path: &std::path::Path) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
-    use rustls::pki_types::pem::PemObject;
-    let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{} holds no PEM certificate", path.display()));
-    }
-    Ok(certs)
-}
-
 /// The TLS configuration of a backend.
 fn tls(backend: &str, config: &NetworkConfig) -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -280,37 +268,16 @@ fn tls(backend: &str, config: &NetworkConfig) -> Result<rustls::ClientConfig, St
     let builder = if config.insecure_skip_verify {
         builder.dangerous().with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
     } else {
-        let mut roots = rustls::RootCertStore::empty();
-        let native = rustls_native_certs::load_native_certs();
-        for cert in native.certs {
-            let _ = roots.add(cert);
-        }
-        if let Some(ca) = &config.ca_file {
-            for cert in pem_certs(ca).map_err(|e| format!("backend {backend}: ca_file: {e}"))? {
-                roots.add(cert).map_err(|e| format!("backend {backend}: ca_file: {e}"))?;
-            }
-        }
+        let roots = crate::tls::roots(config.ca_file.as_deref())
+            .map_err(|e| format!("backend {backend}: ca_file: {e}"))?;
         builder.with_root_certificates(roots)
     };
     match (&config.client_cert_file, &config.client_key_file) {
         (Some(cert), Some(key)) => {
-            use rustls::pki_types::pem::PemObject;
-            let chain = pem_certs(cert).map_err(|e| format!("backend {backend}: client_cert_file: {e}"))?;
-            // The key is a credential: kept as a secret file is.
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(key)
-                .map_err(|e| format!("backend {backend}: client_key_file {}: {e}", key.display()))?
-                .permissions()
-                .mode();
-            if mode & 0o077 != 0 {
-                return Err(format!(
-                    "backend {backend}: client_key_file {} is readable by others (mode {:o}); chmod 600 it",
-                    key.display(),
-                    mode & 0o777
-                ));
-            }
-            let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| format!("backend {backend}: client_key_file {}: {e}", key.display()))?;
+            let chain = crate::tls::pem_certs(cert)
+                .map_err(|e| format!("backend {backend}: client_cert_file: {e}"))?;
+            let key = crate::tls::private_key(key)
+                .map_err(|e| format!("backend {backend}: client_key_file: {e}"))?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| format!("backend {backend}: client certificate: {e}"))
