@@ -244,6 +244,7 @@ struct NovaCall {
 /// does when it handles `volume-extended`, reads the volume from Berth as `reader`.
 struct FakeNova {
     url: String,
+    port: u16,
     calls: Arc<Mutex<Vec<NovaCall>>>,
     answers: Arc<Mutex<Vec<u16>>>,
 }
@@ -294,9 +295,10 @@ impl FakeNova {
         };
         let app = axum::Router::new().route("/v2.1/os-server-external-events", axum::routing::post(handler));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/v2.1", listener.local_addr().unwrap());
+        let port = listener.local_addr().unwrap().port();
+        let url = format!("http://127.0.0.1:{port}/v2.1");
         tokio::spawn(async move { axum::serve(listener, app).await });
-        FakeNova { url, calls, answers }
+        FakeNova { url, port, calls, answers }
     }
 
     /// Waits until Nova has had `n` calls, and returns them.
@@ -465,6 +467,56 @@ async fn nova_hears_of_an_attached_extend_that_recovery_finished() {
     );
     assert_eq!(call.volume_seen, Some(("in-use".to_string(), 2)));
     assert_eq!(call.request_id, None);
+}
+
+/// Keystone and Nova behind HTTPS with a private CA: trusted through `[http] ca_file`, and, without
+/// it, not reached at all (a caller's token cannot be validated: 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keystone_and_nova_over_https_are_trusted_through_the_ca_file() {
+    let ks = keystone();
+    let ca = berth_tests::https::TestCa::new();
+    let certs = tempfile::tempdir().unwrap();
+    let ca_file = ca.write(certs.path());
+    let keystone_port: u16 = ks.url.rsplit(':').next().unwrap().parse().unwrap();
+    let keystone_https = format!("https://localhost:{}/v3", ca.front(keystone_port).await);
+    let region = format!("nova-{}", uuid::Uuid::new_v4().simple());
+    let start = |trusted: bool| {
+        let ca =
+            if trusted { format!("[http]\nca_file = \"{}\"\n", ca_file.display()) } else { String::new() };
+        let top = format!("[nova]\nregion_name = \"{region}\"\n{ca}");
+        let body = format!(
+            "[auth]\nstrategy = \"keystone\"\n[keystone]\nauth_url = \"{keystone_https}\"\nusername = \"berth\"\n\
+             password = \"{}\"\ntimeout_seconds = 5\n{FAKE}",
+            ks.password("berth")
+        );
+        BerthProcess::start_full(&top, &body)
+    };
+    let untrusting = start(false);
+    let (c, _) = as_user(ks, &untrusting, "alice", "demo").await;
+    let message = c.get("/volumes").await.fault(503, "serviceUnavailable");
+    assert!(message.contains("Keystone"), "{message}");
+    assert!(untrusting.log_text().contains("cannot validate a token"), "{}", untrusting.log_text());
+
+    let server = start(true);
+    let (alice, _) = as_user(ks, &server, "alice", "demo").await;
+    let nova = FakeNova::start(alice.clone()).await;
+    ks.register_compute(&region, &format!("https://localhost:{}/v2.1", ca.front(nova.port).await));
+    let volume = alice.create_volume(json!({"size": 1})).await;
+    let instance = "3d2c1b0a-9f8e-4d7c-b6a5-940312f7e6d5";
+    let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": instance,
+                      "connector": connector("iqn.1993-08.org.debian:01:c1", "compute-1")}});
+    let id = alice.post("/attachments", body).await.expect(200).body["attachment"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    alice.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    alice.post(&format!("/volumes/{volume}/action"), json!({"os-extend": {"new_size": 2}})).await.expect(202);
+    let call = nova.calls(1).await.remove(0);
+    assert_eq!(
+        call.body,
+        json!({"events": [{"name": "volume-extended", "server_uuid": instance, "tag": volume}]})
+    );
+    assert_eq!(call.volume_seen, Some(("in-use".to_string(), 2)));
 }
 
 #[test]

@@ -54,7 +54,12 @@ pub struct Nova {
 }
 
 impl Nova {
-    pub fn new(session: Arc<Session>, c: &NovaConfig) -> Result<Nova, String> {
+    /// Nova's client, trusting the system's roots and those of `ca_file` (`[http] ca_file`).
+    pub fn new(
+        session: Arc<Session>,
+        c: &NovaConfig,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Nova, String> {
         if let Some(url) = &c.endpoint_override
             && !url.starts_with("http://")
             && !url.starts_with("https://")
@@ -64,8 +69,9 @@ impl Nova {
         if !["public", "internal", "admin"].contains(&c.interface.as_str()) {
             return Err(format!("[nova] interface must be public, internal or admin, not {:?}", c.interface));
         }
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs_f64(c.timeout_seconds.max(0.1)))
+        let builder = reqwest::Client::builder().timeout(Duration::from_secs_f64(c.timeout_seconds.max(0.1)));
+        let http = crate::tls::with_ca_file(builder, ca_file)
+            .map_err(|e| format!("[http] ca_file: {e}"))?
             .build()
             .map_err(|e| format!("cannot build an HTTP client for Nova: {e}"))?;
         Ok(Nova {

@@ -110,8 +110,9 @@ pub struct HttpConfig {
     pub tls_cert_file: Option<PathBuf>,
     /// The certificate's private key (PEM, readable by its owner only: `chmod 600`).
     pub tls_key_file: Option<PathBuf>,
-    /// More roots (PEM) to verify other nodes' `https://` URLs (`advertise_url`) with, besides
-    /// the system's: the private CA that signed their certificates.
+    /// More roots (PEM), besides the system's, for every HTTPS service Berth calls: other nodes'
+    /// `advertise_url`, Keystone (`[keystone] auth_url`) and Nova (`[nova]`): the private CA
+    /// that signed their certificates (keystonemiddleware's and Cinder's `[nova]` `cafile`).
     pub ca_file: Option<PathBuf>,
 }
 

@@ -76,7 +76,10 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             Auth::from_tokens_file(file).map_err(anyhow::Error::msg)?
         }
         AuthStrategy::Keystone => {
-            Auth::Keystone(Box::new(KeystoneAuth::new(&config.keystone).map_err(anyhow::Error::msg)?))
+            let ca_file = config.http.ca_file.as_deref();
+            Auth::Keystone(Box::new(
+                KeystoneAuth::new(&config.keystone, ca_file).map_err(anyhow::Error::msg)?,
+            ))
         }
     };
     let compute = compute(&config, &auth)?;
@@ -257,7 +260,8 @@ fn compute(config: &Config, auth: &Auth) -> anyhow::Result<Option<Arc<crate::com
             "[nova] enabled = true needs [auth] strategy = \"keystone\": Nova takes only Keystone tokens"
         ),
         (_, Some(session)) => {
-            let nova = crate::compute::Nova::new(session, &config.nova).map_err(anyhow::Error::msg)?;
+            let nova = crate::compute::Nova::new(session, &config.nova, config.http.ca_file.as_deref())
+                .map_err(anyhow::Error::msg)?;
             Ok(Some(Arc::new(nova)))
         }
     }

@@ -68,6 +68,41 @@ impl TestCa {
         (cert.pem(), key.serialize_pem())
     }
 
+    /// A TLS front on loopback for a plain server on `to_port` (Keystone, a stand-in Nova): it
+    /// takes TLS with a certificate of this CA for `localhost` and relays the bytes; its port.
+    /// It lives as long as the test's runtime.
+    pub async fn front(&self, to_port: u16) -> u16 {
+        let (cert, key) = self.issue(&["localhost", "127.0.0.1"]);
+        use rustls::pki_types::pem::PemObject;
+        let chain: Vec<_> = rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+        let config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(chain, key)
+                .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(stream).await else { return };
+                    let Ok(mut plain) = tokio::net::TcpStream::connect(("127.0.0.1", to_port)).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                });
+            }
+        });
+        port
+    }
+
     /// A server certificate for `names` (DNS names or IP addresses): (certificate PEM, key PEM).
     pub fn issue(&self, names: &[&str]) -> (String, String) {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();

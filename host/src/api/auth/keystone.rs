@@ -50,7 +50,8 @@ struct Cached {
 }
 
 impl KeystoneAuth {
-    pub fn new(c: &KeystoneConfig) -> Result<KeystoneAuth, String> {
+    /// Keystone's client, trusting the system's roots and those of `ca_file` (`[http] ca_file`).
+    pub fn new(c: &KeystoneConfig, ca_file: Option<&std::path::Path>) -> Result<KeystoneAuth, String> {
         let auth_url =
             c.auth_url.as_deref().ok_or("[auth] strategy = \"keystone\" needs [keystone] auth_url")?;
         if !auth_url.starts_with("http://") && !auth_url.starts_with("https://") {
@@ -60,8 +61,9 @@ impl KeystoneAuth {
             c.username.clone().ok_or("[auth] strategy = \"keystone\" needs [keystone] username")?;
         let password =
             c.password.clone().ok_or("[auth] strategy = \"keystone\" needs [keystone] password")?.0;
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs_f64(c.timeout_seconds.max(0.1)))
+        let builder = reqwest::Client::builder().timeout(Duration::from_secs_f64(c.timeout_seconds.max(0.1)));
+        let http = crate::tls::with_ca_file(builder, ca_file)
+            .map_err(|e| format!("[http] ca_file: {e}"))?
             .build()
             .map_err(|e| format!("cannot build an HTTP client for Keystone: {e}"))?;
         let auth_url = keystone::v3_url(auth_url);
