@@ -226,6 +226,12 @@ fn openstacksdk_authenticates_with_a_password_and_finds_berth_in_the_catalog() {
     assert_eq!(lines[4], "deleted available []", "{out}");
 }
 
+/// The events a Berth owes Nova (its SQLite database's `compute_events`).
+fn owed_events(server: &BerthProcess) -> i64 {
+    let db = rusqlite::Connection::open(server.dir.path().join("data/berth.db")).unwrap();
+    db.query_row("SELECT COUNT(*) FROM compute_events", [], |r| r.get(0)).unwrap()
+}
+
 /// What the stand-in Nova saw of one `POST /os-server-external-events`.
 #[derive(Debug, Clone)]
 struct NovaCall {
@@ -384,11 +390,20 @@ async fn nova_hears_of_an_attached_volume_that_grew_and_a_refused_event_is_a_mes
     assert_ne!(calls[1].token, calls[2].token, "a new token after the refusal");
     assert_eq!(calls[2].volume_seen, Some(("in-use".to_string(), 3)));
 
+    // Nova is down for a moment (503): the event is owed still, and sent again a few seconds
+    // later; nothing for the user to read.
+    nova.answers.lock().unwrap().push(503);
+    extend(&volume, 4).await;
+    let calls = nova.calls(5).await;
+    assert_eq!((calls[3].status, calls[4].status), (503, 200));
+    assert_eq!(calls[3].body, calls[4].body);
+    assert_eq!(calls[4].volume_seen, Some(("in-use".to_string(), 4)));
+
     // Nova does not take the event (its instance is gone): the extend stands, and the volume's
     // users read why their guest did not grow, as Cinder words it.
     nova.answers.lock().unwrap().push(404);
-    let (_, request) = extend(&volume, 4).await;
-    nova.calls(4).await;
+    let (_, request) = extend(&volume, 5).await;
+    nova.calls(6).await;
     let messages = async || {
         let r = alice.at("3.3").get(&format!("/messages?resource_uuid={volume}")).await.expect(200);
         r.body["messages"].as_array().unwrap().clone()
@@ -403,17 +418,19 @@ async fn nova_hears_of_an_attached_volume_that_grew_and_a_refused_event_is_a_mes
     assert_eq!(messages[0]["event_id"], "VOLUME_VOLUME_007_009");
     assert_eq!(messages[0]["request_id"], request);
     let shown = alice.get(&format!("/volumes/{volume}")).await.expect(200).body["volume"].clone();
-    assert_eq!((shown["status"].as_str(), shown["size"].as_i64()), (Some("in-use"), Some(4)));
+    assert_eq!((shown["status"].as_str(), shown["size"].as_i64()), (Some("in-use"), Some(5)));
 
-    // Nothing more was sent (the available and bare-metal volumes' extends told nobody).
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(nova.calls.lock().unwrap().len(), 4);
+    // Nothing more was sent (the available and bare-metal volumes' extends told nobody; the
+    // refused event is not sent again), and nothing is owed.
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    assert_eq!(nova.calls.lock().unwrap().len(), 6);
+    assert_eq!(owed_events(&server), 0);
     let metrics =
         reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics")).await.unwrap().text().await.unwrap();
-    for line in
-        ["berth_compute_events_total{outcome=\"sent\"} 2", "berth_compute_events_total{outcome=\"failed\"} 1"]
+    for line in ["sent\"} 3", "retried\"} 1", "failed\"} 1"]
+        .map(|o| format!("berth_compute_events_total{{outcome=\"{o}"))
     {
-        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
     }
     let log = server.log_text();
     for call in nova.calls.lock().unwrap().iter() {
@@ -517,6 +534,56 @@ async fn keystone_and_nova_over_https_are_trusted_through_the_ca_file() {
         json!({"events": [{"name": "volume-extended", "server_uuid": instance, "tag": volume}]})
     );
     assert_eq!(call.volume_seen, Some(("in-use".to_string(), 2)));
+}
+
+/// An attached extend killed after its commit, as its event to Nova is about to be sent: the
+/// event was owed in that commit, and the service sends it when it starts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_owed_to_nova_outlives_a_kill() {
+    let ks = keystone();
+    let region = format!("nova-{}", uuid::Uuid::new_v4().simple());
+    let mut server = BerthProcess::start_with_env(
+        &format!("[nova]\nregion_name = \"{region}\"\n"),
+        &format!("{}{FAKE}", ks.berth_config("")),
+        &[("BERTH_FAILPOINTS", "compute.send=kill")],
+    );
+    let (alice, _) = as_user(ks, &server, "alice", "demo").await;
+    let nova = FakeNova::start(alice.clone()).await;
+    ks.register_compute(&region, &nova.url);
+    let volume = alice.create_volume(json!({"size": 1})).await;
+    let instance = "5a4b3c2d-1e0f-4a9b-8c7d-6e5f4a3b2c1d";
+    let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": instance,
+                      "connector": connector("iqn.1993-08.org.debian:01:c1", "compute-1")}});
+    let id = alice.post("/attachments", body).await.expect(200).body["attachment"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    alice.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    let _ = alice
+        .try_send(
+            http::Method::POST,
+            &format!("/volumes/{volume}/action"),
+            Some(json!({"os-extend": {"new_size": 2}})),
+            Some(Duration::from_secs(10)),
+        )
+        .await;
+    assert!(server.wait_exit(Duration::from_secs(10)).is_some(), "killed as the event was about to be sent");
+    assert_eq!(owed_events(&server), 1, "the event was owed in the extend's commit");
+    assert!(nova.calls.lock().unwrap().is_empty());
+    server.env.clear();
+    server.start_again();
+
+    let call = nova.calls(1).await.remove(0);
+    assert_eq!(
+        call.body,
+        json!({"events": [{"name": "volume-extended", "server_uuid": instance, "tag": volume}]})
+    );
+    assert_eq!(call.volume_seen, Some(("in-use".to_string(), 2)));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while owed_events(&server) > 0 {
+        assert!(Instant::now() < deadline, "the event sent is still owed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[test]

@@ -4,11 +4,13 @@
 //! sees. Berth authenticates as its own Keystone user (`keystone::Session`, shared with the API's
 //! token validation) and finds Nova in that token's catalog, or at `[nova] endpoint_override`.
 //!
-//! As in Cinder, the event follows the commit that recorded the new size (Nova reads the volume
-//! when it handles the event) and is not retried: an event Nova did not take is a user message
-//! on the volume ("extend volume:Compute service failed to extend volume."), and the guest sees
-//! the new size once its host rescans. An event Nova took but could not apply to one instance
-//! (its code in the answer is not 200) is Nova's to report; it is logged here.
+//! The event is owed in the transaction that records the new size and sent after its commit (Nova
+//! reads the volume when it handles the event); `attach/compute.rs` keeps it until Nova answers,
+//! across restarts and while Nova is unreachable. An event Nova refused (or gave up after its
+//! tries) is a user message on the volume, as in Cinder ("extend volume:Compute service failed to
+//! extend volume."), and the guest sees the new size once its host rescans. An event Nova took but
+//! could not apply to one instance (its code in the answer is not 200) is Nova's to report; it is
+//! logged here.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +37,21 @@ pub enum ComputeError {
     Refused { url: String, status: u16, message: String },
     #[error("Nova at {url} sent an answer Berth cannot read: {detail}")]
     Malformed { url: String, detail: String },
+}
+
+impl ComputeError {
+    /// Whether trying again later may succeed: Nova or Keystone unreachable or failing (5xx).
+    /// Refusals (4xx: no such instance, not allowed), answers Berth cannot read and a catalog
+    /// without Nova stay as they are.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ComputeError::Keystone(KeystoneError::Unavailable { .. }) | ComputeError::Unreachable { .. } => {
+                true
+            }
+            ComputeError::Refused { status, .. } => *status >= 500,
+            _ => false,
+        }
+    }
 }
 
 /// What Nova answered for one event: the instance and the event's code (200: Nova took it).

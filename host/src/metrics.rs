@@ -214,7 +214,7 @@ impl Metrics {
         );
         registry.register(
             "compute_events",
-            "Server external events sent to Nova ([nova]) by outcome: sent, failed",
+            "Events sent to Nova ([nova]) by outcome: sent, retried (Nova unreachable: sent again later), failed (given up, with a user message)",
             m.compute_events.clone(),
         );
         registry.register(

@@ -619,6 +619,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let leases = tokio::spawn(service.clone().renew_leases());
     let housekeeper = tokio::spawn(housekeeping(service.clone(), assembled.config.history.keep_days));
     let heartbeat = tokio::spawn(service.clone().keep_alive());
+    let owed = tokio::spawn(service.clone().send_owed_events());
     let follower = assembled.state.upgrades.clone().map(|u| tokio::spawn(u.follow(service.clone())));
     let app = app(assembled.state.clone());
     let limits = ServerLimits {
@@ -646,6 +647,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     .await?;
     reconciler.abort();
     housekeeper.abort();
+    owed.abort();
     if let Some(m) = metrics {
         m.abort();
     }

@@ -29,6 +29,7 @@
 pub mod attachments;
 pub mod catalog;
 pub mod commands;
+mod compute;
 mod connect;
 pub mod default_types;
 mod disconnect;

@@ -11,7 +11,6 @@ use super::{AttachError, Caller, Service, conclude, names, volume_not_found};
 use crate::domain::history::Access;
 use crate::domain::messages::{Action, Detail};
 use crate::failpoint;
-use crate::metrics::{METRICS, OutcomeLabels};
 use crate::runtime::Call;
 use crate::runtime::model::VolumeFields;
 use crate::store::attachments as rows;
@@ -603,12 +602,16 @@ impl Volumes<'_> {
                 let locked = volumes::lock(tx, &volume.id, t, Some((&volume.fields, &fields))).await?;
                 let written = match locked {
                     Some(locked) => {
+                        let mut owed = None;
                         if extended.is_ok() {
                             volumes::set_size(tx, &volume.id, new_size_gib).await?;
+                            if volume.attach_status == VolumeAttachStatus::Attached {
+                                owed = self.owe_extended(tx, &volume.id).await?;
+                            }
                         } else {
                             self.tell(tx, &locked, Action::ExtendVolume, Detail::DriverFailedExtend).await?;
                         }
-                        Some(conclude(tx, &locked, t).await?)
+                        Some((conclude(tx, &locked, t).await?, owed))
                     }
                     None => None,
                 };
@@ -617,64 +620,11 @@ impl Volumes<'_> {
             })
             .await?;
         extended?;
-        let written = written.ok_or_else(|| volume_not_found(&volume.id))?;
-        if volume.attach_status == VolumeAttachStatus::Attached {
-            self.tell_compute_extended(&written);
+        let (written, owed) = written.ok_or_else(|| volume_not_found(&volume.id))?;
+        if let Some(owed) = owed {
+            self.send_owed(owed);
         }
         Ok(written)
-    }
-
-    /// Tells Nova (`[nova]`, `compute.rs`) that `volume` grew under the instances attached to
-    /// it, as Cinder does after an attached extend, in a task of its own: the answer to the
-    /// extend does not wait on Nova. An event Nova did not take is a user message on the volume.
-    fn tell_compute_extended(&self, volume: &Volume) {
-        let Some(nova) = self.compute.clone() else { return };
-        let store = self.store.clone();
-        let keep_days = self.limits.keep_messages_days;
-        let request = super::history::current_caller().request;
-        let volume = volume.clone();
-        tokio::spawn(async move {
-            let attachments = store.read(async |tx| rows::of_volume(tx, &volume.id).await).await;
-            let mut servers: Vec<String> = match attachments {
-                Ok(a) => a.into_iter().filter_map(|a| a.instance_uuid).collect(),
-                Err(e) => {
-                    tracing::warn!(volume = %volume.id, "cannot read the attachments to tell Nova of the extend: {e}");
-                    Vec::new()
-                }
-            };
-            servers.sort();
-            servers.dedup();
-            if servers.is_empty() {
-                return;
-            }
-            let global = request.global.as_deref().or(request.id.as_deref());
-            match nova.volume_extended(&volume.id, &servers, global).await {
-                Ok(delivered) => {
-                    METRICS.compute_events.get_or_create(&outcome("sent")).inc();
-                    for d in delivered {
-                        if d.code == 200 {
-                            tracing::info!(volume = %volume.id, server = %d.server_uuid, "Nova took the volume-extended event");
-                        } else {
-                            tracing::warn!(volume = %volume.id, server = %d.server_uuid, code = d.code, "Nova could not apply the volume-extended event");
-                        }
-                    }
-                }
-                Err(e) => {
-                    METRICS.compute_events.get_or_create(&outcome("failed")).inc();
-                    tracing::warn!(volume = %volume.id, ?servers, "Nova was not told that the volume grew: {e}");
-                    let (action, detail) = (Action::ExtendVolume, Detail::NotifyComputeServiceFailed);
-                    let told = store
-                        .write(async |tx| {
-                            super::messages::tell(tx, &volume, request.id.clone(), keep_days, action, detail)
-                                .await
-                        })
-                        .await;
-                    if let Err(e) = told {
-                        tracing::warn!(volume = %volume.id, "cannot record the message of the failed event: {e}");
-                    }
-                }
-            }
-        });
     }
 
     /// A volume with its live attachments.
@@ -910,8 +860,4 @@ impl Volumes<'_> {
         }
         Ok(Summary { count, size_gib, metadata: values })
     }
-}
-
-fn outcome(outcome: &'static str) -> OutcomeLabels {
-    OutcomeLabels { outcome: outcome.into() }
 }

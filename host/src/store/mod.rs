@@ -23,6 +23,7 @@
 
 pub mod attachments;
 mod batch;
+pub mod compute_events;
 pub mod default_types;
 pub mod events;
 pub mod messages;
