@@ -461,22 +461,14 @@ fn python_cinderclient_sets_log_levels_while_serving_and_the_debug_log_holds_no_
 fn python_cinderclient_and_the_berth_client_reach_the_api_over_tls() {
     use std::os::unix::fs::PermissionsExt;
     let certs = tempfile::tempdir().unwrap();
-    let ca = berth_tests::https::TestCa::new();
-    let ca_file = ca.write(certs.path());
-    let (cert, key) = ca.issue(&["localhost", "127.0.0.1"]);
-    let (cert_file, key_file) = (certs.path().join("api.pem"), certs.path().join("api.key"));
-    std::fs::write(&cert_file, cert).unwrap();
-    std::fs::write(&key_file, key).unwrap();
-    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let http = format!(
-        "[http]\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n",
-        cert_file.display(),
-        key_file.display()
-    );
+    let files = berth_tests::https::TestCa::new().server_files(certs.path());
+    let ca_file = files.ca.clone();
+    let http = files.http_table();
+    std::fs::set_permissions(&files.key, std::fs::Permissions::from_mode(0o644)).unwrap();
     let refused =
         BerthProcess::try_start(&http, CONFIG, &[]).err().expect("a key others can read is refused");
-    assert!(refused.contains("api.key is readable by others (mode 644); chmod 600 it"), "{refused}");
-    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(refused.contains("server.key is readable by others (mode 644); chmod 600 it"), "{refused}");
+    std::fs::set_permissions(&files.key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let server = BerthProcess::start_full(&http, CONFIG);
     let base = format!("https://localhost:{}", server.port);
 

@@ -226,6 +226,26 @@ fn openstacksdk_authenticates_with_a_password_and_finds_berth_in_the_catalog() {
     assert_eq!(lines[4], "deleted available []", "{out}");
 }
 
+/// A Berth that tells the Nova of `region`'s catalog, with `env` (e.g. `BERTH_FAILPOINTS`).
+fn berth_telling_nova(ks: &Keystone, region: &str, env: &[(&str, &str)]) -> BerthProcess {
+    BerthProcess::start_with_env(
+        &format!("[nova]\nregion_name = \"{region}\"\n"),
+        &format!("{}{FAKE}", ks.berth_config("")),
+        env,
+    )
+}
+
+/// A new volume of `c`'s attached to `instance` (its attachment completed, as Nova leaves it).
+async fn attached_to(c: &Client, instance: &str) -> String {
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": instance,
+                      "connector": connector("iqn.1993-08.org.debian:01:c1", "compute-1")}});
+    let id =
+        c.post("/attachments", body).await.expect(200).body["attachment"]["id"].as_str().unwrap().to_string();
+    c.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    volume
+}
+
 /// The events a Berth owes Nova (its SQLite database's `compute_events`).
 fn owed_events(server: &BerthProcess) -> i64 {
     let db = rusqlite::Connection::open(server.dir.path().join("data/berth.db")).unwrap();
@@ -445,23 +465,12 @@ async fn nova_hears_of_an_attached_volume_that_grew_and_a_refused_event_is_a_mes
 async fn nova_hears_of_an_attached_extend_that_recovery_finished() {
     let ks = keystone();
     let region = format!("nova-{}", uuid::Uuid::new_v4().simple());
-    let mut server = BerthProcess::start_with_env(
-        &format!("[nova]\nregion_name = \"{region}\"\n"),
-        &format!("{}{FAKE}", ks.berth_config("")),
-        &[("BERTH_FAILPOINTS", "volume.extend.intent=kill")],
-    );
+    let mut server = berth_telling_nova(ks, &region, &[("BERTH_FAILPOINTS", "volume.extend.intent=kill")]);
     let (alice, _) = as_user(ks, &server, "alice", "demo").await;
     let nova = FakeNova::start(alice.clone()).await;
     ks.register_compute(&region, &nova.url);
-    let volume = alice.create_volume(json!({"size": 1})).await;
     let instance = "7c1d2e3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f";
-    let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": instance,
-                      "connector": connector("iqn.1993-08.org.debian:01:c1", "compute-1")}});
-    let id = alice.post("/attachments", body).await.expect(200).body["attachment"]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    alice.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    let volume = attached_to(&alice, instance).await;
 
     let path = format!("/volumes/{volume}/action");
     let answer = alice
@@ -518,15 +527,8 @@ async fn keystone_and_nova_over_https_are_trusted_through_the_ca_file() {
     let (alice, _) = as_user(ks, &server, "alice", "demo").await;
     let nova = FakeNova::start(alice.clone()).await;
     ks.register_compute(&region, &format!("https://localhost:{}/v2.1", ca.front(nova.port).await));
-    let volume = alice.create_volume(json!({"size": 1})).await;
     let instance = "3d2c1b0a-9f8e-4d7c-b6a5-940312f7e6d5";
-    let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": instance,
-                      "connector": connector("iqn.1993-08.org.debian:01:c1", "compute-1")}});
-    let id = alice.post("/attachments", body).await.expect(200).body["attachment"]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    alice.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    let volume = attached_to(&alice, instance).await;
     alice.post(&format!("/volumes/{volume}/action"), json!({"os-extend": {"new_size": 2}})).await.expect(202);
     let call = nova.calls(1).await.remove(0);
     assert_eq!(
@@ -542,23 +544,12 @@ async fn keystone_and_nova_over_https_are_trusted_through_the_ca_file() {
 async fn an_event_owed_to_nova_outlives_a_kill() {
     let ks = keystone();
     let region = format!("nova-{}", uuid::Uuid::new_v4().simple());
-    let mut server = BerthProcess::start_with_env(
-        &format!("[nova]\nregion_name = \"{region}\"\n"),
-        &format!("{}{FAKE}", ks.berth_config("")),
-        &[("BERTH_FAILPOINTS", "compute.send=kill")],
-    );
+    let mut server = berth_telling_nova(ks, &region, &[("BERTH_FAILPOINTS", "compute.send=kill")]);
     let (alice, _) = as_user(ks, &server, "alice", "demo").await;
     let nova = FakeNova::start(alice.clone()).await;
     ks.register_compute(&region, &nova.url);
-    let volume = alice.create_volume(json!({"size": 1})).await;
     let instance = "5a4b3c2d-1e0f-4a9b-8c7d-6e5f4a3b2c1d";
-    let body = json!({"attachment": {"volume_uuid": volume, "instance_uuid": instance,
-                      "connector": connector("iqn.1993-08.org.debian:01:c1", "compute-1")}});
-    let id = alice.post("/attachments", body).await.expect(200).body["attachment"]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    alice.post(&format!("/attachments/{id}/action"), json!({"os-complete": null})).await.expect(204);
+    let volume = attached_to(&alice, instance).await;
     let _ = alice
         .try_send(
             http::Method::POST,

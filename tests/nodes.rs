@@ -544,23 +544,13 @@ async fn a_volume_of_a_node_that_is_down_is_unmanaged_and_nothing_of_it_stays_ex
 /// cannot forward (503), and nothing is done on the owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_over_https_forward_to_one_another_with_their_ca_file() {
-    use std::os::unix::fs::PermissionsExt;
     let url = berth_tests::pg::fresh_database().await;
     let certs = tempfile::tempdir().unwrap();
-    let ca = berth_tests::https::TestCa::new();
-    let ca_file = ca.write(certs.path());
-    let (cert, key) = ca.issue(&["localhost", "127.0.0.1"]);
-    let (cert_file, key_file) = (certs.path().join("node.pem"), certs.path().join("node.key"));
-    std::fs::write(&cert_file, cert).unwrap();
-    std::fs::write(&key_file, key).unwrap();
-    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let files = berth_tests::https::TestCa::new().server_files(certs.path());
+    let ca_file = files.ca.clone();
     let node = |name: &str, trusts: bool| {
         let ca = if trusts { format!("ca_file = \"{}\"\n", ca_file.display()) } else { String::new() };
-        let top = format!(
-            "node = \"{name}\"\ndatabase_url = \"{url}\"\n[http]\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n{ca}",
-            cert_file.display(),
-            key_file.display()
-        );
+        let top = format!("node = \"{name}\"\ndatabase_url = \"{url}\"\n{}{ca}", files.http_table());
         berth_tests::process::BerthProcess::start_full(&top, berth_tests::process::FAKE_BACKEND)
     };
     let (a, b, c) = (node("tls-a", true), node("tls-b", true), node("tls-c", false));

@@ -25,6 +25,24 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
 
+/// A server's TLS files ([`TestCa::server_files`]).
+pub struct ServerFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl ServerFiles {
+    /// The `[http]` table that serves Berth's API with them.
+    pub fn http_table(&self) -> String {
+        format!(
+            "[http]\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n",
+            self.cert.display(),
+            self.key.display()
+        )
+    }
+}
+
 /// A certificate authority made for one test.
 pub struct TestCa {
     cert: rcgen::Certificate,
@@ -66,6 +84,20 @@ impl TestCa {
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
         (cert.pem(), key.serialize_pem())
+    }
+
+    /// Writes into `dir` what a server of this CA for `localhost` and `127.0.0.1` needs: the CA's
+    /// certificate (`ca.pem`, for its clients), the server's (`server.pem`) and its key
+    /// (`server.key`, mode 0600).
+    pub fn server_files(&self, dir: &Path) -> ServerFiles {
+        use std::os::unix::fs::PermissionsExt;
+        let (cert, key) = self.issue(&["localhost", "127.0.0.1"]);
+        let files =
+            ServerFiles { ca: self.write(dir), cert: dir.join("server.pem"), key: dir.join("server.key") };
+        std::fs::write(&files.cert, cert).unwrap();
+        std::fs::write(&files.key, key).unwrap();
+        std::fs::set_permissions(&files.key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        files
     }
 
     /// A TLS front on loopback for a plain server on `to_port` (Keystone, a stand-in Nova): it

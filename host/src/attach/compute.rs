@@ -120,6 +120,28 @@ impl Service {
     }
 }
 
+/// What became of one send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// Nova answered for every instance: the event is no longer owed.
+    Taken,
+    /// Nova or Keystone could not be reached: sent again later.
+    Retried,
+    /// Nova refused it, or it was tried [`TRIES`] times: given up, with a user message.
+    GivenUp,
+}
+
+impl Sent {
+    /// The metric's label.
+    fn label(self) -> &'static str {
+        match self {
+            Sent::Taken => "sent",
+            Sent::Retried => "retried",
+            Sent::GivenUp => "failed",
+        }
+    }
+}
+
 /// What sending an event needs, apart from the service.
 struct Courier {
     nova: Arc<Nova>,
@@ -153,22 +175,22 @@ impl Courier {
                         tracing::warn!(volume = %v, server = %d.server_uuid, code = d.code, "Nova could not apply the volume-extended event");
                     }
                 }
-                "sent"
+                Sent::Taken
             }
             Err(e) if e.is_transient() && event.attempts < TRIES => {
                 tracing::warn!(volume = %v, tries = event.attempts, "Nova was not told that the volume grew, trying again: {e}");
-                "retried"
+                Sent::Retried
             }
             Err(e) => {
                 tracing::warn!(volume = %v, servers = ?event.servers, tries = event.attempts, "Nova was not told that the volume grew; given up: {e}");
-                "failed"
+                Sent::GivenUp
             }
         };
-        METRICS.compute_events.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc();
+        METRICS.compute_events.get_or_create(&OutcomeLabels { outcome: outcome.label().into() }).inc();
         let settled = self
             .store
             .write(async |tx| {
-                if outcome == "retried" {
+                if outcome == Sent::Retried {
                     return Ok(compute_events::postpone(
                         tx,
                         id,
@@ -177,7 +199,7 @@ impl Courier {
                     .await?);
                 }
                 compute_events::delete(tx, id).await?;
-                if outcome == "failed"
+                if outcome == Sent::GivenUp
                     && let Some(volume) = volumes::get(tx, v, crate::domain::list::Scope::All).await?
                 {
                     let (action, detail) = (Action::ExtendVolume, Detail::NotifyComputeServiceFailed);
