@@ -102,13 +102,22 @@ pub struct TargetState {
     pub chap_users: Vec<String>,
     /// Logged-in sessions.
     pub sessions: u32,
-    /// Taking no logins (tgtd's `State: offline`).
+    /// Taking no logins (tgtd's `State: offline`). This and the two below are facts of a
+    /// listing ([`TargetService::list`]); `show` answers without them.
     pub offline: bool,
     /// Each LUN's size as the service shows it (tgtd: its own "MB", `tgt::shown_megabytes`).
     pub lun_sizes: Vec<(u32, u64)>,
     /// Stores (host paths) whose LUNs serve another size than the store has now (it grew behind
-    /// them): filled in by [`TargetService::list`].
+    /// them).
     pub stale_stores: Vec<String>,
+}
+
+impl TargetState {
+    /// What a service keeps of a listed target between listings: all but the listing's own
+    /// facts (state and sizes change without the service's doing: only a listing knows them).
+    pub fn known_part(listed: &TargetState) -> TargetState {
+        TargetState { offline: false, lun_sizes: Vec::new(), stale_stores: Vec::new(), ..listed.clone() }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

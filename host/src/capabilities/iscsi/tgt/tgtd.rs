@@ -293,7 +293,7 @@ impl Tgtd {
         let mut targets: HashMap<String, Known> = listed
             .iter()
             .filter(|t| !listed_kept.contains_key(t.iqn.as_str()))
-            .map(|t| (t.iqn.clone(), Known { state: t.clone(), changed: 0 }))
+            .map(|t| (t.iqn.clone(), Known { state: TargetState::known_part(t), changed: 0 }))
             .collect();
         if same_daemon {
             for (iqn, known) in model.targets.drain().filter(|(_, k)| k.changed > since) {
