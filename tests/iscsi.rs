@@ -319,14 +319,8 @@ async fn an_attached_extend_abandoned_at_its_deadline_leaves_the_target_open() {
     let shown = c.get(&format!("/volumes/{volume}")).await.expect(200).body["volume"].clone();
     assert_eq!((shown["size"].as_i64(), shown["status"].as_str()), (Some(1), Some("in-use")));
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let session = loop {
-        match Session::login(&target, ALICE) {
-            Ok(s) => break s,
-            Err(e) => assert!(Instant::now() < deadline, "the target stays closed to logins: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let session = Session::login_within(&target, ALICE, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("the target stays closed to logins: {e}"));
     let capacity = as_a_host(|| session.capacity()).unwrap();
     assert_eq!(capacity, (2 * GIB / BLOCK as u64, BLOCK as u32), "the grown file is served");
     drop(session);

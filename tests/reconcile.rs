@@ -74,10 +74,8 @@ async fn an_acl_entry_nobody_needs_is_revoked_and_a_missing_one_comes_back() {
     })
     .await;
     let target = Target::from_connection_info(&info);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while let Err(e) = Session::login(&target, ALICE) {
-        assert!(Instant::now() < deadline, "alice cannot log in again: {e}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if let Err(e) = Session::login_within(&target, ALICE, Duration::from_secs(5)) {
+        panic!("alice cannot log in again: {e}");
     }
 }
 
@@ -102,14 +100,8 @@ async fn a_lun_behind_its_grown_store_and_a_target_taking_no_login_are_opened_ag
     .await;
     assert!(rig.berth.log_text().contains("a LUN serves another size than its store has"));
     let target = Target::from_connection_info(&info);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let session = loop {
-        match Session::login(&target, ALICE) {
-            Ok(s) => break s,
-            Err(e) => assert!(Instant::now() < deadline, "alice cannot log in: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let session = Session::login_within(&target, ALICE, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("alice cannot log in: {e}"));
     assert_eq!(session.capacity().unwrap(), ((2u64 << 30) / 512, 512), "the host sees 2 GiB");
     drop(session);
 

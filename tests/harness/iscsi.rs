@@ -134,6 +134,24 @@ impl Session {
         Session::login_with(target, initiator, false)
     }
 
+    /// Logs in as `initiator`, trying again every 100 ms for up to `wait` (a target being opened
+    /// to logins again); the last error when it never gets in.
+    pub fn login_within(
+        target: &Target,
+        initiator: &str,
+        wait: std::time::Duration,
+    ) -> Result<Session, String> {
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match Session::login(target, initiator) {
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(100))
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
     /// Logs in as a host's initiator does: a session the target ends is logged in again, and the
     /// commands that were in flight are sent again (open-iscsi, QEMU's libiscsi).
     pub fn login_reconnecting(target: &Target, initiator: &str) -> Result<Session, String> {
