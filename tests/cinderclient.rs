@@ -306,6 +306,66 @@ fn python_cinderclient_reads_and_deletes_the_message_a_failed_create_left() {
     assert!(list(&cli(&["message-list"])).is_empty());
 }
 
+/// `quota-update`, `quota-show`, `quota-usage`, `quota-defaults`, `quota-class-update`,
+/// `quota-delete` and `absolute-limits`: the quotas an admin sets with the real client hold, and
+/// a create past them is refused with Cinder's 413 and message, as the client prints it.
+#[test]
+fn python_cinderclient_sets_quotas_and_a_create_past_them_is_refused() {
+    let server =
+        BerthProcess::start(&format!("{CONFIG}\n[[volume_types]]\nname = \"fast\"\nbackend = \"fake\"\n"));
+    let cli = |args: &[&str]| {
+        let mut c = cinder(&server.base, "compat", "3.71");
+        c.args(args);
+        run(c)
+    };
+    let refused = |args: &[&str]| {
+        let mut c = cinder(&server.base, "compat", "3.71");
+        c.args(args);
+        let out = c.output().unwrap();
+        assert!(!out.status.success(), "{args:?} passed");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let set = table(&cli(&["quota-update", "--volumes", "2", "--gigabytes", "5", "compat"]));
+    assert_eq!((set["volumes"].as_str(), set["gigabytes"].as_str()), ("2", "5"));
+    cli(&["quota-update", "--volume-type", "fast", "--gigabytes", "0", "compat"]);
+    let shown = table(&cli(&["quota-show", "compat"]));
+    assert_eq!((shown["volumes"].as_str(), shown["gigabytes_fast"].as_str()), ("2", "0"));
+
+    assert_eq!(table(&cli(&["create", "2"]))["status"], "available");
+    let message = refused(&["create", "1", "--volume-type", "fast"]);
+    assert!(
+        message.contains(
+            "Requested volume or snapshot exceeds allowed gigabytes_fast quota. Requested 1G, quota is 0G and 0G \
+             has been consumed. (HTTP 413)"
+        ),
+        "{message}"
+    );
+    let message = refused(&["create", "4"]);
+    assert!(message.contains("Requested 4G, quota is 5G and 2G has been consumed. (HTTP 413)"), "{message}");
+    assert_eq!(table(&cli(&["create", "1"]))["status"], "available");
+    let message = refused(&["create", "1"]);
+    assert!(
+        message.contains("Maximum number of volumes allowed (2) exceeded for quota 'volumes'. (HTTP 413)"),
+        "{message}"
+    );
+    let usage = list(&cli(&["quota-usage", "compat"]));
+    let volumes = usage.iter().find(|row| row[0] == "volumes").unwrap();
+    assert_eq!(volumes[1..4], ["2".to_string(), "0".to_string(), "2".to_string()], "in use, reserved, limit");
+    let limits = list(&cli(&["absolute-limits"]));
+    let max = limits.iter().find(|row| row[0] == "maxTotalVolumes").unwrap();
+    assert_eq!(max[1], "2");
+
+    // Back to the defaults, which the default class now sets for every project.
+    cli(&["quota-class-update", "default", "--volumes", "3"]);
+    cli(&["quota-delete", "compat"]);
+    assert_eq!(table(&cli(&["quota-defaults", "compat"]))["volumes"], "3");
+    assert_eq!(table(&cli(&["create", "1", "--volume-type", "fast"]))["status"], "available");
+    let message = refused(&["create", "1"]);
+    assert!(message.contains("Maximum number of volumes allowed (3) exceeded"), "{message}");
+    let lower = refused(&["quota-update", "--volumes", "1", "compat"]);
+    assert!(lower.contains("Current usage is 3 and the requested limit is 1. (HTTP 400)"), "{lower}");
+}
+
 /// `qos-list`, `qos-show` and `qos-get-association`: the configured QoS specs and the type they
 /// are associated with, as the real client prints them; the library's `initialize_connection` of
 /// a volume of that type gets the specs, scaled by its size, in `qos_specs`.

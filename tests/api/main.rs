@@ -15,6 +15,7 @@ mod migration;
 mod nova;
 mod policy;
 mod qos;
+mod quotas;
 mod services;
 mod transfers;
 mod versions;

@@ -16,7 +16,8 @@
 //! | wall-time limit hit                              | 504    | computeFault        |
 //!
 //! A new export beyond the target service's ceiling on this machine is refused before any driver
-//! call with 413 `overLimit`, as a limit on attachments per volume is.
+//! call with 413 `overLimit`, as a limit on attachments per volume is, and so is a change past a
+//! project's volume quota (with `Retry-After: 0`, as Cinder's `QuotaError`).
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -164,6 +165,10 @@ impl From<AttachError> for ApiError {
             AttachError::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, m),
             e @ (AttachError::TooManyAttachments { .. } | AttachError::ExportCeiling { .. }) => {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
+            }
+            // Cinder's `QuotaError`: trying again at once is pointless until something is freed.
+            AttachError::OverQuota(over) => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, over.to_string()).with_header("Retry-After", "0")
             }
             e @ (AttachError::BackendUnavailable(_)
             | AttachError::ServiceDisabled(_)

@@ -1,7 +1,7 @@
 //! `/v3/{project_id}/limits`: a project's absolute limits and what it uses, in Cinder's shape
-//! (`cinder absolute-limits`, `openstack limits show --absolute`, Horizon's overview). Berth
-//! keeps no volume quotas: its volumes and gigabytes are unlimited (`-1`); it has no snapshots
-//! or backups, so none are allowed (`0`). No rate limits.
+//! (`cinder absolute-limits`, `openstack limits show --absolute`, Horizon's overview): the
+//! project's quotas on volumes and gigabytes (`-1`: unlimited; `attach/quotas.rs`); Berth has no
+//! snapshots or backups, so none are allowed (`0`). No rate limits.
 
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
@@ -23,10 +23,7 @@ use crate::domain::list::Scope;
 pub fn endpoints() -> Vec<Endpoint> {
     vec![
         Endpoint::get("/limits", index, "showLimits")
-            .summary(
-                "limits",
-                "The project's absolute limits and what it uses (no quotas: volumes unlimited)",
-            )
+            .summary("limits", "The project's absolute limits (its volume quotas) and what it uses")
             .query("project_id", "From 3.39, admins: another project's.")
             .answers::<LimitsBody>(StatusCode::OK, "The limits"),
     ]
@@ -48,9 +45,9 @@ struct Limits {
 #[derive(Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 struct Absolute {
-    /// `-1`: unlimited.
+    /// The project's `volumes` quota (`-1`: unlimited).
     max_total_volumes: i64,
-    /// `-1`: unlimited.
+    /// The project's `gigabytes` quota (`-1`: unlimited).
     max_total_volume_gigabytes: i64,
     /// `0`: Berth has no snapshots.
     max_total_snapshots: i64,
@@ -78,9 +75,10 @@ async fn index(
     }
     let scope = asked.as_deref().map(Scope::Project).unwrap_or_else(|| caller.own_project());
     let used = state.service.volumes().summary(scope).await?;
+    let quotas = state.service.project_quotas(asked.as_deref().unwrap_or(&caller.project_id)).await?;
     let absolute = Absolute {
-        max_total_volumes: -1,
-        max_total_volume_gigabytes: -1,
+        max_total_volumes: quotas.get("volumes"),
+        max_total_volume_gigabytes: quotas.get("gigabytes"),
         max_total_snapshots: 0,
         max_total_backups: 0,
         max_total_backup_gigabytes: 0,

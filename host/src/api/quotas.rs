@@ -1,13 +1,14 @@
 //! `/v3/{project_id}/os-quota-sets/{target}`: a project's volume quotas in Cinder's shape
-//! (`cinder quota-show`, `quota-usage`, `quota-defaults`; `openstack quota show`; Horizon's
-//! overview), as `limits.rs` answers them: Berth enforces no volume quotas, so volumes and
-//! gigabytes are unlimited (`-1`), of every volume type too, and it has no snapshots, backups or
-//! groups, so none are allowed (`0`). With `usage=true` each quota says what the project uses.
-//! An update may only name a quota with the value it has (a no-op, so that a tool that writes
-//! back what it read works); any other value is refused with 400, saying why. A delete (back to
-//! the defaults) changes nothing: the defaults are all there is. Quota classes
-//! (`/os-quota-class-sets/{class}`, `cinder quota-class-show`, `quota-class-update`; admins) are
-//! the same defaults, whatever the class.
+//! (`cinder quota-show`, `quota-usage`, `quota-defaults`, `quota-update`, `quota-delete`;
+//! `openstack quota show`, `quota set`; Horizon's overview), enforced by `attach/quotas.rs`:
+//! `volumes`, `gigabytes`, `per_volume_gigabytes` and each volume type's `volumes_<type>` and
+//! `gigabytes_<type>` (`-1`: unlimited, which they are until an admin sets them). Berth has no
+//! snapshots, backups or groups, so none are allowed (`0`), and those keys can be set to nothing
+//! else. With `usage=true` each quota says what the project uses. An update (admins) sets the
+//! quotas it names, all or none; a delete takes the project's own quotas away, back to the
+//! defaults. Quota classes (`/os-quota-class-sets/{class}`, `cinder quota-class-show`,
+//! `quota-class-update`; admins): the `default` class's quotas are every project's where it
+//! has none of its own; other classes have the same and cannot be set (nothing would use them).
 
 use std::collections::BTreeMap;
 
@@ -26,31 +27,32 @@ use super::openapi::Endpoint;
 use super::policy::Rule;
 use super::query::param;
 use crate::attach::Caller;
-use crate::domain::list::Scope;
+use crate::domain::quotas::{Limits, Usage};
+use crate::store::quotas::Holder;
 
 pub fn endpoints() -> Vec<Endpoint> {
     const TAG: &str = "quotas";
     vec![
         Endpoint::get("/os-quota-sets/{id}", show, "showQuotaSet")
-            .summary(TAG, "A project's volume quotas (none enforced: unlimited) and, with `usage`, its use")
+            .summary(TAG, "A project's volume quotas (`-1`: unlimited) and, with `usage`, its use")
             .query("usage", "`true`: each quota with its limit, what is in use and reserved.")
             .answers::<QuotaSetBody>(StatusCode::OK, "The quotas"),
         Endpoint::get("/os-quota-sets/{id}/defaults", defaults, "showDefaultQuotaSet")
-            .summary(TAG, "The default volume quotas (none enforced: unlimited)")
+            .summary(TAG, "The default volume quotas: the `default` quota class's")
             .answers::<QuotaSetBody>(StatusCode::OK, "The quotas"),
         Endpoint::put("/os-quota-sets/{id}", update, "updateQuotaSet")
-            .summary(TAG, "Set quotas: only to the values they have (none enforced)")
+            .summary(TAG, "Set a project's quotas (admins): all those named, or none")
             .body::<QuotaUpdate>()
             .answers::<QuotaSetBody>(StatusCode::OK, "The quotas"),
         Endpoint::get("/os-quota-class-sets/{id}", show_class, "showQuotaClassSet")
-            .summary(TAG, "A quota class's volume quotas: the defaults (none enforced)")
+            .summary(TAG, "A quota class's volume quotas: the `default` class's")
             .answers::<QuotaClassSetBody>(StatusCode::OK, "The quotas"),
         Endpoint::put("/os-quota-class-sets/{id}", update_class, "updateQuotaClassSet")
-            .summary(TAG, "Set a quota class's quotas: only to the values they have (none enforced)")
+            .summary(TAG, "Set the `default` quota class's quotas: every project's without its own")
             .body::<QuotaClassUpdate>()
             .answers::<QuotaClassSetBody>(StatusCode::OK, "The quotas"),
         Endpoint::delete("/os-quota-sets/{id}", remove, "deleteQuotaSet")
-            .summary(TAG, "Reset a project's quotas to the defaults (nothing to do: none enforced)")
+            .summary(TAG, "Reset a project's quotas to the defaults")
             .answers_empty(StatusCode::OK, "Done"),
     ]
 }
@@ -70,40 +72,29 @@ enum Quota {
     Usage { limit: i64, in_use: i64, reserved: i64 },
 }
 
-/// Unlimited.
-const UNLIMITED: i64 = -1;
+/// Cinder's quotas of what Berth does not have (snapshots, backups, groups): none allowed, and
+/// nothing else can be set.
+fn none_allowed(state: &AppState) -> Vec<String> {
+    let mut keys: Vec<String> =
+        ["snapshots", "backups", "backup_gigabytes", "groups"].iter().map(|k| k.to_string()).collect();
+    keys.extend(state.service.catalog().types.iter().map(|t| format!("snapshots_{}", t.name)));
+    keys
+}
 
-/// Each quota's limit and what `used` says is in use of it, for `project`: Cinder's keys, those
-/// of every volume type of this deployment's catalogue included.
-fn quota_set(
-    state: &AppState,
-    project: &str,
-    used: Option<&[(String, i64, i64)]>,
-) -> BTreeMap<String, Quota> {
-    let total = |pick: fn(&(String, i64, i64)) -> i64| used.map(|u| u.iter().map(pick).sum::<i64>());
-    let of_type = |name: &str, pick: fn(&(String, i64, i64)) -> i64| {
-        used.map(|u| u.iter().filter(|t| t.0 == name).map(pick).sum::<i64>())
-    };
+/// Each quota of `id` (a project or a class) with its limit in `limits` and, with `used`, what
+/// is in use of it: Cinder's keys, those of every volume type of this deployment included.
+fn quota_set(state: &AppState, id: &str, limits: &Limits, used: Option<&Usage>) -> BTreeMap<String, Quota> {
     let quota = |limit: i64, in_use: Option<i64>| match in_use {
         Some(in_use) => Quota::Usage { limit, in_use, reserved: 0 },
         None => Quota::Limit(limit),
     };
-    let none = used.map(|_| 0);
-    let mut set = BTreeMap::from([
-        ("id".to_string(), Quota::Id(project.to_string())),
-        ("volumes".to_string(), quota(UNLIMITED, total(|t| t.1))),
-        ("gigabytes".to_string(), quota(UNLIMITED, total(|t| t.2))),
-        ("per_volume_gigabytes".to_string(), quota(UNLIMITED, none)),
-        ("snapshots".to_string(), quota(0, none)),
-        ("backups".to_string(), quota(0, none)),
-        ("backup_gigabytes".to_string(), quota(0, none)),
-        ("groups".to_string(), quota(0, none)),
-    ]);
-    for t in &state.service.catalog().types {
-        let name = &t.name;
-        set.insert(format!("volumes_{name}"), quota(UNLIMITED, of_type(name, |t| t.1)));
-        set.insert(format!("gigabytes_{name}"), quota(UNLIMITED, of_type(name, |t| t.2)));
-        set.insert(format!("snapshots_{name}"), quota(0, none));
+    let mut set = BTreeMap::from([("id".to_string(), Quota::Id(id.to_string()))]);
+    for resource in state.service.quota_resources() {
+        let in_use = used.map(|u| u.of(&resource));
+        set.insert(resource.clone(), quota(limits.get(&resource), in_use));
+    }
+    for key in none_allowed(state) {
+        set.insert(key, quota(0, used.map(|_| 0)));
     }
     set
 }
@@ -127,11 +118,12 @@ async fn show(
         Some(v) => super::volumes::boolean("usage", &v)?,
         None => false,
     };
+    let limits = state.service.project_quotas(&id).await?;
     let used = match usage {
-        true => Some(state.service.volumes().usage_by_type(Scope::Project(&id)).await?),
+        true => Some(state.service.quota_usage(&id).await?),
         false => None,
     };
-    Ok(Json(QuotaSetBody { quota_set: quota_set(&state, &id, used.as_deref()) }).into_response())
+    Ok(Json(QuotaSetBody { quota_set: quota_set(&state, &id, &limits, used.as_ref()) }).into_response())
 }
 
 async fn defaults(
@@ -141,10 +133,11 @@ async fn defaults(
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::QuotaShow)?;
     target(&caller, &id, Rule::QuotaShow)?;
-    Ok(Json(QuotaSetBody { quota_set: quota_set(&state, &id, None) }).into_response())
+    let limits = state.service.default_quotas().await?;
+    Ok(Json(QuotaSetBody { quota_set: quota_set(&state, &id, &limits, None) }).into_response())
 }
 
-/// `{"quota_set": {"volumes": -1, ...}}`: the quotas to set.
+/// `{"quota_set": {"volumes": 10, ...}}`: the quotas to set.
 #[derive(Deserialize, JsonSchema)]
 struct QuotaUpdate {
     quota_set: BTreeMap<String, serde_json::Value>,
@@ -158,32 +151,41 @@ async fn update(
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::QuotaUpdate)?;
     check_project(&id)?;
-    let set = written(quota_set(&state, &id, None), &body.quota_set)?;
+    let limits = asked(&state, &body.quota_set)?;
+    state.service.set_quotas(&caller, Holder::Project(&id), &limits).await?;
+    let mut set = quota_set(&state, &id, &state.service.project_quotas(&id).await?, None);
+    set.remove("id");
     Ok(Json(QuotaSetBody { quota_set: set }).into_response())
 }
 
-/// `set` after writing `asked` to it: every quota named with the value it has (a no-op), or a
-/// 400 that says Berth enforces none.
-fn written(
-    mut set: BTreeMap<String, Quota>,
+/// The limits `asked` sets, each an integer (or a string of one, as Cinder takes them); a quota
+/// of what Berth does not have may only be named with `0`.
+fn asked(
+    state: &AppState,
     asked: &BTreeMap<String, serde_json::Value>,
-) -> Result<BTreeMap<String, Quota>, ApiError> {
+) -> Result<BTreeMap<String, i64>, ApiError> {
+    let none = none_allowed(state);
+    let mut limits = BTreeMap::new();
     // Cinder skips these keys of a quota set, as not quotas.
     for (key, value) in asked.iter().filter(|(k, _)| !matches!(k.as_str(), "id" | "tenant_id")) {
-        let Some(Quota::Limit(limit)) = set.get(key) else {
-            return Err(ApiError::bad_request(format!("Bad key(s) in quota set: {key}")));
-        };
-        let asked = value.as_i64().or_else(|| value.as_str().and_then(|s| s.parse().ok()));
-        if asked != Some(*limit) {
+        let limit = value.as_i64().or_else(|| value.as_str().and_then(|s| s.trim().parse().ok()));
+        let Some(limit) = limit else {
             return Err(ApiError::bad_request(format!(
-                "Invalid input for field/attribute {key}. Value: {value}. Berth enforces no volume quotas: \
-                 {key} is {limit} ({}) and cannot be set to another value",
-                if *limit == UNLIMITED { "unlimited" } else { "Berth has none" }
+                "Invalid input for field/attribute {key}. Value: {value}. {value} is not an integer"
             )));
+        };
+        if none.contains(key) {
+            if limit != 0 {
+                return Err(ApiError::bad_request(format!(
+                    "Invalid input for field/attribute {key}. Value: {value}. Berth has no snapshots, backups or \
+                     groups: {key} is 0 and cannot be set to another value"
+                )));
+            }
+            continue;
         }
+        limits.insert(key.clone(), limit);
     }
-    set.remove("id");
-    Ok(set)
+    Ok(limits)
 }
 
 /// `{"quota_class_set": {"id": "<class>", "volumes": -1, ...}}`.
@@ -198,7 +200,10 @@ struct QuotaClassUpdate {
     quota_class_set: BTreeMap<String, serde_json::Value>,
 }
 
-/// A quota class (`default`, or any name: every class has the defaults, as every project does).
+/// The quota class Berth applies: every project's limits where it has none of its own.
+const DEFAULT_CLASS: &str = "default";
+
+/// A quota class (`default`, or any name: every class has the default class's quotas).
 async fn show_class(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -206,7 +211,8 @@ async fn show_class(
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::QuotaClassShow)?;
     check_project(&class)?;
-    Ok(Json(QuotaClassSetBody { quota_class_set: quota_set(&state, &class, None) }).into_response())
+    let limits = state.service.default_quotas().await?;
+    Ok(Json(QuotaClassSetBody { quota_class_set: quota_set(&state, &class, &limits, None) }).into_response())
 }
 
 async fn update_class(
@@ -217,7 +223,16 @@ async fn update_class(
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::QuotaClassUpdate)?;
     check_project(&class)?;
-    let set = written(quota_set(&state, &class, None), &body.quota_class_set)?;
+    let limits = asked(&state, &body.quota_class_set)?;
+    if class != DEFAULT_CLASS && !limits.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "Quota class {class} is not used by Berth: every project gets the quotas of class {DEFAULT_CLASS} \
+             (where it has none of its own); set those instead"
+        )));
+    }
+    state.service.set_quotas(&caller, Holder::DefaultClass, &limits).await?;
+    let mut set = quota_set(&state, &class, &state.service.default_quotas().await?, None);
+    set.remove("id");
     Ok(Json(QuotaClassSetBody { quota_class_set: set }).into_response())
 }
 
@@ -228,5 +243,6 @@ async fn remove(
 ) -> Result<Response, ApiError> {
     state.authorize(&caller, Rule::QuotaDelete)?;
     check_project(&id)?;
+    state.service.reset_quotas(&caller, &id).await?;
     Ok(StatusCode::OK.into_response())
 }

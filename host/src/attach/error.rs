@@ -37,6 +37,9 @@ pub enum AttachError {
     /// The volume has as many live attachments as `[attachments] max_per_volume` allows.
     #[error("Maximum number of attachments ({max}) reached for volume {volume}")]
     TooManyAttachments { volume: String, max: u32 },
+    /// The change would pass one of the project's volume quotas (`attach/quotas.rs`).
+    #[error(transparent)]
+    OverQuota(#[from] crate::domain::quotas::OverQuota),
     /// The volume needs a new export and the backend's target service holds as many LUNs as this
     /// machine allows (`[tgt] io_threads`, `reserve_threads`, `max_luns`).
     #[error("Backend {backend} cannot export another volume: {why}")]

@@ -40,6 +40,7 @@ pub mod locks;
 pub mod messages;
 pub mod nodes;
 pub mod ops;
+pub mod quotas;
 pub mod reconcile;
 pub mod recover;
 pub mod services;

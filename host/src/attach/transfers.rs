@@ -13,6 +13,7 @@ use super::state::{Event, transition};
 use super::volumes::bounds;
 use super::{AttachError, Caller, Service, conclude, names, volume_not_found};
 use crate::domain::history::Access;
+use crate::domain::quotas;
 use crate::store::transfers::{self, Transfer};
 use crate::store::volumes;
 
@@ -128,6 +129,10 @@ impl Transfers<'_> {
                 };
                 if !transfers::delete(tx, id).await? {
                     return Err(transfer_not_found(id));
+                }
+                if locked.project_id != caller.project_id {
+                    let change = quotas::Change::volume(&locked.volume_type, locked.size_gib);
+                    service.within_quota(tx, &caller.project_id, &change).await?;
                 }
                 volumes::set_owner(tx, volume_id, &caller.project_id, &caller.user_id).await?;
                 let taken = conclude(tx, &locked, t).await?;

@@ -10,6 +10,7 @@ use super::state::{Event, VolumeAttachStatus, VolumeStatus, transition};
 use super::{AttachError, Caller, Service, conclude, names, volume_not_found};
 use crate::domain::history::Access;
 use crate::domain::messages::{Action, Detail};
+use crate::domain::quotas;
 use crate::failpoint;
 use crate::runtime::Call;
 use crate::runtime::model::VolumeFields;
@@ -255,6 +256,12 @@ impl Volumes<'_> {
             .write(async |tx| {
                 self.check_enabled(tx, &backend, &row.id).await?;
                 failpoint::pause(&format!("volume.create.check {}", self.owner.node));
+                self.within_quota(
+                    tx,
+                    &row.project_id,
+                    &quotas::Change::volume(&row.volume_type, row.size_gib),
+                )
+                .await?;
                 volumes::insert(tx, &row).await?;
                 op.begin(tx).await
             })
@@ -517,6 +524,7 @@ impl Volumes<'_> {
                         locked.status, locked.volume_type, to.name
                     )));
                 }
+                self.within_quota(tx, &locked.project_id, &quotas::Change::new_type(&to.name, locked.size_gib)).await?;
                 volumes::set_type(tx, id, &to.name, multiattach).await?;
                 Ok(())
             })
@@ -571,6 +579,8 @@ impl Volumes<'_> {
                         now.as_deref().unwrap_or("deleted")
                     )));
                 };
+                let growth = quotas::Change::growth(&locked.volume_type, locked.size_gib, new_size_gib);
+                self.within_quota(tx, &locked.project_id, &growth).await?;
                 let extending = conclude(tx, &locked, t).await?;
                 op.begin(tx).await?;
                 Ok(extending)
@@ -842,11 +852,6 @@ impl Volumes<'_> {
 
     pub async fn count(&self, scope: Scope<'_>, filter: &VolumeFilter) -> Result<i64, AttachError> {
         Ok(self.store.read(async |tx| volumes::count(tx, scope, filter).await).await?)
-    }
-
-    /// What `scope`'s live volumes use, by volume type: (type, count, GiB).
-    pub async fn usage_by_type(&self, scope: Scope<'_>) -> Result<Vec<(String, i64, i64)>, AttachError> {
-        Ok(self.store.read(async |tx| volumes::usage_by_type(tx, scope).await).await?)
     }
 
     /// `GET /volumes/summary`: how many volumes `scope` has, their size together, and each

@@ -9,4 +9,5 @@ pub mod list;
 pub mod messages;
 pub mod model;
 pub mod qos;
+pub mod quotas;
 pub mod state;

@@ -29,6 +29,7 @@ pub mod events;
 pub mod messages;
 pub mod nodes;
 pub mod operations;
+pub mod quotas;
 pub mod services;
 pub mod sql;
 pub mod targets;
