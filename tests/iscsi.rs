@@ -378,6 +378,12 @@ async fn an_export_beyond_the_ceiling_is_refused_before_tgtd_hears_of_it() {
         metrics.lines().any(|l| l.starts_with("berth_tgt_lun_ceiling{") && l.ends_with(" 2")),
         "{metrics}"
     );
+    // The filesystem tgt-iscsi's sparse files are on.
+    let size = metrics
+        .lines()
+        .find(|l| l.starts_with("berth_backend_filesystem_bytes{") && l.contains("kind=\"size\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(size.is_some_and(|s| s > 0), "{metrics}");
 
     // A detach frees a LUN: the third volume attaches.
     c.delete(&format!("/attachments/{first}")).await.expect(200);

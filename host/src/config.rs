@@ -552,12 +552,32 @@ pub struct BackendConfig {
     /// whose array grows exported volumes.
     #[serde(default)]
     pub online_extend: Option<bool>,
+    /// For a backend whose volumes are sparse files in this node's data directory (granted
+    /// `backing-store` or `iscsi-target`): how many times its filesystem's size the sizes of its
+    /// volumes may add up to (Cinder's `max_over_subscription_ratio`; thin provisioning), default
+    /// 20.0, at least 1.0. A create or an extend past it, or one the free space times this ratio
+    /// cannot hold, is refused with 413 before the driver is asked.
+    #[serde(default)]
+    pub max_over_subscription_ratio: Option<f64>,
+    /// The share of that filesystem kept free of volumes, in percent (Cinder's
+    /// `reserved_percentage`), default 0: the free space such a check counts is what is free
+    /// beyond it.
+    #[serde(default)]
+    pub reserved_percentage: Option<u32>,
 }
+
+/// Cinder's default `max_over_subscription_ratio`.
+pub const DEFAULT_OVER_SUBSCRIPTION: f64 = 20.0;
 
 impl BackendConfig {
     /// Whether attached volumes may be extended (`online_extend`, or its default).
     pub fn extends_attached(&self) -> bool {
         self.online_extend.unwrap_or(self.driver.is_some())
+    }
+
+    /// The over-subscription ratio of its sparse files (`max_over_subscription_ratio`, or 20).
+    pub fn over_subscription(&self) -> f64 {
+        self.max_over_subscription_ratio.unwrap_or(DEFAULT_OVER_SUBSCRIPTION)
     }
 }
 
@@ -632,6 +652,18 @@ impl Config {
                 "qos specs {name} are configured twice: give each [[qos_specs]] its own name"
             ));
         }
+        for b in &self.backends {
+            if !(b.over_subscription() >= 1.0 && b.over_subscription().is_finite()) {
+                return Err(format!(
+                    "backend {}: max_over_subscription_ratio = {} must be a number of at least 1.0",
+                    b.name,
+                    b.over_subscription()
+                ));
+            }
+            if b.reserved_percentage.is_some_and(|r| r > 100) {
+                return Err(format!("backend {}: reserved_percentage must be from 0 to 100", b.name));
+            }
+        }
         for q in &self.qos_specs {
             crate::domain::qos::QosSpecs::check(&q.specs)
                 .map_err(|e| format!("qos specs {}: {e}", q.name))?;
@@ -685,6 +717,8 @@ impl Config {
                 network: None,
                 cephx: None,
                 online_extend: None,
+                max_over_subscription_ratio: None,
+                reserved_percentage: None,
             });
         }
         if self.volume_types.is_empty() {

@@ -68,6 +68,13 @@ pub struct BackendLabels {
 type LunSource = Arc<dyn Fn() -> Option<(u64, u64)> + Send + Sync>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FilesystemLabels {
+    pub backend: String,
+    /// `size` or `free`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: String,
 }
@@ -132,7 +139,9 @@ pub struct Metrics {
     pub tgt_luns: Family<BackendLabels, Gauge>,
     pub tgt_lun_ceiling: Family<BackendLabels, Gauge>,
     pub kept_resident_bytes: Gauge,
+    pub filesystem_bytes: Family<FilesystemLabels, Gauge>,
     lun_sources: Mutex<Vec<(String, LunSource)>>,
+    filesystem_sources: Mutex<Vec<(String, LunSource)>>,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -164,6 +173,8 @@ impl Metrics {
             tgt_lun_ceiling: Family::default(),
             kept_resident_bytes: Gauge::default(),
             lun_sources: Mutex::default(),
+            filesystem_bytes: Family::default(),
+            filesystem_sources: Mutex::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -249,6 +260,12 @@ impl Metrics {
             m.tgt_lun_ceiling.clone(),
         );
         registry.register(
+            "backend_filesystem_bytes",
+            "The filesystem a backend's volumes are sparse files on: its size and what is free (label `kind`); \
+             creates and extends past its max_over_subscription_ratio are refused (413)",
+            m.filesystem_bytes.clone(),
+        );
+        registry.register(
             "runtime_kept_resident_bytes",
             "Memory of an instance slot kept resident between driver instances ([runtime] \
              keep_resident_mib); 0: every page goes back to the kernel (the setting 0, no PAGEMAP_SCAN, \
@@ -268,6 +285,17 @@ impl Metrics {
                 self.tgt_lun_ceiling.get_or_create(&labels).set(ceiling as i64);
             }
         }
+        let sources = self.filesystem_sources.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (backend, read) in sources {
+            if let Some((size, free)) = read() {
+                for (kind, bytes) in [("size", size), ("free", free)] {
+                    let labels = FilesystemLabels { backend: backend.clone(), kind };
+                    self.filesystem_bytes
+                        .get_or_create(&labels)
+                        .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                }
+            }
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
         out
@@ -277,6 +305,14 @@ impl Metrics {
 /// Shows a backend's LUNs and their ceiling (read at each rendering).
 pub fn watch_luns(backend: &str, read: impl Fn() -> Option<(u64, u64)> + Send + Sync + 'static) {
     let mut sources = METRICS.lun_sources.lock().unwrap_or_else(|p| p.into_inner());
+    sources.retain(|(b, _)| b != backend);
+    sources.push((backend.to_string(), Arc::new(read)));
+}
+
+/// Shows the size and free space of the filesystem a backend's volumes are files on (read at
+/// each rendering).
+pub fn watch_filesystem(backend: &str, read: impl Fn() -> Option<(u64, u64)> + Send + Sync + 'static) {
+    let mut sources = METRICS.filesystem_sources.lock().unwrap_or_else(|p| p.into_inner());
     sources.retain(|(b, _)| b != backend);
     sources.push((backend.to_string(), Arc::new(read)));
 }

@@ -195,7 +195,20 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
             crate::metrics::watch_luns(&b.name, move || service.lun_capacity().map(|c| (c.held, c.ceiling)));
         }
         let backend = Backend::new(&node, &b.name, driver, uses_targets, b.shared);
-        backends.push(Backend { extends_attached: b.extends_attached(), ..backend });
+        // Its volumes are sparse files in this node's data directory when it may make them.
+        let files = [Grant::BackingStore, Grant::IscsiTarget].iter().any(|g| b.grants.contains(g));
+        let filesystem = files.then(|| crate::attach::catalog::Filesystem {
+            stores: stores.clone(),
+            max_over_subscription_ratio: b.over_subscription(),
+            reserved_percentage: b.reserved_percentage.unwrap_or(0),
+        });
+        if let Some(f) = &filesystem {
+            let stores = f.stores.clone();
+            crate::metrics::watch_filesystem(&b.name, move || {
+                stores.space().ok().map(|s| (s.total_bytes, s.free_bytes))
+            });
+        }
+        backends.push(Backend { extends_attached: b.extends_attached(), filesystem, ..backend });
     }
     let qos_specs: Vec<QosSpecs> = config
         .qos_specs

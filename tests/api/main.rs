@@ -3,6 +3,7 @@
 
 mod attachments;
 mod bad_input;
+mod capacity;
 mod compute_events;
 mod concurrency;
 mod driver_failures;

@@ -116,8 +116,11 @@ async fn run() {
     // SAFETY: set before this benchmark starts any thread that reads the environment.
     unsafe { std::env::set_var("BERTH_TEST_SERVER_LOG", "info") };
     let mut tgtd = TgtdProcess::start_with_threads(2);
+    // The default backend, its volumes (empty sparse files) allowed to add up to 1000 times the
+    // filesystem's size: 10,000 volumes of a GiB pass the default ratio (20) on small disks.
     let config = format!(
-        "[tgt]\nportal = \"127.0.0.1:{}\"\ncontrol_port = {}\nstart = false\n",
+        "[tgt]\nportal = \"127.0.0.1:{}\"\ncontrol_port = {}\nstart = false\n\n[[backends]]\nname = \"tgt\"\n\
+         driver = \"tgt-iscsi\"\ngrants = [\"iscsi-target\", \"backing-store\"]\nmax_over_subscription_ratio = 1000.0\n",
         tgtd.portal_port, tgtd.control_port
     );
     let mut berth = BerthProcess::start(&config);

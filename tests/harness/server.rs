@@ -48,6 +48,8 @@ pub fn fake_config() -> Config {
             network: None,
             cephx: None,
             online_extend: None,
+            max_over_subscription_ratio: None,
+            reserved_percentage: None,
         }],
         volume_types: vec![
             VolumeTypeConfig {

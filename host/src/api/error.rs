@@ -16,8 +16,9 @@
 //! | wall-time limit hit                              | 504    | computeFault        |
 //!
 //! A new export beyond the target service's ceiling on this machine is refused before any driver
-//! call with 413 `overLimit`, as a limit on attachments per volume is, and so is a change past a
-//! project's volume quota (with `Retry-After: 0`, as Cinder's `QuotaError`).
+//! call with 413 `overLimit`, as a limit on attachments per volume is, and so are a volume or an
+//! extend its backend's filesystem has no room for and a change past a project's volume quota
+//! (with `Retry-After: 0`, as Cinder's `QuotaError`).
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -163,9 +164,9 @@ impl From<AttachError> for ApiError {
             | AttachError::InstanceMoving(_)
             | AttachError::Busy(_)) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
             AttachError::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, m),
-            e @ (AttachError::TooManyAttachments { .. } | AttachError::ExportCeiling { .. }) => {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
-            }
+            e @ (AttachError::TooManyAttachments { .. }
+            | AttachError::ExportCeiling { .. }
+            | AttachError::NoRoom { .. }) => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
             // Cinder's `QuotaError`: trying again at once is pointless until something is freed.
             AttachError::OverQuota(over) => {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, over.to_string()).with_header("Retry-After", "0")

@@ -1,10 +1,12 @@
 //! `GET /v3/{project_id}/scheduler-stats/get_pools`: the pools new volumes may go to, as Cinder's
 //! scheduler lists them (`cinder get-pools`, `openstack volume backend pool list`), admins only.
 //! Each backend that takes new volumes now is one pool (`attach/services.rs`): with `detail`,
-//! its capabilities in Cinder's keys. Berth's drivers do not report their capacity (the contract
-//! has no call for it), so `total_capacity_gb` and `free_capacity_gb` are `unknown`, as Cinder
-//! drivers say when they cannot tell; `allocated_capacity_gb` is what the volumes Berth made there
-//! add up to. Filters: `name` from 3.28, `volume_type` (name or id) from 3.35. And
+//! its capabilities in Cinder's keys. A backend whose volumes are sparse files in its node's data
+//! directory (`tgt-iscsi`) shows that filesystem's size and free space (`total_capacity_gb`,
+//! `free_capacity_gb`, as its node last published them), thin provisioning and its
+//! `max_over_subscription_ratio`; other drivers do not report their capacity (the contract has no
+//! call for it), so theirs are `unknown`, as Cinder drivers say when they cannot tell;
+//! `allocated_capacity_gb` is what the volumes Berth made there add up to. Filters: `name` from 3.28, `volume_type` (name or id) from 3.35. And
 //! `GET /capabilities/{host}` (`cinder get-capabilities`): a backend's driver and the properties
 //! a volume type may ask of it.
 
@@ -139,14 +141,23 @@ struct Capabilities {
     driver_version: String,
     /// `iSCSI`, `ceph`, ... (the first the driver speaks).
     storage_protocol: String,
-    /// `unknown`: no driver reports its capacity.
-    total_capacity_gb: String,
-    free_capacity_gb: String,
+    /// GiB (two decimals) of the filesystem a backend's sparse files are on; `unknown` for a
+    /// backend whose driver keeps its volumes elsewhere (the contract has no call for its
+    /// capacity).
+    total_capacity_gb: Capacity,
+    /// What of it is free.
+    free_capacity_gb: Capacity,
     /// The GiB of the volumes Berth made there.
     allocated_capacity_gb: i64,
     provisioned_capacity_gb: i64,
     total_volumes: i64,
-    reserved_percentage: i64,
+    reserved_percentage: u32,
+    /// Sparse files: thin (with a filesystem), as far as Berth knows.
+    thin_provisioning_support: bool,
+    thick_provisioning_support: bool,
+    /// How many times the filesystem's size the volumes may add up to (sparse files only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_over_subscription_ratio: Option<String>,
     multiattach: bool,
     /// Attached volumes may be extended (3.42's `os-extend` of an `in-use` volume).
     online_extend_support: bool,
@@ -159,19 +170,40 @@ struct Capabilities {
     volume_types: Vec<String>,
 }
 
+/// A capacity in GiB, or `unknown`.
+#[derive(Serialize, JsonSchema)]
+#[serde(untagged)]
+enum Capacity {
+    Gib(f64),
+    Unknown(String),
+}
+
+impl Capacity {
+    fn of(bytes: Option<u64>) -> Capacity {
+        match bytes {
+            Some(b) => Capacity::Gib((b as f64 / (1u64 << 30) as f64 * 100.0).round() / 100.0),
+            None => Capacity::Unknown("unknown".into()),
+        }
+    }
+}
+
 fn capabilities(p: &Pool) -> Capabilities {
+    let fs = p.runs.filesystem.as_ref();
     Capabilities {
         pool_name: p.backend.clone(),
         volume_backend_name: p.backend.clone(),
         vendor_name: p.runs.vendor.clone(),
         driver_version: format!("{} {}", p.runs.driver, p.runs.version).trim().to_string(),
         storage_protocol: p.runs.protocols.first().cloned().unwrap_or_else(|| "unknown".into()),
-        total_capacity_gb: "unknown".into(),
-        free_capacity_gb: "unknown".into(),
+        total_capacity_gb: Capacity::of(fs.map(|f| f.total_bytes)),
+        free_capacity_gb: Capacity::of(fs.map(|f| f.free_bytes)),
         allocated_capacity_gb: p.allocated_gib,
         provisioned_capacity_gb: p.allocated_gib,
         total_volumes: p.volumes,
-        reserved_percentage: 0,
+        reserved_percentage: fs.map(|f| f.reserved_percentage).unwrap_or(0),
+        thin_provisioning_support: fs.is_some(),
+        thick_provisioning_support: false,
+        max_over_subscription_ratio: fs.map(|f| f.max_over_subscription_ratio.clone()),
         multiattach: p.runs.multiattach,
         online_extend_support: p.runs.online_extend,
         qos_support: false,

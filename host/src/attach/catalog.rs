@@ -100,6 +100,31 @@ pub struct Backend {
     pub shared: bool,
     /// Its attached volumes may be extended (`online_extend`).
     pub extends_attached: bool,
+    /// Where its volumes take room on this node, when they are sparse files in its data
+    /// directory: creates and extends are checked against it, and pools show it.
+    pub filesystem: Option<Filesystem>,
+}
+
+/// The filesystem a backend's sparse files are on, and how full of volumes it may get.
+#[derive(Debug, Clone)]
+pub struct Filesystem {
+    pub stores: std::sync::Arc<crate::capabilities::backing::BackingStores>,
+    pub max_over_subscription_ratio: f64,
+    pub reserved_percentage: u32,
+}
+
+impl Filesystem {
+    /// Its room now, with volumes of `provisioned_gib` on it.
+    pub fn room(&self, provisioned_gib: i64) -> std::io::Result<crate::domain::capacity::Room> {
+        let space = self.stores.space()?;
+        Ok(crate::domain::capacity::Room {
+            total_bytes: space.total_bytes,
+            free_bytes: space.free_bytes,
+            provisioned_gib,
+            max_over_subscription_ratio: self.max_over_subscription_ratio,
+            reserved_percentage: self.reserved_percentage,
+        })
+    }
 }
 
 impl Backend {
@@ -114,6 +139,7 @@ impl Backend {
             uses_targets,
             shared,
             extends_attached: false,
+            filesystem: None,
         }
     }
 }

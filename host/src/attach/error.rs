@@ -40,6 +40,10 @@ pub enum AttachError {
     /// The change would pass one of the project's volume quotas (`attach/quotas.rs`).
     #[error(transparent)]
     OverQuota(#[from] crate::domain::quotas::OverQuota),
+    /// The backend's filesystem has no room for the volume or the extend
+    /// (`max_over_subscription_ratio`, `reserved_percentage`; `domain/capacity.rs`).
+    #[error("No valid backend was found: backend {backend} has no room for {requested_gib} GiB more: {why}")]
+    NoRoom { backend: String, requested_gib: i64, why: String },
     /// The volume needs a new export and the backend's target service holds as many LUNs as this
     /// machine allows (`[tgt] io_threads`, `reserve_threads`, `max_luns`).
     #[error("Backend {backend} cannot export another volume: {why}")]

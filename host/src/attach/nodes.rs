@@ -17,7 +17,7 @@ use std::time::Duration;
 use super::catalog::{CLUSTER, service_uuid, shared_service_uuid};
 use super::model::Volume;
 use super::{AttachError, Service};
-use crate::store::nodes::{self, BackendInfo, Node, Registration};
+use crate::store::nodes::{self, BackendInfo, FilesystemInfo, Node, Registration};
 use crate::store::sql::Tx;
 use crate::store::{StoreError, now_micros, volumes};
 
@@ -289,6 +289,7 @@ impl Service {
                 let info = b.driver.info();
                 let running = self.catalog.slot(&b.name).map(|s| s.running().0);
                 let run = BackendInfo {
+                    filesystem: filesystem_of(b),
                     shared: b.shared,
                     driver: info.name.clone(),
                     version: info.version.clone(),
@@ -339,8 +340,8 @@ impl Service {
             .await
     }
 
-    /// Records again what this node runs, after a driver was switched (`upgrade/`), so that
-    /// `os-services` and the other nodes see it.
+    /// Records again what this node runs, after a driver was switched (`upgrade/`) or a
+    /// backend's filesystem changed, so that `os-services`, the pools and the other nodes see it.
     pub async fn publish_drivers(&self) -> Result<(), AttachError> {
         let info = self.backend_info();
         let (node, incarnation) = (self.owner.node.clone(), self.owner.incarnation.clone());
@@ -350,10 +351,28 @@ impl Service {
 
     /// Beats this node's heart until the task is dropped. A heartbeat that finds the name held
     /// by another process says so, loudly, every time.
+    /// Publishes again what this node runs when a backend's filesystem has changed by a GiB or
+    /// more since it was last published (so that every node's pools show it).
     pub async fn keep_alive(self: Arc<Self>) {
         let every = (self.owner.lease / 3).max(Duration::from_millis(100));
+        let filesystems = |s: &Self| -> BTreeMap<String, FilesystemInfo> {
+            s.catalog.backends().iter().filter_map(|b| Some((b.name.clone(), filesystem_of(b)?))).collect()
+        };
+        let mut published = filesystems(&self);
         loop {
             tokio::time::sleep(every).await;
+            let now = filesystems(&self);
+            let moved = now.iter().any(|(b, f)| {
+                published.get(b).is_none_or(|p| {
+                    p.total_bytes != f.total_bytes || p.free_bytes.abs_diff(f.free_bytes) >= 1 << 30
+                })
+            });
+            if moved {
+                match self.publish_drivers().await {
+                    Ok(()) => published = now,
+                    Err(e) => tracing::warn!("could not publish this node's backends' filesystems: {e}"),
+                }
+            }
             let (node, incarnation) = (self.owner.node.clone(), self.owner.incarnation.clone());
             let beat = self
                 .store
@@ -434,6 +453,19 @@ impl Service {
             .map(|n| Peer { runs: n.backend_info.get(backend).cloned(), node: n.name, url: n.url })
             .collect())
     }
+}
+
+/// The filesystem `backend`'s volumes are files on, as this node publishes it (none when they are
+/// not, or when its size cannot be read now).
+fn filesystem_of(backend: &super::catalog::Backend) -> Option<FilesystemInfo> {
+    let f = backend.filesystem.as_ref()?;
+    let space = f.stores.space().ok()?;
+    Some(FilesystemInfo {
+        total_bytes: space.total_bytes,
+        free_bytes: space.free_bytes,
+        max_over_subscription_ratio: format!("{:?}", f.max_over_subscription_ratio),
+        reserved_percentage: f.reserved_percentage,
+    })
 }
 
 #[cfg(test)]

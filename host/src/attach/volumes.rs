@@ -186,6 +186,29 @@ fn not_unattached(t: &crate::domain::state::Transition, id: &str, status: Volume
     ))
 }
 
+/// Refuses `more_gib` more of `backend`'s volumes on this node when the filesystem its volumes
+/// are files on has no room for them (`domain/capacity.rs`). Runs in the transaction that adds
+/// them.
+async fn within_room(
+    tx: &mut crate::store::sql::Tx,
+    backend: &super::catalog::Backend,
+    more_gib: i64,
+) -> Result<(), AttachError> {
+    let Some(filesystem) = &backend.filesystem else { return Ok(()) };
+    let provisioned = volumes::provisioned(tx, &backend.name, &backend.service_uuid).await?;
+    let room = filesystem.room(provisioned).map_err(|e| {
+        AttachError::Unavailable(format!(
+            "backend {}: its filesystem's size cannot be read: {e}",
+            backend.name
+        ))
+    })?;
+    room.take(more_gib).map_err(|why| AttachError::NoRoom {
+        backend: backend.name.clone(),
+        requested_gib: more_gib,
+        why,
+    })
+}
+
 /// The volume flows, over the service's shared core.
 pub struct Volumes<'a>(&'a Service);
 
@@ -256,12 +279,9 @@ impl Volumes<'_> {
             .write(async |tx| {
                 self.check_enabled(tx, &backend, &row.id).await?;
                 failpoint::pause(&format!("volume.create.check {}", self.owner.node));
-                self.within_quota(
-                    tx,
-                    &row.project_id,
-                    &quotas::Change::volume(&row.volume_type, row.size_gib),
-                )
-                .await?;
+                let change = quotas::Change::volume(&row.volume_type, row.size_gib);
+                self.within_quota(tx, &row.project_id, &change).await?;
+                within_room(tx, &backend, row.size_gib).await?;
                 volumes::insert(tx, &row).await?;
                 op.begin(tx).await
             })
@@ -566,6 +586,7 @@ impl Volumes<'_> {
             )));
         }
         let _held = self.hold(id).await?;
+        let backend = self.backend(&volume)?;
         let t = transition(if attached { Event::ExtendAttached } else { Event::ExtendVolume });
         let op = self.operation(OpKind::ExtendVolume { new_size_gib }, id, None, None);
         let locked = self
@@ -581,6 +602,7 @@ impl Volumes<'_> {
                 };
                 let growth = quotas::Change::growth(&locked.volume_type, locked.size_gib, new_size_gib);
                 self.within_quota(tx, &locked.project_id, &growth).await?;
+                within_room(tx, &backend, new_size_gib - locked.size_gib).await?;
                 let extending = conclude(tx, &locked, t).await?;
                 op.begin(tx).await?;
                 Ok(extending)

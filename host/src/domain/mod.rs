@@ -4,6 +4,7 @@
 //! connection (`qos.rs`). `store/` builds on it to write
 //! rows; `attach/` (the flows) builds on both; nothing here imports either.
 
+pub mod capacity;
 pub mod history;
 pub mod list;
 pub mod messages;

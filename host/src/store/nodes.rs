@@ -39,6 +39,20 @@ pub struct BackendInfo {
     /// Its attached volumes may be extended (`online_extend`). Not compared between nodes.
     #[serde(default)]
     pub online_extend: bool,
+    /// The filesystem its volumes are files on, when they are (what `get_pools` shows of its
+    /// capacity), as last published. Not compared between nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<FilesystemInfo>,
+}
+
+/// A backend's filesystem, as a node publishes it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct FilesystemInfo {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// As Cinder's pools show it (`"20.0"`).
+    pub max_over_subscription_ratio: String,
+    pub reserved_percentage: u32,
 }
 
 /// A registered node.

@@ -499,6 +499,19 @@ pub async fn usage_by_service(tx: &mut Tx) -> Result<Vec<(Option<String>, String
     rows.iter().map(|r| Ok((r.opt_text(0)?, r.text(1)?, r.int(2)?, r.int(3)?))).collect()
 }
 
+/// The sizes of the live volumes of `backend` as served by `service_uuid` (and of those from
+/// before nodes had names, which are this node's), added up, in GiB.
+pub async fn provisioned(tx: &mut Tx, backend: &str, service_uuid: &str) -> Result<i64, StoreError> {
+    let rows = tx
+        .query(
+            "SELECT CAST(COALESCE(SUM(size_gib), 0) AS BIGINT) FROM volumes WHERE deleted = 0 AND backend = $1 \
+             AND (service_uuid = $2 OR service_uuid IS NULL)",
+            &params![backend, service_uuid],
+        )
+        .await?;
+    rows[0].int(0)
+}
+
 /// How many live volumes in `scope` match `filter`.
 pub async fn count(tx: &mut Tx, scope: Scope<'_>, filter: &VolumeFilter) -> Result<i64, StoreError> {
     let q = filtered("SELECT COUNT(*)", scope, filter);

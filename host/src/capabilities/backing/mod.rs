@@ -23,6 +23,13 @@ pub struct StoreInfo {
     pub allocated_bytes: u64,
 }
 
+/// A filesystem's size and free space, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     #[error("invalid argument: {0}")]
@@ -66,6 +73,24 @@ impl BackingStores {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The size of the filesystem that holds this backend's stores, and what of it is free to
+    /// an unprivileged writer (`statvfs`'s `f_bavail`), in bytes.
+    pub fn space(&self) -> io::Result<Space> {
+        let path = std::ffi::CString::new(self.dir.as_os_str().as_encoded_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: `path` is a NUL-terminated string and `st` is written by statvfs before it is
+        // read (only when it answers 0).
+        let st = unsafe {
+            if libc::statvfs(path.as_ptr(), st.as_mut_ptr()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            st.assume_init()
+        };
+        let unit = st.f_frsize as u64;
+        Ok(Space { total_bytes: st.f_blocks as u64 * unit, free_bytes: st.f_bavail as u64 * unit })
     }
 
     /// The host path of one of this backend's stores. Host-internal: drivers never see it. A name
