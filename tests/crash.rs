@@ -793,3 +793,38 @@ async fn a_create_that_fails_in_recovery_leaves_a_message_for_its_project() {
         (&json!(volume), &json!("VOLUME_VOLUME_008_012"), &Value::Null)
     );
 }
+
+/// An extend killed after its intent counts at its new size against its project's quota until
+/// recovery finishes it; recovery's end (here the driver failing it) frees what it held: nothing
+/// of a quota leaks through a kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_killed_in_flight_holds_its_quota_only_until_recovery_ends_it() {
+    use berth_tests::process::{BerthProcess, FAKE_BACKEND};
+    let mut server =
+        BerthProcess::start_with_env("", FAKE_BACKEND, &[("BERTH_FAILPOINTS", "volume.extend.intent=kill")]);
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    c.put("/os-quota-sets/p1", json!({"quota_set": {"gigabytes": 10}})).await.expect(200);
+    let volume =
+        c.create_volume(json!({"size": 2, "metadata": {"fake.extend-volume": "backend:no room"}})).await;
+    let extend = json!({"os-extend": {"new_size": 9}});
+    let answer = c
+        .try_send(
+            Method::POST,
+            &format!("/volumes/{volume}/action"),
+            Some(extend),
+            Some(Duration::from_secs(10)),
+        )
+        .await;
+    assert!(answer.is_err(), "the process died at the intent: {answer:?}");
+    assert!(server.wait_exit(Duration::from_secs(10)).is_some());
+    server.start_again();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while c.volume_status(&volume).await != "available" {
+        assert!(std::time::Instant::now() < deadline, "recovery never finished the extend");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let usage = c.get("/os-quota-sets/p1?usage=true").await.expect(200).body;
+    assert_eq!(usage["quota_set"]["gigabytes"]["in_use"], 2, "{usage}");
+    c.create_volume(json!({"size": 8})).await;
+    c.post("/volumes", json!({"volume": {"size": 1}})).await.fault(413, "overLimit");
+}

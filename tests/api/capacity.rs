@@ -115,3 +115,37 @@ async fn every_nodes_pool_shows_its_filesystem() {
     assert_eq!(ratios, ["3.0", "5.0"]);
     drop(two);
 }
+
+/// A node publishes its filesystem again when its free space has moved by a GiB: another node's
+/// pools see the space a file took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_publishes_its_filesystem_again_when_its_free_space_moves() {
+    let url = berth_tests::pg::fresh_database().await;
+    let one = TestServer::start_on(Db::Postgres, Some(url.clone()), config(20.0, None)).await;
+    let two = TestServer::start_on(Db::Postgres, Some(url), config(7.0, None)).await;
+    let free_of_two = async || {
+        let pools = one.client("p1").get("/scheduler-stats/get_pools?detail=true").await.expect(200).body;
+        let pool = pools["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["capabilities"]["max_over_subscription_ratio"] == "7.0")
+            .cloned();
+        pool.unwrap()["capabilities"]["free_capacity_gb"].as_f64().unwrap()
+    };
+    let before = free_of_two().await;
+    let taken = two.config.data_dir().join("taken");
+    let status = std::process::Command::new("fallocate").args(["-l", "3G"]).arg(&taken).status().unwrap();
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    let mut now = before;
+    while now > before - 2.5 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        now = free_of_two().await;
+    }
+    std::fs::remove_file(&taken).unwrap();
+    assert!(
+        now <= before - 2.5,
+        "node two's free space was {before} GiB, then {now} GiB after 3 GiB were taken"
+    );
+}
