@@ -197,10 +197,9 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         let backend = Backend::new(&node, &b.name, driver, uses_targets, b.shared);
         // Its volumes are sparse files in this node's data directory when it may make them.
         let files = [Grant::BackingStore, Grant::IscsiTarget].iter().any(|g| b.grants.contains(g));
-        let filesystem = files.then(|| crate::attach::catalog::Filesystem {
-            stores: stores.clone(),
-            max_over_subscription_ratio: b.over_subscription(),
-            reserved_percentage: b.reserved_percentage.unwrap_or(0),
+        let filesystem = files.then(|| {
+            let reserved = b.reserved_percentage.unwrap_or(0);
+            crate::attach::catalog::Filesystem::new(stores.clone(), b.over_subscription(), reserved)
         });
         if let Some(f) = &filesystem {
             let stores = f.stores.clone();

@@ -188,25 +188,32 @@ fn not_unattached(t: &crate::domain::state::Transition, id: &str, status: Volume
 
 /// Refuses `more_gib` more of `backend`'s volumes on this node when the filesystem its volumes
 /// are files on has no room for them (`domain/capacity.rs`). Runs in the transaction that adds
-/// them.
+/// them; the volumes already there are counted in it, or were less than
+/// [`super::catalog::RECOUNT`] ago.
 async fn within_room(
     tx: &mut crate::store::sql::Tx,
     backend: &super::catalog::Backend,
     more_gib: i64,
 ) -> Result<(), AttachError> {
     let Some(filesystem) = &backend.filesystem else { return Ok(()) };
-    let provisioned = volumes::provisioned(tx, &backend.name, &backend.service_uuid).await?;
+    let provisioned = match filesystem.provisioned() {
+        Some(gib) => gib,
+        None => {
+            let gib = volumes::provisioned(tx, &backend.name, &backend.service_uuid).await?;
+            filesystem.counted(gib);
+            gib
+        }
+    };
     let room = filesystem.room(provisioned).map_err(|e| {
         AttachError::Unavailable(format!(
             "backend {}: its filesystem's size cannot be read: {e}",
             backend.name
         ))
     })?;
-    room.take(more_gib).map_err(|why| AttachError::NoRoom {
-        backend: backend.name.clone(),
-        requested_gib: more_gib,
-        why,
-    })
+    let refused = |why| AttachError::NoRoom { backend: backend.name.clone(), requested_gib: more_gib, why };
+    room.take(more_gib).map_err(refused)?;
+    filesystem.let_in(more_gib);
+    Ok(())
 }
 
 /// The volume flows, over the service's shared core.
