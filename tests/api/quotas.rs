@@ -164,6 +164,8 @@ both_databases! {
         let message = over_quota(c.post("/volumes", json!({"volume": {"size": 3}})).await).await;
         assert_eq!(message, "Requested volume or snapshot exceeds allowed gigabytes quota. Requested 3G, quota is \
                              10G and 8G has been consumed.");
+        let usage = c.get("/os-quota-sets/p1?usage=true").await.expect(200).body;
+        assert_eq!(usage["quota_set"]["gigabytes"], json!({"limit": 10, "in_use": 2, "reserved": 6}), "the growth is reserved");
         assert_eq!(c.volume_status(&slow).await, "extending", "refused while the extend was in flight");
         assert_eq!(extending.await.unwrap(), 202);
         assert_eq!(size(&c, &slow).await, 8);

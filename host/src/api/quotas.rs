@@ -84,17 +84,17 @@ fn none_allowed(state: &AppState) -> Vec<String> {
 /// Each quota of `id` (a project or a class) with its limit in `limits` and, with `used`, what
 /// is in use of it: Cinder's keys, those of every volume type of this deployment included.
 fn quota_set(state: &AppState, id: &str, limits: &Limits, used: Option<&Usage>) -> BTreeMap<String, Quota> {
-    let quota = |limit: i64, in_use: Option<i64>| match in_use {
-        Some(in_use) => Quota::Usage { limit, in_use, reserved: 0 },
+    let quota = |limit: i64, used: Option<(i64, i64)>| match used {
+        Some((in_use, reserved)) => Quota::Usage { limit, in_use, reserved },
         None => Quota::Limit(limit),
     };
     let mut set = BTreeMap::from([("id".to_string(), Quota::Id(id.to_string()))]);
     for resource in state.service.quota_resources() {
-        let in_use = used.map(|u| u.of(&resource));
-        set.insert(resource.clone(), quota(limits.get(&resource), in_use));
+        let of = used.map(|u| (u.in_use(&resource), u.reserved(&resource)));
+        set.insert(resource.clone(), quota(limits.get(&resource), of));
     }
     for key in none_allowed(state) {
-        set.insert(key, quota(0, used.map(|_| 0)));
+        set.insert(key, quota(0, used.map(|_| (0, 0))));
     }
     set
 }

@@ -29,11 +29,35 @@ pub fn gigabytes_of(volume_type: &str) -> String {
     format!("gigabytes_{volume_type}")
 }
 
-/// What a project's volumes use, by volume type: how many and their GiB (a volume being
-/// extended at its new size).
+/// What a project's volumes use, by volume type: how many and their GiB, and what the
+/// operations in flight hold besides (the growth of a volume being extended: Cinder's
+/// `reserved`).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Usage {
     pub by_type: BTreeMap<String, (i64, i64)>,
+    pub reserved_by_type: BTreeMap<String, (i64, i64)>,
+}
+
+/// What of `by_type` counts towards `resource` (0 for `per_volume_gigabytes` and unknown
+/// resources).
+fn counted(by_type: &BTreeMap<String, (i64, i64)>, resource: &str) -> i64 {
+    let sum = |pick: fn(&(i64, i64)) -> i64| by_type.values().map(pick).sum();
+    match resource {
+        "volumes" => sum(|u| u.0),
+        "gigabytes" => sum(|u| u.1),
+        _ => by_type
+            .iter()
+            .find_map(|(t, u)| {
+                if resource == volumes_of(t) {
+                    Some(u.0)
+                } else if resource == gigabytes_of(t) {
+                    Some(u.1)
+                } else {
+                    None
+                }
+            })
+            .unwrap_or(0),
+    }
 }
 
 impl Usage {
@@ -44,26 +68,24 @@ impl Usage {
         entry.1 += gigabytes;
     }
 
-    /// What counts towards `resource` (0 for `per_volume_gigabytes` and unknown resources).
+    /// Adds `gigabytes` GiB of `volume_type` held by an operation in flight.
+    pub fn reserve(&mut self, volume_type: &str, gigabytes: i64) {
+        self.reserved_by_type.entry(volume_type.to_string()).or_default().1 += gigabytes;
+    }
+
+    /// What is in use of `resource`.
+    pub fn in_use(&self, resource: &str) -> i64 {
+        counted(&self.by_type, resource)
+    }
+
+    /// What operations in flight hold of `resource`.
+    pub fn reserved(&self, resource: &str) -> i64 {
+        counted(&self.reserved_by_type, resource)
+    }
+
+    /// What counts towards `resource`'s limit: in use and reserved.
     pub fn of(&self, resource: &str) -> i64 {
-        let sum = |pick: fn(&(i64, i64)) -> i64| self.by_type.values().map(pick).sum();
-        match resource {
-            "volumes" => sum(|u| u.0),
-            "gigabytes" => sum(|u| u.1),
-            _ => self
-                .by_type
-                .iter()
-                .find_map(|(t, u)| {
-                    if resource == volumes_of(t) {
-                        Some(u.0)
-                    } else if resource == gigabytes_of(t) {
-                        Some(u.1)
-                    } else {
-                        None
-                    }
-                })
-                .unwrap_or(0),
-        }
+        self.in_use(resource) + self.reserved(resource)
     }
 }
 
@@ -209,10 +231,16 @@ mod tests {
 
     #[test]
     fn usage_counts_the_project_and_each_type() {
-        let u = usage(&[("fast", 2, 10), ("slow", 1, 5), ("fast", 1, 1)]);
+        let mut u = usage(&[("fast", 2, 10), ("slow", 1, 5), ("fast", 1, 1)]);
         assert_eq!((u.of("volumes"), u.of("gigabytes")), (4, 16));
         assert_eq!((u.of("volumes_fast"), u.of("gigabytes_fast")), (3, 11));
         assert_eq!((u.of("volumes_slow"), u.of("gigabytes_none"), u.of(PER_VOLUME)), (1, 0, 0));
+        u.reserve("slow", 4);
+        assert_eq!((u.in_use("gigabytes"), u.reserved("gigabytes"), u.of("gigabytes")), (16, 4, 20));
+        assert_eq!(
+            (u.reserved("gigabytes_slow"), u.reserved("gigabytes_fast"), u.reserved("volumes")),
+            (4, 0, 0)
+        );
     }
 
     #[test]

@@ -77,7 +77,9 @@ pub async fn clear(tx: &mut Tx, holder: Holder<'_>) -> Result<u64, StoreError> {
 /// Orders this transaction after every other that checks or changes `project`'s quotas, until
 /// it ends. SQLite's writers are one at a time already; on PostgreSQL it is an advisory lock on
 /// the project (two-key form, a space no other lock of Berth's uses; projects whose hashes meet
-/// only wait for each other).
+/// only wait for each other). What the transaction reads after it includes what the
+/// transactions it waited for committed: Berth's writes run at PostgreSQL's `READ COMMITTED`,
+/// where each statement reads afresh.
 pub async fn order(tx: &mut Tx, project: &str) -> Result<(), StoreError> {
     if tx.kind() == DbKind::Postgres {
         tx.execute("SELECT pg_advisory_xact_lock(1651668081, hashtext($1))", &params![project]).await?;
@@ -85,8 +87,8 @@ pub async fn order(tx: &mut Tx, project: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// What `project`'s live volumes use, by type; a volume being extended counts at its new size
-/// (the extend's operation holds it).
+/// What `project`'s live volumes use, by type; a volume being extended holds its growth besides
+/// (reserved, by the extend's operation).
 pub async fn usage(tx: &mut Tx, project: &str) -> Result<Usage, StoreError> {
     let mut usage = Usage::default();
     for (volume_type, volumes, gigabytes) in
@@ -106,7 +108,7 @@ pub async fn usage(tx: &mut Tx, project: &str) -> Result<Usage, StoreError> {
         let kind: crate::domain::model::OpKind = serde_json::from_str(&detail)
             .map_err(|e| StoreError::Corrupt(format!("operations.detail {detail:?}: {e}")))?;
         if let crate::domain::model::OpKind::ExtendVolume { new_size_gib } = kind {
-            usage.add(&r.text(0)?, 0, (new_size_gib - r.int(1)?).max(0));
+            usage.reserve(&r.text(0)?, (new_size_gib - r.int(1)?).max(0));
         }
     }
     Ok(usage)
