@@ -383,8 +383,24 @@ async fn a_node_that_disagrees_with_the_cluster_refuses_to_start_naming_what() {
             && other_driver.contains("this node (node-d) runs fake"),
         "{other_driver}"
     );
-    // A node that agrees joins.
-    let d = cluster.try_add("node-d", 30, |c| c).expect("an agreeing node starts");
+    // A volume type of one name that would place volumes elsewhere, or attach them otherwise.
+    let other_type = cluster
+        .try_add("node-d", 30, |c| {
+            c.replacen("name = \"shared\"\nbackend = \"array\"", "name = \"shared\"\nbackend = \"tgt\"", 1)
+        })
+        .err()
+        .expect("refused");
+    assert!(
+        other_type.contains("volume type shared: node node-")
+            && other_type.contains(
+                r#"has {"backend":"array","extra_specs":{}}, this node (node-d) has {"backend":"tgt""#
+            ),
+        "{other_type}"
+    );
+    // A node that agrees joins, with a type of its own the others do not have yet.
+    let d = cluster
+        .try_add("node-d", 30, |c| format!("{c}\n[[volume_types]]\nname = \"new\"\nbackend = \"tgt\"\n"))
+        .expect("an agreeing node starts");
 
     let services = cluster.nodes[0].client().get("/os-services").await.expect(200);
     let rows = services.body["services"].as_array().unwrap().clone();

@@ -398,6 +398,7 @@ async fn a_node_that_does_not_answer_makes_its_volumes_unavailable_and_nothing_i
         holder: "elsewhere",
         lease_seconds: 0,
         backend_info: &Default::default(),
+        types: &Default::default(),
     };
     store.write(async |tx| berth::store::nodes::register(tx, &registration).await).await.unwrap();
     attempts("forwarded to Berth node node-a, which serves its volume, and got no answer").await;

@@ -6,7 +6,8 @@
 //! `free_capacity_gb`, as its node last published them), thin provisioning and its
 //! `max_over_subscription_ratio`; other drivers do not report their capacity (the contract has no
 //! call for it), so theirs are `unknown`, as Cinder drivers say when they cannot tell;
-//! `allocated_capacity_gb` is what the volumes Berth made there add up to. Filters: `name` from 3.28, `volume_type` (name or id) from 3.35. And
+//! `allocated_capacity_gb` is what the volumes Berth made there add up to. Filters: `name` from
+//! 3.28, `volume_type` (name or id) from 3.35. And
 //! `GET /capabilities/{host}` (`cinder get-capabilities`): a backend's driver and the properties
 //! a volume type may ask of it.
 
@@ -181,7 +182,7 @@ enum Capacity {
 impl Capacity {
     fn of(bytes: Option<u64>) -> Capacity {
         match bytes {
-            Some(b) => Capacity::Gib((b as f64 / (1u64 << 30) as f64 * 100.0).round() / 100.0),
+            Some(b) => Capacity::Gib((crate::domain::capacity::gib(b) * 100.0).round() / 100.0),
             None => Capacity::Unknown("unknown".into()),
         }
     }

@@ -17,7 +17,9 @@ use std::time::Duration;
 use super::catalog::{CLUSTER, service_uuid, shared_service_uuid};
 use super::model::Volume;
 use super::{AttachError, Service};
-use crate::store::nodes::{self, BackendInfo, FilesystemInfo, Node, Registration};
+use crate::store::nodes::{
+    self, BackendInfo, FilesystemInfo, Node, QosDefinition, Registration, TypeDefinition, TypeDefinitions,
+};
 use crate::store::sql::Tx;
 use crate::store::{StoreError, now_micros, volumes};
 
@@ -30,6 +32,10 @@ use crate::store::{StoreError, now_micros, volumes};
 /// - A live node disagrees on what the guarantees depend on: the operations' lease (fencing
 ///   margins are a quarter of it on every node), and, for a backend both serve, whether it is
 ///   shared, and for a shared one, the driver (by digest) that runs its volumes' calls.
+/// - A live node gives a name another meaning: the default volume type, a volume type both
+///   configure (its backend, description, extra specs or QoS specs) or a set of QoS specs both
+///   configure (consumer, specs). A type or specs that only one of them has is no disagreement,
+///   so that a new type can be added one node at a time.
 pub fn refusal(me: &Registration<'_>, nodes: &[Node], lease: Duration, now: i64) -> Option<String> {
     let live = |n: &Node| {
         let lease = if n.lease_seconds > 0 { n.lease_seconds * 1_000_000 } else { lease.as_micros() as i64 };
@@ -72,8 +78,52 @@ pub fn refusal(me: &Registration<'_>, nodes: &[Node], lease: Duration, now: i64)
                 ));
             }
         }
+        if let Some(theirs) = &n.types {
+            why.extend(type_disagreements(&n.name, theirs, me.name, me.types));
+        }
     }
     (!why.is_empty()).then(|| format!("node {} refuses to start: {}", me.name, why.join("; ")))
+}
+
+/// Where node `other`'s volume types (`theirs`) give a name another meaning than this node's.
+fn type_disagreements(
+    other: &str,
+    theirs: &TypeDefinitions,
+    me: &str,
+    mine: &TypeDefinitions,
+) -> Vec<String> {
+    let mut why = Vec::new();
+    if theirs.default_type != mine.default_type {
+        why.push(format!(
+            "default_volume_type: node {other} gives volumes without a type {}, this node ({me}) {}",
+            theirs.default_type, mine.default_type
+        ));
+    }
+    for (name, m) in &mine.types {
+        if let Some(t) = theirs.types.get(name).filter(|t| *t != m) {
+            why.push(format!(
+                "volume type {name}: node {other} has {}, this node ({me}) has {} \
+                 (give a changed type a new name, or change it on every node together)",
+                shown(t),
+                shown(m)
+            ));
+        }
+    }
+    for (name, m) in &mine.qos_specs {
+        if let Some(q) = theirs.qos_specs.get(name).filter(|q| *q != m) {
+            why.push(format!(
+                "qos specs {name}: node {other} has {}, this node ({me}) has {}",
+                shown(q),
+                shown(m)
+            ));
+        }
+    }
+    why
+}
+
+/// A definition as the refusal shows it: its JSON.
+fn shown(definition: &impl serde::Serialize) -> String {
+    serde_json::to_string(definition).expect("a definition serialises")
 }
 
 /// Another node that serves a shared backend.
@@ -307,6 +357,28 @@ impl Service {
             .collect()
     }
 
+    /// What this node's configuration makes of volume types, as the other nodes compare it.
+    pub fn type_definitions(&self) -> TypeDefinitions {
+        let c = &self.catalog;
+        TypeDefinitions {
+            default_type: c.default_type.clone(),
+            types: (c.types.iter())
+                .map(|t| {
+                    let definition = TypeDefinition {
+                        backend: t.backend.clone(),
+                        description: t.description.clone(),
+                        extra_specs: t.extra_specs.clone(),
+                        qos_specs: t.qos_specs.as_ref().map(|q| q.name.clone()),
+                    };
+                    (t.name.clone(), definition)
+                })
+                .collect(),
+            qos_specs: (c.qos_specs.iter())
+                .map(|q| (q.name.clone(), QosDefinition { consumer: q.consumer, specs: q.specs.clone() }))
+                .collect(),
+        }
+    }
+
     /// Registers this node, its backends and the URL other nodes forward requests to, as the
     /// process that holds the node's name (`holder`: where it runs). Refused, with a message that
     /// names what and whom, when another live process holds the name, or when this node's
@@ -317,6 +389,7 @@ impl Service {
         let backends: Vec<String> = all.iter().map(|b| b.name.clone()).collect();
         let shared: Vec<String> = all.iter().filter(|b| b.shared).map(|b| b.name.clone()).collect();
         let info = self.backend_info();
+        let types = self.type_definitions();
         let registration = Registration {
             name: &self.owner.node,
             backends: &backends,
@@ -327,6 +400,7 @@ impl Service {
             holder,
             lease_seconds: self.owner.lease.as_secs() as i64,
             backend_info: &info,
+            types: &types,
         };
         let lease = self.owner.lease;
         self.store
@@ -497,10 +571,15 @@ mod tests {
                     (b.to_string(), run)
                 })
                 .collect(),
+            types: None,
         }
     }
 
     const NOW: i64 = 1_000_000_000_000;
+
+    /// No volume types: nothing to disagree on.
+    static NO_TYPES: TypeDefinitions =
+        TypeDefinitions { default_type: String::new(), types: BTreeMap::new(), qos_specs: BTreeMap::new() };
 
     /// A registration of `name` from `holder`, like [`node`]'s.
     fn me<'a>(
@@ -519,7 +598,89 @@ mod tests {
             holder,
             lease_seconds: lease,
             backend_info: info,
+            types: &NO_TYPES,
         }
+    }
+
+    /// Types `gold` (on backend `tgt`, with QoS specs `fast`) and `plain`, `plain` the default.
+    fn types() -> TypeDefinitions {
+        let gold = TypeDefinition {
+            backend: "tgt".into(),
+            extra_specs: [("multiattach".to_string(), "<is> True".to_string())].into(),
+            qos_specs: Some("fast".into()),
+            ..TypeDefinition::default()
+        };
+        let plain = TypeDefinition { backend: "tgt".into(), ..TypeDefinition::default() };
+        let fast = QosDefinition {
+            consumer: crate::domain::qos::QosConsumer::FrontEnd,
+            specs: [("total_iops_sec".to_string(), "500".to_string())].into(),
+        };
+        TypeDefinitions {
+            default_type: "plain".into(),
+            types: [("gold".to_string(), gold), ("plain".to_string(), plain)].into(),
+            qos_specs: [("fast".to_string(), fast)].into(),
+        }
+    }
+
+    #[test]
+    fn a_name_that_would_mean_two_things_on_two_live_nodes_is_refused_a_name_only_one_has_is_not() {
+        let lease = Duration::from_secs(30);
+        let info = BTreeMap::new();
+        let mut other = node("b", &["tgt"], &[], NOW);
+        other.types = Some(types());
+        let starts = |mine: &TypeDefinitions, other: &Node| {
+            refusal(
+                &Registration { types: mine, ..me("c", "h:/c", &info, 30) },
+                std::slice::from_ref(other),
+                lease,
+                NOW,
+            )
+        };
+        assert_eq!(starts(&types(), &other), None);
+        // A type or specs added on one node only: the others learn it when they restart.
+        let mut more = types();
+        more.types
+            .insert("new".into(), TypeDefinition { backend: "tgt".into(), ..TypeDefinition::default() });
+        more.qos_specs.insert("slow".into(), QosDefinition::default());
+        assert_eq!(starts(&more, &other), None);
+        let mut fewer = types();
+        fewer.types.remove("gold");
+        fewer.qos_specs.clear();
+        assert_eq!(starts(&fewer, &other), None);
+
+        let mut backend = types();
+        backend.types.get_mut("gold").unwrap().backend = "array".into();
+        let why = starts(&backend, &other).unwrap();
+        assert!(
+            why.starts_with("node c refuses to start: volume type gold: node b has {\"backend\":\"tgt\""),
+            "{why}"
+        );
+        assert!(why.contains("this node (c) has {\"backend\":\"array\""), "{why}");
+        let mut specs = types();
+        specs.types.get_mut("plain").unwrap().extra_specs.insert("multiattach".into(), "<is> True".into());
+        assert!(starts(&specs, &other).unwrap().contains("volume type plain: node b has"));
+        let mut qos = types();
+        qos.types.get_mut("gold").unwrap().qos_specs = None;
+        assert!(starts(&qos, &other).unwrap().contains("volume type gold"));
+        let mut limits = types();
+        limits.qos_specs.get_mut("fast").unwrap().specs.insert("total_iops_sec".into(), "900".into());
+        let why = starts(&limits, &other).unwrap();
+        assert!(why.contains("qos specs fast: node b has") && why.contains("\"900\""), "{why}");
+        let mut default = types();
+        default.default_type = "gold".into();
+        let why = starts(&default, &other).unwrap();
+        assert!(
+            why.contains(
+                "default_volume_type: node b gives volumes without a type plain, this node (c) gold"
+            )
+        );
+
+        // Not compared: a node that is down, or one registered before nodes published types.
+        other.heartbeat_at = NOW - 60_000_000;
+        assert_eq!(starts(&default, &other), None);
+        other.heartbeat_at = NOW;
+        other.types = None;
+        assert_eq!(starts(&default, &other), None);
     }
 
     #[test]

@@ -15,18 +15,21 @@ pub struct Room {
     pub reserved_percentage: u32,
 }
 
-const GIB: f64 = (1u64 << 30) as f64;
+/// `bytes` in GiB.
+pub fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
 
 impl Room {
     /// The filesystem's size in GiB.
     pub fn total_gib(&self) -> f64 {
-        self.total_bytes as f64 / GIB
+        gib(self.total_bytes)
     }
 
     /// Its free space in GiB, less the reserved share of its size.
     pub fn free_gib(&self) -> f64 {
         let reserved = (self.total_gib() * f64::from(self.reserved_percentage) / 100.0).floor();
-        self.free_bytes as f64 / GIB - reserved
+        gib(self.free_bytes) - reserved
     }
 
     /// Refuses `requested_gib` more, saying why.

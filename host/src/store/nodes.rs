@@ -55,6 +55,36 @@ pub struct FilesystemInfo {
     pub reserved_percentage: u32,
 }
 
+/// What a node's configuration makes of volume types: the type volumes get when they name none,
+/// and what each type and each set of QoS specs is, by name. Nodes compare it: a name must mean
+/// one thing on every live node.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct TypeDefinitions {
+    pub default_type: String,
+    pub types: BTreeMap<String, TypeDefinition>,
+    pub qos_specs: BTreeMap<String, QosDefinition>,
+}
+
+/// A volume type, as configured (`[[volume_types]]`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct TypeDefinition {
+    pub backend: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub extra_specs: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos_specs: Option<String>,
+}
+
+/// A set of QoS specs, as configured (`[[qos_specs]]`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct QosDefinition {
+    pub consumer: crate::domain::qos::QosConsumer,
+    #[serde(default)]
+    pub specs: BTreeMap<String, String>,
+}
+
 /// A registered node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Node {
@@ -76,6 +106,8 @@ pub struct Node {
     pub lease_seconds: i64,
     /// What it runs, by backend.
     pub backend_info: BTreeMap<String, BackendInfo>,
+    /// Its volume types (none: registered by a berth that did not publish them).
+    pub types: Option<TypeDefinitions>,
 }
 
 /// What a node registers.
@@ -90,6 +122,7 @@ pub struct Registration<'a> {
     pub holder: &'a str,
     pub lease_seconds: i64,
     pub backend_info: &'a BTreeMap<String, BackendInfo>,
+    pub types: &'a TypeDefinitions,
 }
 
 /// Registers (or registers again) a node that starts now.
@@ -99,7 +132,8 @@ pub async fn register(tx: &mut Tx, node: &Registration<'_>) -> Result<(), StoreE
     tx.execute("DELETE FROM nodes WHERE name = $1", &params![node.name]).await?;
     tx.execute(
         "INSERT INTO nodes (name, backends, shared_backends, url, version, started_at, heartbeat_at, \
-         incarnation, holder, lease_seconds, backend_info) VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9, $10)",
+         incarnation, holder, lease_seconds, backend_info, volume_types) \
+         VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9, $10, $11)",
         &params![
             node.name,
             node.backends.join(","),
@@ -110,7 +144,8 @@ pub async fn register(tx: &mut Tx, node: &Registration<'_>) -> Result<(), StoreE
             node.incarnation,
             node.holder,
             node.lease_seconds,
-            serde_json::to_string(node.backend_info).expect("backend info serialises")
+            serde_json::to_string(node.backend_info).expect("backend info serialises"),
+            serde_json::to_string(node.types).expect("type definitions serialise")
         ],
     )
     .await?;
@@ -164,7 +199,7 @@ fn list_of(text: String) -> Vec<String> {
 pub async fn list(tx: &mut Tx) -> Result<Vec<Node>, StoreError> {
     tx.query(
         "SELECT name, backends, shared_backends, url, version, started_at, heartbeat_at, incarnation, holder, \
-         lease_seconds, backend_info FROM nodes ORDER BY name",
+         lease_seconds, backend_info, volume_types FROM nodes ORDER BY name",
         &[],
     )
     .await?
@@ -174,6 +209,11 @@ pub async fn list(tx: &mut Tx) -> Result<Vec<Node>, StoreError> {
         let info = r.text(10)?;
         let backend_info = serde_json::from_str(&info)
             .map_err(|e| StoreError::Corrupt(format!("node {name}: backend_info: {e}")))?;
+        let types = r.text(11)?;
+        let types = (!types.is_empty())
+            .then(|| serde_json::from_str(&types))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("node {name}: volume_types: {e}")))?;
         Ok(Node {
             backends: list_of(r.text(1)?),
             shared_backends: list_of(r.text(2)?),
@@ -185,6 +225,7 @@ pub async fn list(tx: &mut Tx) -> Result<Vec<Node>, StoreError> {
             holder: r.text(8)?,
             lease_seconds: r.int(9)?,
             backend_info,
+            types,
             name,
         })
     })
