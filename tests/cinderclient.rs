@@ -61,6 +61,18 @@ fn python_cinderclient_runs_every_attachment_command() {
     assert!(specs.contains("gold") && specs.contains("{}"), "{specs}");
     let zones = cli(&["availability-zone-list"]);
     assert!(zones.contains("| nova | available |"), "{zones}");
+    // No snapshot or backup can be made here: their lists are empty, and a request to make one
+    // is refused with the reason.
+    assert!(list(&cli(&["snapshot-list"])).is_empty());
+    assert!(list(&cli(&["backup-list"])).is_empty());
+    let mut snapshot = cinder(&server.base, "compat", "3.54");
+    snapshot.args(["snapshot-create", "--force", "True", &volume]);
+    let out = snapshot.output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("takes no snapshots") && said.contains("HTTP 400"), "{said}");
+    let extensions = cli(&["list-extensions"]);
+    assert!(extensions.contains("| AvailabilityZones ") && extensions.contains("| VolumeTransfer "), "{extensions}");
+    assert!(!extensions.contains("| Backups "), "{extensions}");
     // Quotas: none set (`python_cinderclient_sets_quotas_and_a_create_past_them_is_refused` sets
     // them), and what the project uses.
     let quotas = table(&cli(&["quota-show", "compat"]));

@@ -113,7 +113,7 @@ async fn every_operation_in_the_document_is_a_route_of_the_server() {
     assert!(seen >= 25, "only {seen} operations");
     // And a route the document does not list is none of the server's.
     let r = client
-        .get(format!("{}/v3/snapshots", server.base))
+        .get(format!("{}/v3/groups", server.base))
         .header("x-auth-token", "me:demo")
         .send()
         .await

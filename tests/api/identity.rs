@@ -24,11 +24,12 @@ async fn a_url_naming_another_project_is_a_400() {
     assert_eq!(message, "Malformed request url");
     // A Cinder resource Berth does not serve, named without a project (as clients from 3.67
     // do), is not mistaken for a project: a 404, as with the project.
-    for path in ["/v3/snapshots/detail", "/v3/backups/detail", "/v3/p1/snapshots/detail"] {
+    for path in ["/v3/groups/detail", "/v3/group_snapshots/detail", "/v3/p1/groups/detail"] {
         c.send(reqwest::Method::GET, &format!("{}{path}", s.base), None).await.fault(404, "itemNotFound");
     }
-    // And one it serves, with a segment that is not a project either.
+    // And ones it serves, with a segment that is not a project either.
     c.send(reqwest::Method::GET, &format!("{}/v3/scheduler-stats/get_pools", s.base), None).await.expect(200);
+    c.send(reqwest::Method::GET, &format!("{}/v3/snapshots/detail", s.base), None).await.expect(200);
 }
 
 #[tokio::test]

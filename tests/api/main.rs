@@ -18,6 +18,7 @@ mod policy;
 mod qos;
 mod quotas;
 mod services;
+mod snapshots;
 mod transfers;
 mod versions;
 mod volumes;

@@ -445,6 +445,31 @@ fn routes() -> Vec<Route> {
             version: "3.3",
             ..route("list messages", Method::GET, "/messages", None, Nothing, Reader, List, 200)
         },
+        // Snapshots and backups: none can be made here; the lists are a reader's, and a request
+        // to make one is a member's, refused with 400 once it passes its rule.
+        route("list snapshots", Method::GET, "/snapshots/detail", None, Nothing, Reader, List, 200),
+        route("list backups", Method::GET, "/backups/detail", None, Nothing, Reader, List, 200),
+        route(
+            "create a snapshot",
+            Method::POST,
+            "/snapshots",
+            Some(json!({"snapshot": {"volume_id": "{v}", "force": true}})),
+            Volume,
+            Member,
+            Global,
+            400,
+        ),
+        route(
+            "create a backup",
+            Method::POST,
+            "/backups",
+            Some(json!({"backup": {"volume_id": "{v}"}})),
+            Volume,
+            Member,
+            Global,
+            400,
+        ),
+        route("list extensions", Method::GET, "/extensions", None, Nothing, Reader, Global, 200),
         // A project's default type (3.62), of a project of its own (`pd`): set, then read, then
         // unset, so that each read finds one.
         Route {

@@ -746,6 +746,8 @@ async fn every_filter_resource_filters_advertises_is_taken_by_its_list() {
             "pool" => "/scheduler-stats/get_pools",
             "attachment_event" => "/os-attachment-events",
             "message" => "/messages",
+            "snapshot" => "/snapshots/detail",
+            "backup" => "/backups/detail",
             other => panic!("a resource without a list: {other}"),
         };
         for filter in list["filters"].as_array().unwrap() {
@@ -790,7 +792,7 @@ async fn every_filter_resource_filters_advertises_is_taken_by_its_list() {
         json!({"resource_filters": [{"resource": "pool", "filters": ["name", "volume_type"]}]})
     );
     assert_eq!(
-        admin.get("/resource_filters?resource=snapshot").await.expect(200).body,
+        admin.get("/resource_filters?resource=group").await.expect(200).body,
         json!({"resource_filters": []})
     );
     s.client("p1").at("3.32").get("/resource_filters").await.fault(404, "itemNotFound");

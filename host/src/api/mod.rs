@@ -17,6 +17,7 @@ pub mod clusters;
 pub mod default_types;
 pub mod drivers;
 pub mod error;
+pub mod extensions;
 #[cfg(feature = "failpoints")]
 mod failpoints;
 pub mod filters;
@@ -34,6 +35,7 @@ pub mod query;
 pub mod quotas;
 pub mod server;
 pub mod services;
+pub mod snapshots;
 pub mod transfers;
 pub mod types;
 pub mod versions;
@@ -119,6 +121,8 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         quotas::endpoints(),
         transfers::endpoints(),
         messages::endpoints(),
+        snapshots::endpoints(),
+        extensions::endpoints(),
         qos_specs::endpoints(),
     ]
     .into_iter()

@@ -101,6 +101,14 @@ pub enum Rule {
     QosSpecsGetAll,
     QosSpecsGet,
     TypeQosSpecsId,
+    SnapshotGet,
+    SnapshotGetAll,
+    SnapshotCreate,
+    SnapshotDelete,
+    BackupGet,
+    BackupGetAll,
+    BackupCreate,
+    BackupDelete,
 }
 
 /// The least role a rule needs by default.
@@ -112,7 +120,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 73] = [
+    pub const ALL: [Rule; 81] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -186,6 +194,14 @@ impl Rule {
         Rule::QosSpecsGetAll,
         Rule::QosSpecsGet,
         Rule::TypeQosSpecsId,
+        Rule::SnapshotGet,
+        Rule::SnapshotGetAll,
+        Rule::SnapshotCreate,
+        Rule::SnapshotDelete,
+        Rule::BackupGet,
+        Rule::BackupGetAll,
+        Rule::BackupCreate,
+        Rule::BackupDelete,
     ];
 
     /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
@@ -271,6 +287,14 @@ impl Rule {
             Rule::QosSpecsGet => "volume_extension:qos_specs_manage:get",
             // Who sees a volume type's `qos_specs_id`.
             Rule::TypeQosSpecsId => "volume_extension:access_types_qos_specs_id",
+            Rule::SnapshotGet => "volume:get_snapshot",
+            Rule::SnapshotGetAll => "volume:get_all_snapshots",
+            Rule::SnapshotCreate => "volume:create_snapshot",
+            Rule::SnapshotDelete => "volume:delete_snapshot",
+            Rule::BackupGet => "backup:get",
+            Rule::BackupGetAll => "backup:get_all",
+            Rule::BackupCreate => "backup:create",
+            Rule::BackupDelete => "backup:delete",
         }
     }
 
@@ -294,7 +318,11 @@ impl Rule {
             | Rule::TransferGetAll
             | Rule::MessageGet
             | Rule::MessageGetAll
-            | Rule::ImageMetadataShow => Least::Reader,
+            | Rule::ImageMetadataShow
+            | Rule::SnapshotGet
+            | Rule::SnapshotGetAll
+            | Rule::BackupGet
+            | Rule::BackupGetAll => Least::Reader,
             Rule::VolumeForceDelete
             | Rule::VolumeUnmanage
             | Rule::ForceDetach
