@@ -69,9 +69,15 @@ fn python_cinderclient_runs_every_attachment_command() {
     snapshot.args(["snapshot-create", "--force", "True", &volume]);
     let out = snapshot.output().unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && said.contains("takes no snapshots") && said.contains("HTTP 400"), "{said}");
+    assert!(
+        !out.status.success() && said.contains("takes no snapshots") && said.contains("HTTP 400"),
+        "{said}"
+    );
     let extensions = cli(&["list-extensions"]);
-    assert!(extensions.contains("| AvailabilityZones ") && extensions.contains("| VolumeTransfer "), "{extensions}");
+    assert!(
+        extensions.contains("| AvailabilityZones ") && extensions.contains("| VolumeTransfer "),
+        "{extensions}"
+    );
     assert!(!extensions.contains("| Backups "), "{extensions}");
     // Quotas: none set (`python_cinderclient_sets_quotas_and_a_create_past_them_is_refused` sets
     // them), and what the project uses.

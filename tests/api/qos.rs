@@ -7,6 +7,7 @@
 use berth::config::{QosSpecsConfig, VolumeTypeConfig};
 use berth::domain::qos::QosConsumer;
 use berth_tests::server::{Client, Db, TestServer, connector, fake_config};
+use reqwest::Method;
 use serde_json::{Value, json};
 
 /// `gold`: front-end specs, 30 IOPS per GiB (at least 100) and a fixed read rate; `silver`:
@@ -136,6 +137,25 @@ async fn admins_read_the_specs_and_the_types_associated_with_them() {
     let message = admin.get(&format!("/qos-specs/{unknown}")).await.fault(404, "itemNotFound");
     assert_eq!(message, format!("QoS Specs {unknown} could not be found."));
     admin.get(&format!("/qos-specs/{unknown}/associations")).await.fault(404, "itemNotFound");
+
+    // Types and specs are configuration: a call that would change them (`openstack volume type
+    // create`, `cinder type-key`, `qos-create`) is told where they are changed.
+    let before = admin.get("/types").await.expect(200).body;
+    for (method, path, body) in [
+        (Method::POST, "/types".to_string(), Some(json!({"volume_type": {"name": "new"}}))),
+        (Method::PUT, "/types/gold".to_string(), Some(json!({"volume_type": {"description": "d"}}))),
+        (Method::DELETE, "/types/gold".to_string(), None),
+        (Method::POST, "/types/gold/extra_specs".to_string(), Some(json!({"extra_specs": {"k": "v"}}))),
+        (Method::DELETE, "/types/gold/extra_specs/multiattach".to_string(), None),
+        (Method::POST, "/qos-specs".to_string(), Some(json!({"qos_specs": {"name": "q"}}))),
+        (Method::DELETE, format!("/qos-specs/{gold}"), None),
+    ] {
+        let message = admin.send(method.clone(), &admin.url(&path), body).await.fault(405, "badMethod");
+        assert!(message.contains("`[[volume_types]]` and `[[qos_specs]]`"), "{method} {path}: {message}");
+    }
+    let other = admin.send(Method::PATCH, &admin.url("/volumes"), None).await.fault(405, "badMethod");
+    assert_eq!(other, "The method is not allowed for this resource.");
+    assert_eq!(admin.get("/types").await.expect(200).body, before, "unchanged");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

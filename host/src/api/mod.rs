@@ -173,12 +173,7 @@ pub fn router(state: AppState) -> Router {
     // so that neither a client without credentials nor a slow one can hold every slot.
     root.nest("/v3", v3)
         .fallback(|| async { ApiError::no_such_resource() })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                axum::http::StatusCode::METHOD_NOT_ALLOWED,
-                "The method is not allowed for this resource.",
-            )
-        })
+        .method_not_allowed_fallback(|uri: axum::extract::OriginalUri| async move { not_allowed(uri.path()) })
         .layer(middleware::from_fn(microversion::negotiate))
         .layer(middleware::from_fn_with_state(state.clone(), forward::forward))
         .layer(DefaultBodyLimit::max(body::MAX_BODY))
@@ -187,6 +182,22 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.auth.clone(), auth::authenticate))
         .layer(middleware::from_fn(request_log))
         .with_state(state)
+}
+
+/// 405 for a method a path does not take, saying why where Cinder would take it: volume types
+/// and QoS specs are configuration here, read through the API and changed in the configuration.
+fn not_allowed(path: &str) -> ApiError {
+    let rest = path.strip_prefix("/v3").unwrap_or(path);
+    let configured = ["/types", "/qos-specs"]
+        .iter()
+        .any(|prefix| rest.strip_prefix(prefix).is_some_and(|tail| tail.is_empty() || tail.starts_with('/')));
+    let message = if configured {
+        "Volume types and QoS specs are this service's configuration (`[[volume_types]]` and \
+         `[[qos_specs]]`, the same on every node): the API reads them and does not change them."
+    } else {
+        "The method is not allowed for this resource."
+    };
+    ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, message)
 }
 
 /// The complete service: both URL forms (`/v3/{project_id}/...` and `/v3/...`) reach the same
