@@ -113,6 +113,11 @@ enum Command {
         #[command(subcommand)]
         command: DriverCommand,
     },
+    /// The service's database: back it up while the service runs.
+    Db {
+        #[command(subcommand)]
+        command: DbCommand,
+    },
     /// The attach history, read from the service's database: list it, verify its hash chains,
     /// export a segment to archive, prune what was archived.
     History {
@@ -174,6 +179,18 @@ impl DatabaseArgs {
             e => e.to_string(),
         })
     }
+}
+
+#[derive(Subcommand)]
+enum DbCommand {
+    /// Write a consistent copy of the service's SQLite database to FILE (which must not exist),
+    /// while the service runs: every change committed before the copy began and none after,
+    /// private (0600: it holds the CHAP secrets). For PostgreSQL, use pg_dump.
+    Backup {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        file: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -474,6 +491,21 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::History { command } => history(command),
+        Command::Db { command: DbCommand::Backup { db, file } } => {
+            let runtime =
+                tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+            let copied: Result<u64, String> = runtime.block_on(async {
+                let store = db.open().await?;
+                store.copy_to(&file).await.map_err(|e| e.to_string())
+            });
+            match copied {
+                Ok(bytes) => {
+                    println!("berth: the database copied to {} ({bytes} bytes)", file.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
         Command::TgtdPreload { dir } => match berth::capabilities::iscsi::tgt::preload::environment(&dir) {
             Ok(environment) => {
                 for (name, value) in environment {

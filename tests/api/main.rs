@@ -6,6 +6,7 @@ mod bad_input;
 mod capacity;
 mod compute_events;
 mod concurrency;
+mod database_backup;
 mod driver_failures;
 mod history;
 mod identity;

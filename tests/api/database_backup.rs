@@ -1,0 +1,102 @@
+//! `berth db backup FILE`: a consistent copy of the service's SQLite database, taken while the
+//! service serves and writes it. The copy holds every change committed before it began and is
+//! whole (SQLite's integrity check, every hash chain of the attach history verifies); a service
+//! started on it (the database restored) serves what it holds. The copy is private, as the
+//! database is (it holds the CHAP secrets); an existing file is never overwritten.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use berth_tests::process::{BerthProcess, FAKE_BACKEND, berth_binary};
+use berth_tests::server::{Client, connector};
+use serde_json::json;
+
+fn backup(db: &std::path::Path, to: &std::path::Path) -> (Option<i32>, String) {
+    let out = Command::new(berth_binary())
+        .args(["db", "backup", "--database-url", &format!("sqlite://{}", db.display())])
+        .arg(to)
+        .output()
+        .expect("run berth db backup");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), said)
+}
+
+fn volumes_in(db: &std::path::Path) -> usize {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.query_row("SELECT COUNT(*) FROM volumes WHERE deleted = 0", [], |r| r.get::<_, i64>(0)).unwrap()
+        as usize
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_taken_under_load_is_whole_and_a_service_restored_from_it_serves_what_it_holds() {
+    let mut server = BerthProcess::start(FAKE_BACKEND);
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    let db = server.dir.path().join("data/berth.db");
+
+    // Two clients make volumes and attach them while the backup is taken.
+    let stop = Arc::new(AtomicBool::new(false));
+    let made = Arc::new(AtomicUsize::new(0));
+    let mut load = Vec::new();
+    for n in 0..2 {
+        let (c, stop, made) = (c.clone(), stop.clone(), made.clone());
+        load.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let volume = c.create_volume(json!({"size": 1})).await;
+                let host = format!("h{n}");
+                let body = json!({"attachment": {"volume_uuid": volume, "connector": connector(&format!("iqn.1993-08.org.debian:01:{host}"), &host)}});
+                c.post("/attachments", body).await.expect(200);
+                made.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    while made.load(Ordering::Relaxed) < 10 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("berth-backup.db");
+    let before = made.load(Ordering::Relaxed);
+    let (code, said) = tokio::task::block_in_place(|| backup(&db, &copy));
+    let after = made.load(Ordering::Relaxed);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.starts_with(&format!("berth: the database copied to {}", copy.display())), "{said}");
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+
+    // Every volume acknowledged before the backup began is in it; none made after it ended.
+    let held = volumes_in(&copy);
+    assert!((before..=after + 2).contains(&held), "{before} made before, {after} after, {held} in the copy");
+    assert!(volumes_in(&db) > held || after > before, "the load went on during the copy");
+    let conn = rusqlite::Connection::open(&copy).unwrap();
+    let check: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
+    assert_eq!(check, "ok");
+    drop(conn);
+    let verified = Command::new(berth_binary())
+        .args(["history", "verify", "--database-url", &format!("sqlite://{}", copy.display())])
+        .output()
+        .unwrap();
+    assert!(verified.status.success(), "{}", String::from_utf8_lossy(&verified.stdout));
+    assert_eq!(std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777, 0o600, "private");
+
+    // An existing file is never overwritten; PostgreSQL is told to use pg_dump.
+    let (code, said) = backup(&db, &copy);
+    assert_ne!(code, Some(0));
+    assert!(said.contains("File exists"), "{said}");
+    assert_eq!(volumes_in(&copy), held, "the earlier backup is untouched");
+
+    // Restored: the service stopped, its database replaced by the copy, started again.
+    server.stop();
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    std::fs::copy(&copy, &db).unwrap();
+    server.start_again();
+    let listed =
+        c.get("/volumes/detail?limit=1000").await.expect(200).body["volumes"].as_array().unwrap().len();
+    assert_eq!(listed, held, "the restored service lists what the backup holds");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    assert_eq!(c.volume_status(&volume).await, "available", "and serves");
+}
