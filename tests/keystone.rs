@@ -581,4 +581,50 @@ async fn an_event_owed_to_nova_outlives_a_kill() {
 fn nova_events_without_keystone_are_refused_at_start() {
     let log = BerthProcess::try_start("[nova]\nenabled = true\n", FAKE, &[]).err().expect("refused");
     assert!(log.contains("[nova] enabled = true needs [auth] strategy = \"keystone\""), "{log}");
+    let log = BerthProcess::try_start("[nova]\nusername = \"nova\"\npassword = \"p\"\n", FAKE, &[])
+        .err()
+        .expect("refused");
+    assert!(log.contains("[nova] username needs [auth] strategy = \"keystone\""), "{log}");
+}
+
+/// `[nova]` credentials of its own (Cinder's): Berth tells Nova as that user, scoped to its
+/// project, not as its own `[keystone]` user; half of them is refused at start, naming the other
+/// half; and the password is never logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nova_is_told_as_the_user_of_novas_own_credentials() {
+    let ks = keystone();
+    for (half, names) in [
+        ("username = \"nova\"\n", "[nova] username needs [nova] password"),
+        ("password = \"p\"\n", "[nova] password needs [nova] username"),
+    ] {
+        let log = BerthProcess::try_start(
+            &format!("[nova]\n{half}"),
+            &format!("{}{FAKE}", ks.berth_config("")),
+            &[],
+        )
+        .err()
+        .expect("refused");
+        assert!(log.contains(names), "{log}");
+    }
+    let region = format!("nova-{}", uuid::Uuid::new_v4().simple());
+    let server = berth(
+        ks,
+        "",
+        &format!(
+            "[nova]\nregion_name = \"{region}\"\nusername = \"nova\"\npassword = \"{}\"\nproject_name = \"service\"\n",
+            ks.password("nova")
+        ),
+    );
+    let (alice, _) = as_user(ks, &server, "alice", "demo").await;
+    let nova = FakeNova::start(alice.clone()).await;
+    ks.register_compute(&region, &nova.url);
+    let instance = "7c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f";
+    let volume = attached_to(&alice, instance).await;
+    alice.post(&format!("/volumes/{volume}/action"), json!({"os-extend": {"new_size": 2}})).await.expect(202);
+    let call = nova.calls(1).await.remove(0);
+    assert_eq!(call.body["events"][0]["tag"], json!(volume));
+    let who = ks.validate(&call.token).await.expect("the token is valid in Keystone");
+    assert_eq!(who["user"]["id"], ks.users["nova"], "told as [nova]'s user: {who}");
+    assert_eq!(who["project"]["name"], "service", "{who}");
+    assert!(!server.log_text().contains(ks.password("nova")), "[nova]'s password was logged");
 }

@@ -252,6 +252,17 @@ pub struct NovaConfig {
     pub region_name: Option<String>,
     /// How long one call to Nova may take.
     pub timeout_seconds: f64,
+    /// The Keystone user Berth tells Nova as (Cinder's `[nova]` credentials), when it is not
+    /// Berth's own `[keystone]` user: Nova's policy lets admins and services send server
+    /// events, which Berth's own user, whose token validates callers, need not be. With
+    /// `password`; the domains and the project default to `[keystone]`'s.
+    pub username: Option<String>,
+    /// That user's password (keep this file private). Never logged.
+    #[schemars(with = "Option<String>")]
+    pub password: Option<Secret>,
+    pub user_domain_name: Option<String>,
+    pub project_name: Option<String>,
+    pub project_domain_name: Option<String>,
 }
 
 impl Default for NovaConfig {
@@ -262,6 +273,11 @@ impl Default for NovaConfig {
             interface: "public".into(),
             region_name: None,
             timeout_seconds: 30.0,
+            username: None,
+            password: None,
+            user_domain_name: None,
+            project_name: None,
+            project_domain_name: None,
         }
     }
 }

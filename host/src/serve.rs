@@ -266,15 +266,48 @@ fn compute(config: &Config, auth: &Auth) -> anyhow::Result<Option<Arc<crate::com
         Auth::Keystone(k) => Some(k.session()),
         _ => None,
     };
+    if config.nova.username.is_some() && keystone.is_none() && config.nova.enabled != Some(false) {
+        bail!("[nova] username needs [auth] strategy = \"keystone\": Nova takes only Keystone tokens");
+    }
     match (config.nova.enabled, keystone) {
         (Some(false), _) | (None, None) => Ok(None),
         (Some(true), None) => bail!(
             "[nova] enabled = true needs [auth] strategy = \"keystone\": Nova takes only Keystone tokens"
         ),
         (_, Some(session)) => {
+            let session = nova_session(session, config)?;
             let nova = crate::compute::Nova::new(session, &config.nova, config.http.ca_file.as_deref())
                 .map_err(anyhow::Error::msg)?;
             Ok(Some(Arc::new(nova)))
+        }
+    }
+}
+
+/// The Keystone session Berth tells Nova with: `[nova]`'s own user when one is named, else Berth's
+/// own (`keystone`, the session that validates callers).
+fn nova_session(
+    keystone: Arc<crate::keystone::Session>,
+    config: &Config,
+) -> anyhow::Result<Arc<crate::keystone::Session>> {
+    use crate::keystone::{Named, Password, Session};
+    let (n, k) = (&config.nova, &config.keystone);
+    match (&n.username, &n.password) {
+        (None, None) => Ok(keystone),
+        (Some(_), None) => bail!("[nova] username needs [nova] password"),
+        (None, Some(_)) => bail!("[nova] password needs [nova] username"),
+        (Some(user), Some(password)) => {
+            let name = |own: &Option<String>, theirs: &str| {
+                Named::Name(own.clone().unwrap_or_else(|| theirs.to_string()))
+            };
+            let password = Password {
+                auth_url: keystone.auth_url().to_string(),
+                user: Named::Name(user.clone()),
+                user_domain: name(&n.user_domain_name, &k.user_domain_name),
+                password: password.0.clone(),
+                project: name(&n.project_name, &k.project_name),
+                project_domain: name(&n.project_domain_name, &k.project_domain_name),
+            };
+            Ok(Arc::new(Session::new(keystone.http().clone(), password)))
         }
     }
 }
