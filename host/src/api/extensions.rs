@@ -1,5 +1,5 @@
 //! `GET /v3/{project_id}/extensions` (`cinder list-extensions`, `openstack extension list
-//! --volume`; dashboards ask it whether a feature is there): the extensions of Cinder's API that
+//! --volume`; a client may ask it whether a feature is there): the extensions of Cinder's API that
 //! this service serves, under Cinder's names, aliases, descriptions and dates. Only those whose
 //! calls answer here; snapshots, backups, volume and snapshot management, host administration,
 //! type management and type access are not listed.

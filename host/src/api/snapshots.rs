@@ -3,8 +3,8 @@
 //! backends take no snapshots and which runs no backup service, the lists are empty (their
 //! filters, paging and microversions checked as every list's), a snapshot or backup named by id
 //! is 404, and a request to make one is refused with 400 saying why. Clients that list
-//! snapshots or backups while they show or delete volumes (`openstack volume snapshot list`,
-//! dashboards, orchestration tools) then work unchanged.
+//! snapshots or backups (`cinder snapshot-list`, `openstack volume snapshot list`, openstacksdk's
+//! `snapshots()`) get an empty list where they got an error.
 
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
