@@ -123,7 +123,7 @@ fn has_float(v: &Value) -> bool {
 fn request_bodies_never_cause_a_server_error() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let s = rt.block_on(TestServer::start(Db::Sqlite));
-    let c = s.client("p1").at("3.54");
+    let c = s.client("p1").at("3.71");
     let volume = rt.block_on(c.create_volume(json!({"size": 1})));
     let attachment =
         rt.block_on(c.attach(&volume, None)).body["attachment"]["id"].as_str().unwrap().to_string();
@@ -135,6 +135,14 @@ fn request_bodies_never_cause_a_server_error() {
         (reqwest::Method::POST, format!("/volumes/{volume}/action")),
         (reqwest::Method::POST, format!("/volumes/{volume}/metadata")),
         (reqwest::Method::PUT, format!("/volumes/{volume}/metadata")),
+        (reqwest::Method::PUT, format!("/volumes/{volume}")),
+        (reqwest::Method::PUT, "/os-quota-sets/p1".into()),
+        (reqwest::Method::PUT, "/os-quota-class-sets/default".into()),
+        (reqwest::Method::POST, "/os-volume-transfer".into()),
+        (reqwest::Method::POST, format!("/os-volume-transfer/{volume}/accept")),
+        (reqwest::Method::POST, "/snapshots".into()),
+        (reqwest::Method::POST, "/backups".into()),
+        (reqwest::Method::PUT, "/default-types/p1".into()),
     ];
     let bodies = prop_oneof![
         any_json().prop_map(|v| v.to_string().into_bytes()),
@@ -152,7 +160,14 @@ fn request_bodies_never_cause_a_server_error() {
                     "os-force_detach",
                     "os-complete",
                     "metadata",
-                    "connector"
+                    "connector",
+                    "quota_set",
+                    "quota_class_set",
+                    "transfer",
+                    "accept",
+                    "snapshot",
+                    "backup",
+                    "default_type"
                 ][..]
             ),
             any_json()
