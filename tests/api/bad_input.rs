@@ -159,3 +159,34 @@ both_databases! {
         assert!(operations.is_empty(), "operations left behind: {operations:?}");
     }
 }
+
+/// A volume action Cinder has and this service has not (`cinder reset-state`, `migrate`,
+/// `readonly-mode-update`, `upload-to-image`, `revert-to-snapshot`) is Cinder's 400 for an
+/// unknown action, saying why it is not here and what to do instead; nothing changes.
+#[tokio::test]
+async fn a_cinder_action_not_served_here_says_why() {
+    let s = berth_tests::server::TestServer::start(berth_tests::server::Db::Sqlite).await;
+    let c = s.client("p1").at("3.71");
+    let volume = c.create_volume(json!({"size": 1})).await;
+    let before = census(&c).await;
+    for (action, says) in [
+        (json!({"os-reset_status": {"status": "error"}}), "every error state is left through the API itself"),
+        (json!({"os-migrate_volume": {"host": "x"}}), "Volumes do not move between backends here"),
+        (json!({"os-update_readonly_flag": {"readonly": true}}), "the attachment's `mode`"),
+        (json!({"os-volume_upload_image": {"image_name": "i"}}), "no image service"),
+        (json!({"revert": {"snapshot_id": volume}}), "takes no snapshots"),
+    ] {
+        let name = action.as_object().unwrap().keys().next().unwrap().clone();
+        let message = c.post(&format!("/volumes/{volume}/action"), action).await.fault(400, "badRequest");
+        assert!(
+            message.starts_with(&format!("There is no such action: {name}. ")) && message.contains(says),
+            "{message}"
+        );
+    }
+    let message = c
+        .post(&format!("/volumes/{volume}/action"), json!({"os-dance": null}))
+        .await
+        .fault(400, "badRequest");
+    assert_eq!(message, "There is no such action: os-dance");
+    assert_eq!(census(&c).await, before);
+}

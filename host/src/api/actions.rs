@@ -286,6 +286,23 @@ fn attachment_id(value: Option<String>) -> Result<Option<String>, ApiError> {
     value.as_deref().map(|a| uuid_param("attachment_id", a)).transpose()
 }
 
+/// Why a volume action Cinder has is not one of this service's, where a client would ask.
+fn not_here(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "os-reset_status" => {
+            "Statuses are not overwritten here: every error state is left through the API itself, by \
+             deleting, trying again or unmanaging (docs/operations.md, \"The outcomes\")."
+        }
+        "os-migrate_volume" | "os-migrate_volume_completion" => {
+            "Volumes do not move between backends here (a retype stays on its backend)."
+        }
+        "os-update_readonly_flag" => "Read-only access is the attachment's `mode` (`ro`), from 3.54.",
+        "os-volume_upload_image" => "Volumes are not uploaded to images here (no image service).",
+        "revert" => "This service takes no snapshots to revert to.",
+        _ => return None,
+    })
+}
+
 async fn action(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -303,7 +320,10 @@ async fn action(
         }
     };
     let Some((_, since, rule, _)) = ACTIONS.iter().find(|(n, _, _, _)| *n == name) else {
-        return Err(ApiError::bad_request(format!("There is no such action: {name}")));
+        return Err(ApiError::bad_request(match not_here(&name) {
+            Some(why) => format!("There is no such action: {name}. {why}"),
+            None => format!("There is no such action: {name}"),
+        }));
     };
     if version < *since {
         return Err(ApiError::no_such_resource());
