@@ -153,7 +153,8 @@ struct DatabaseArgs {
 }
 
 impl DatabaseArgs {
-    async fn open(&self) -> Result<berth::store::Store, String> {
+    /// The service's configuration, with these flags over it.
+    fn config(&self) -> Result<Config, String> {
         let mut cfg = match &self.config {
             Some(path) => Config::load(path)?,
             None => Config::default(),
@@ -164,6 +165,11 @@ impl DatabaseArgs {
         if self.database_url.is_some() {
             cfg.database_url = self.database_url.clone();
         }
+        Ok(cfg)
+    }
+
+    async fn open(&self) -> Result<berth::store::Store, String> {
+        let cfg = self.config()?;
         // What a service recorded is read where it is and as it is: never in a database made for
         // the purpose, and never migrated under the service.
         let options = berth::store::StoreOptions {
@@ -187,6 +193,15 @@ enum DbCommand {
     /// while the service runs: every change committed before the copy began and none after,
     /// private (0600: it holds the CHAP secrets). For PostgreSQL, use pg_dump.
     Backup {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        file: PathBuf,
+    },
+    /// Put a backup (FILE) in place of the service's SQLite database, with `berth serve` stopped
+    /// (refused while it runs on the data directory). The backup is checked first; the database
+    /// it replaces is kept next to it (`berth.db.replaced-<time>`). For PostgreSQL, use
+    /// pg_restore.
+    Restore {
         #[command(flatten)]
         db: DatabaseArgs,
         file: PathBuf,
@@ -491,6 +506,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::History { command } => history(command),
+        Command::Db { command: DbCommand::Restore { db, file } } => match restore(&db, &file) {
+            Ok(said) => {
+                println!("{said}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        },
         Command::Db { command: DbCommand::Backup { db, file } } => {
             let runtime =
                 tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
@@ -552,6 +574,31 @@ fn driver_call(
 }
 
 /// An ISO 8601 time of a `berth history` flag, in microseconds.
+/// `berth db restore`: the service's SQLite database replaced by a backup, under the data
+/// directory's lock (so no `berth serve` runs on it meanwhile).
+fn restore(db: &DatabaseArgs, file: &std::path::Path) -> Result<String, String> {
+    let cfg = db.config()?;
+    let url = cfg.database_url();
+    let Some(path) = berth::store::backup::sqlite_file(&url) else {
+        return Err("the database is PostgreSQL: restore it with pg_restore (docs/operations.md, \"Backing up the database\")".into());
+    };
+    let data_dir = cfg.data_dir();
+    let _lock = berth::serve::lock_data_dir(&data_dir).map_err(|_| {
+        format!("berth serve is running on the data directory {}: stop it first", data_dir.display())
+    })?;
+    let restored = berth::store::backup::restore(&path, file).map_err(|e| e.to_string())?;
+    let kept = match &restored.replaced {
+        Some(p) => format!("; the database it replaced is kept as {}", p.display()),
+        None => String::new(),
+    };
+    Ok(format!(
+        "berth: {} restored to {} (schema at migration {}){kept}; start berth serve",
+        file.display(),
+        path.display(),
+        restored.schema
+    ))
+}
+
 fn history_time(flag: &str, value: &str) -> Result<i64, String> {
     berth::api::volumes::parse_time(value)
         .ok_or_else(|| format!("--{flag} {value:?} is not an ISO 8601 time"))

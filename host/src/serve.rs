@@ -422,7 +422,7 @@ fn set_private(dir: &std::path::Path) -> anyhow::Result<()> {
 
 /// Only one `berth serve` per data directory: its database, volumes and operations are this
 /// process's alone (a second would take over its operations as if it had died).
-fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+pub fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     use std::os::fd::AsRawFd;
     let path = dir.join("berth.lock");
     let file = std::fs::OpenOptions::new()

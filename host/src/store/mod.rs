@@ -22,6 +22,7 @@
 #![allow(clippy::disallowed_methods)]
 
 pub mod attachments;
+pub mod backup;
 mod batch;
 pub mod compute_events;
 pub mod default_types;
@@ -638,37 +639,6 @@ impl Store {
                 Ok(Tx::postgres(begun.map_err(StoreError::from_db)?))
             }
         }
-    }
-
-    /// Writes a consistent copy of a SQLite database to `to`, a file that must not exist yet,
-    /// while a service may go on writing the database (SQLite's `VACUUM INTO`: one read
-    /// transaction's snapshot, every committed change before it and none after, compacted).
-    /// The copy is private (0600), as the database is: it holds every CHAP secret. Returns its
-    /// size in bytes. PostgreSQL is refused: its backups are `pg_dump`'s.
-    pub async fn copy_to(&self, to: &std::path::Path) -> Result<u64, StoreError> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let Db::Sqlite { readers, .. } = &*self.db else {
-            return Err(StoreError::Unsupported(
-                "the database is PostgreSQL: back it up with pg_dump (docs/operations.md, \"Backing up the database\")",
-            ));
-        };
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(to)
-            .map_err(|e| StoreError::Create { path: to.display().to_string(), why: e.to_string() })?;
-        let conn = readers[0].clone().lock_owned().await;
-        let target = to.display().to_string();
-        let copied = tokio::task::spawn_blocking(move || conn.0.execute("VACUUM INTO ?1", [&target]))
-            .await
-            .map_err(|e| StoreError::Corrupt(format!("the copy stopped: {e}")))?;
-        if let Err(e) = copied {
-            let _ = std::fs::remove_file(to);
-            return Err(e.into());
-        }
-        let size = std::fs::metadata(to).map(|m| m.len()).unwrap_or(0);
-        Ok(size)
     }
 
     /// Syncs of SQLite's write-ahead log made since the store was opened, and of them those made
