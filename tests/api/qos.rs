@@ -153,6 +153,26 @@ async fn admins_read_the_specs_and_the_types_associated_with_them() {
         let message = admin.send(method.clone(), &admin.url(&path), body).await.fault(405, "badMethod");
         assert!(message.contains("`[[volume_types]]` and `[[qos_specs]]`"), "{method} {path}: {message}");
     }
+    // Cinder's calls that do it by a path of their own (`type-access-add`, `qos-associate`,
+    // `qos-unset-key`) say the same; a type's access list is Cinder's 404 for a public type.
+    let gold_type_id = gold_type.as_str().unwrap();
+    for (method, path, body) in [
+        (
+            Method::POST,
+            format!("/types/{gold_type_id}/action"),
+            Some(json!({"addProjectAccess": {"project": "p2"}})),
+        ),
+        (Method::GET, format!("/qos-specs/{gold}/associate?vol_type_id={gold_type_id}"), None),
+        (Method::GET, format!("/qos-specs/{gold}/disassociate_all"), None),
+        (Method::PUT, format!("/qos-specs/{gold}/delete_keys"), Some(json!({"keys": ["read_bytes_sec"]}))),
+    ] {
+        let message = admin.send(method.clone(), &admin.url(&path), body).await.fault(405, "badMethod");
+        assert!(message.contains("`[[volume_types]]` and `[[qos_specs]]`"), "{method} {path}: {message}");
+    }
+    let access =
+        admin.get(&format!("/types/{gold_type_id}/os-volume-type-access")).await.fault(404, "itemNotFound");
+    assert_eq!(access, "Access list not available for public volume types.");
+    admin.get("/no-such-thing").await.fault(404, "itemNotFound");
     let other = admin.send(Method::PATCH, &admin.url("/volumes"), None).await.fault(405, "badMethod");
     assert_eq!(other, "The method is not allowed for this resource.");
     assert_eq!(admin.get("/types").await.expect(200).body, before, "unchanged");

@@ -172,7 +172,7 @@ pub fn router(state: AppState) -> Router {
     // whole body, bounded in size and time; only then a slot of the bound on requests in flight,
     // so that neither a client without credentials nor a slow one can hold every slot.
     root.nest("/v3", v3)
-        .fallback(|| async { ApiError::no_such_resource() })
+        .fallback(|uri: axum::extract::OriginalUri| async move { no_route(uri.path()) })
         .method_not_allowed_fallback(|uri: axum::extract::OriginalUri| async move { not_allowed(uri.path()) })
         .layer(middleware::from_fn(microversion::negotiate))
         .layer(middleware::from_fn_with_state(state.clone(), forward::forward))
@@ -191,13 +191,37 @@ fn not_allowed(path: &str) -> ApiError {
     let configured = ["/types", "/qos-specs"]
         .iter()
         .any(|prefix| rest.strip_prefix(prefix).is_some_and(|tail| tail.is_empty() || tail.starts_with('/')));
-    let message = if configured {
+    if configured {
+        return configuration();
+    }
+    ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "The method is not allowed for this resource.")
+}
+
+/// 405: volume types and QoS specs are changed in the configuration, not through the API.
+fn configuration() -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
         "Volume types and QoS specs are this service's configuration (`[[volume_types]]` and \
-         `[[qos_specs]]`, the same on every node): the API reads them and does not change them."
-    } else {
-        "The method is not allowed for this resource."
-    };
-    ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, message)
+         `[[qos_specs]]`, the same on every node): the API reads them and does not change them.",
+    )
+}
+
+/// A path no route has: 404, but for Cinder's calls that change types and QoS specs by a path of
+/// their own (`cinder type-access-add`, `qos-associate`, `qos-unset-key`: 405, they are
+/// configuration here) and a type's access list (every type here is public: Cinder's 404).
+fn no_route(path: &str) -> ApiError {
+    let rest = path.strip_prefix("/v3").unwrap_or(path);
+    let segments: Vec<&str> = rest.trim_start_matches('/').split('/').collect();
+    match segments.as_slice() {
+        ["types", _, "os-volume-type-access"] => {
+            ApiError::not_found("Access list not available for public volume types.")
+        }
+        ["types", _, "action"]
+        | ["qos-specs", _, "associate" | "disassociate" | "disassociate_all" | "delete_keys"] => {
+            configuration()
+        }
+        _ => ApiError::no_such_resource(),
+    }
 }
 
 /// The complete service: both URL forms (`/v3/{project_id}/...` and `/v3/...`) reach the same
