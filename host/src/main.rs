@@ -113,7 +113,8 @@ enum Command {
         #[command(subcommand)]
         command: DriverCommand,
     },
-    /// The service's database: back it up while the service runs.
+    /// The service's database: back it up while the service runs, restore a backup while it is
+    /// stopped.
     Db {
         #[command(subcommand)]
         command: DbCommand,
@@ -573,7 +574,6 @@ fn driver_call(
     }
 }
 
-/// An ISO 8601 time of a `berth history` flag, in microseconds.
 /// `berth db restore`: the service's SQLite database replaced by a backup, under the data
 /// directory's lock (so no `berth serve` runs on it meanwhile).
 fn restore(db: &DatabaseArgs, file: &std::path::Path) -> Result<String, String> {
@@ -599,6 +599,7 @@ fn restore(db: &DatabaseArgs, file: &std::path::Path) -> Result<String, String> 
     ))
 }
 
+/// An ISO 8601 time of a `berth history` flag, in microseconds.
 fn history_time(flag: &str, value: &str) -> Result<i64, String> {
     berth::api::volumes::parse_time(value)
         .ok_or_else(|| format!("--{flag} {value:?} is not an ISO 8601 time"))
