@@ -153,6 +153,12 @@ impl Endpoint {
         self
     }
 
+    /// It answers `status` with a body described otherwise.
+    pub fn answers_with(mut self, status: StatusCode, description: &'static str, schema: SchemaFn) -> Self {
+        self.doc.answers.push((status, description, Some(schema)));
+        self
+    }
+
     /// It answers `status` with no body.
     pub fn answers_empty(mut self, status: StatusCode, description: &'static str) -> Self {
         self.doc.answers.push((status, description, None));

@@ -17,46 +17,118 @@ use serde_json::Value;
 use super::body::JsonBody;
 use super::error::ApiError;
 use super::microversion::{VOLUME_LIST_COUNT, Version};
-use super::openapi::Endpoint;
+use super::openapi::{Endpoint, SchemaFn};
 use super::policy::Rule;
 use super::query::{ListQuery, ListSpec, parse};
 use super::{AppState, uuid_param};
 use crate::attach::Caller;
 
 pub fn endpoints() -> Vec<Endpoint> {
-    const SNAPSHOTS: &str = "snapshots";
-    const BACKUPS: &str = "backups";
+    let mut out = of(&SNAPSHOTS);
+    out.extend(of(&BACKUPS));
+    out
+}
+
+/// A resource this service has none of, and what its calls say.
+struct Absent {
+    /// Its list's key and path (`snapshots`), its name in a request body and a marker's message
+    /// (`snapshot`), and in a 404's (`Snapshot`).
+    plural: &'static str,
+    singular: &'static str,
+    title: &'static str,
+    list: &'static ListSpec,
+    /// Why none can be made.
+    why: &'static str,
+    /// The rules of its list, show, create and delete.
+    rules: [Rule; 4],
+    /// The paths (the list, its detail, one by id) and their operations' ids and summaries, as
+    /// the document names them: list, list with details, show, delete, create.
+    paths: [&'static str; 3],
+    /// Its list's answer, as the document describes it.
+    answer: SchemaFn,
+    ids: [&'static str; 5],
+    summaries: [&'static str; 5],
+}
+
+const SNAPSHOTS: Absent = Absent {
+    plural: "snapshots",
+    singular: "snapshot",
+    title: "Snapshot",
+    list: &SNAPSHOT_LIST,
+    why: "this service takes no snapshots: its storage drivers have no snapshot call",
+    rules: [Rule::SnapshotGetAll, Rule::SnapshotGet, Rule::SnapshotCreate, Rule::SnapshotDelete],
+    paths: ["/snapshots", "/snapshots/detail", "/snapshots/{id}"],
+    answer: |g| g.subschema_for::<SnapshotList>(),
+    ids: ["listSnapshots", "listSnapshotsDetail", "showSnapshot", "deleteSnapshot", "createSnapshot"],
+    summaries: [
+        "List snapshots: always empty (no driver here takes snapshots)",
+        "List snapshots with details: always empty",
+        "Show a snapshot: none exists (404)",
+        "Delete a snapshot: none exists (404)",
+        "Create a snapshot: refused (400), no driver here takes snapshots",
+    ],
+};
+
+const BACKUPS: Absent = Absent {
+    plural: "backups",
+    singular: "backup",
+    title: "Backup",
+    list: &BACKUP_LIST,
+    why: "this service makes no backups: no backup service runs here",
+    rules: [Rule::BackupGetAll, Rule::BackupGet, Rule::BackupCreate, Rule::BackupDelete],
+    paths: ["/backups", "/backups/detail", "/backups/{id}"],
+    answer: |g| g.subschema_for::<BackupList>(),
+    ids: ["listBackups", "listBackupsDetail", "showBackup", "deleteBackup", "createBackup"],
+    summaries: [
+        "List backups: always empty (no backup service runs here)",
+        "List backups with details: always empty",
+        "Show a backup: none exists (404)",
+        "Delete a backup: none exists (404)",
+        "Create a backup: refused (400), no backup service runs here",
+    ],
+};
+
+/// The calls of one absent resource.
+fn of(a: &'static Absent) -> Vec<Endpoint> {
+    let [all, detail, one] = a.paths;
+    let [list_id, detail_id, show_id, delete_id, create_id] = a.ids;
+    let [list_says, detail_says, show_says, delete_says, create_says] = a.summaries;
+    let listed = |path, id, says| {
+        Endpoint::get(
+            path,
+            move |State(state): State<AppState>,
+                  Extension(caller): Extension<Caller>,
+                  Extension(version): Extension<Version>,
+                  RawQuery(raw): RawQuery| async move { list(&state, &caller, version, raw, a) },
+            id,
+        )
+        .summary(a.plural, says)
+        .list(a.list)
+        .answers_with(StatusCode::OK, "None", a.answer)
+    };
+    let none = move |rule: Rule| {
+        move |State(state): State<AppState>, Extension(caller): Extension<Caller>, Path(id): Path<String>| async move {
+            state.authorize(&caller, rule)?;
+            Err::<Response, _>(ApiError::not_found(format!("{} {id} could not be found.", a.title)))
+        }
+    };
     vec![
-        Endpoint::get("/snapshots", list_snapshots, "listSnapshots")
-            .summary(SNAPSHOTS, "List snapshots: always empty (no driver here takes snapshots)")
-            .list(&SNAPSHOT_LIST)
-            .answers::<SnapshotList>(StatusCode::OK, "No snapshot"),
-        Endpoint::get("/snapshots/detail", list_snapshots, "listSnapshotsDetail")
-            .summary(SNAPSHOTS, "List snapshots with details: always empty")
-            .list(&SNAPSHOT_LIST)
-            .answers::<SnapshotList>(StatusCode::OK, "No snapshot"),
-        Endpoint::get("/snapshots/{id}", show_snapshot, "showSnapshot")
-            .summary(SNAPSHOTS, "Show a snapshot: none exists (404)"),
-        Endpoint::delete("/snapshots/{id}", delete_snapshot, "deleteSnapshot")
-            .summary(SNAPSHOTS, "Delete a snapshot: none exists (404)"),
-        Endpoint::post("/snapshots", create_snapshot, "createSnapshot")
-            .summary(SNAPSHOTS, "Create a snapshot: refused (400), no driver here takes snapshots")
-            .body::<Value>(),
-        Endpoint::get("/backups", list_backups, "listBackups")
-            .summary(BACKUPS, "List backups: always empty (no backup service runs here)")
-            .list(&BACKUP_LIST)
-            .answers::<BackupList>(StatusCode::OK, "No backup"),
-        Endpoint::get("/backups/detail", list_backups, "listBackupsDetail")
-            .summary(BACKUPS, "List backups with details: always empty")
-            .list(&BACKUP_LIST)
-            .answers::<BackupList>(StatusCode::OK, "No backup"),
-        Endpoint::get("/backups/{id}", show_backup, "showBackup")
-            .summary(BACKUPS, "Show a backup: none exists (404)"),
-        Endpoint::delete("/backups/{id}", delete_backup, "deleteBackup")
-            .summary(BACKUPS, "Delete a backup: none exists (404)"),
-        Endpoint::post("/backups", create_backup, "createBackup")
-            .summary(BACKUPS, "Create a backup: refused (400), no backup service runs here")
-            .body::<Value>(),
+        listed(all, list_id, list_says),
+        listed(detail, detail_id, detail_says),
+        Endpoint::get(one, none(a.rules[1]), show_id).summary(a.plural, show_says),
+        Endpoint::delete(one, none(a.rules[3]), delete_id).summary(a.plural, delete_says),
+        Endpoint::post(
+            all,
+            move |State(state): State<AppState>,
+                  Extension(caller): Extension<Caller>,
+                  JsonBody(body): JsonBody<Value>| async move {
+                state.authorize(&caller, a.rules[2])?;
+                Err::<Response, _>(refuse_to_make(&body, a.singular, a.why))
+            },
+            create_id,
+        )
+        .summary(a.plural, create_says)
+        .body::<Value>(),
     ]
 }
 
@@ -107,21 +179,28 @@ struct BackupList {
     count: Option<i64>,
 }
 
-/// The list query of a resource that has nothing: checked as any list's, and a marker, which
-/// names nothing here, is 404 as an unknown marker is in every list. `count` when asked.
-fn nothing(
-    raw: Option<&str>,
-    spec: &ListSpec,
+/// The list of a resource that has nothing: its query checked as any list's, and a marker,
+/// which names nothing here, 404 as an unknown marker is in every list; `count` when asked.
+fn list(
+    state: &AppState,
+    caller: &Caller,
     version: Version,
-    what: &str,
-) -> Result<Option<i64>, ApiError> {
-    let q: ListQuery = parse(raw, spec, version)?;
+    raw: Option<String>,
+    a: &Absent,
+) -> Result<Response, ApiError> {
+    state.authorize(caller, a.rules[0])?;
+    let q: ListQuery = parse(raw.as_deref(), a.list, version)?;
     if let Some(m) = &q.page.marker {
-        return Err(ApiError::not_found(format!("Marker {what} {m} could not be found.")));
+        return Err(ApiError::not_found(format!("Marker {} {m} could not be found.", a.singular)));
     }
-    let counted = version >= VOLUME_LIST_COUNT
-        && q.flags.get("with_count").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    Ok(counted.then_some(0))
+    let mut body = serde_json::Map::new();
+    body.insert(a.plural.to_string(), Value::Array(Vec::new()));
+    if version >= VOLUME_LIST_COUNT
+        && q.flags.get("with_count").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    {
+        body.insert("count".to_string(), Value::from(0));
+    }
+    Ok(Json(Value::Object(body)).into_response())
 }
 
 /// A request to make one, refused once its body has the shape Cinder asks for: `{"<key>":
@@ -139,84 +218,4 @@ fn refuse_to_make(body: &Value, key: &str, why: &str) -> ApiError {
             "Invalid input for field/attribute {key}. Value: {body}. 'volume_id' is a required property"
         )),
     }
-}
-
-async fn list_snapshots(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Extension(version): Extension<Version>,
-    RawQuery(raw): RawQuery,
-) -> Result<Response, ApiError> {
-    state.authorize(&caller, Rule::SnapshotGetAll)?;
-    let count = nothing(raw.as_deref(), &SNAPSHOT_LIST, version, "snapshot")?;
-    Ok(Json(SnapshotList { snapshots: Vec::new(), count }).into_response())
-}
-
-async fn show_snapshot(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    state.authorize(&caller, Rule::SnapshotGet)?;
-    Err(ApiError::not_found(format!("Snapshot {id} could not be found.")))
-}
-
-async fn delete_snapshot(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    state.authorize(&caller, Rule::SnapshotDelete)?;
-    Err(ApiError::not_found(format!("Snapshot {id} could not be found.")))
-}
-
-async fn create_snapshot(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    JsonBody(body): JsonBody<Value>,
-) -> Result<Response, ApiError> {
-    state.authorize(&caller, Rule::SnapshotCreate)?;
-    Err(refuse_to_make(
-        &body,
-        "snapshot",
-        "this service takes no snapshots: its storage drivers have no snapshot call",
-    ))
-}
-
-async fn list_backups(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Extension(version): Extension<Version>,
-    RawQuery(raw): RawQuery,
-) -> Result<Response, ApiError> {
-    state.authorize(&caller, Rule::BackupGetAll)?;
-    let count = nothing(raw.as_deref(), &BACKUP_LIST, version, "backup")?;
-    Ok(Json(BackupList { backups: Vec::new(), count }).into_response())
-}
-
-async fn show_backup(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    state.authorize(&caller, Rule::BackupGet)?;
-    Err(ApiError::not_found(format!("Backup {id} could not be found.")))
-}
-
-async fn delete_backup(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    state.authorize(&caller, Rule::BackupDelete)?;
-    Err(ApiError::not_found(format!("Backup {id} could not be found.")))
-}
-
-async fn create_backup(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    JsonBody(body): JsonBody<Value>,
-) -> Result<Response, ApiError> {
-    state.authorize(&caller, Rule::BackupCreate)?;
-    Err(refuse_to_make(&body, "backup", "this service makes no backups: no backup service runs here"))
 }
