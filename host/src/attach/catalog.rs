@@ -306,6 +306,7 @@ pub fn storage_protocol(p: &crate::runtime::contract::Protocol) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn a_count_of_a_backends_volumes_stands_with_what_was_let_in_since() {
@@ -326,7 +327,6 @@ mod tests {
         let room = filesystem.room(7).unwrap();
         assert!(room.total_bytes > 0 && room.free_bytes <= room.total_bytes);
     }
-    use super::*;
 
     #[test]
     fn type_ids_are_stable_and_multiattach_follows_the_extra_spec() {

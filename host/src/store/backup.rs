@@ -15,8 +15,9 @@ impl Store {
     pub async fn copy_to(&self, to: &std::path::Path) -> Result<u64, StoreError> {
         use std::os::unix::fs::OpenOptionsExt;
         let Db::Sqlite { readers, .. } = &*self.db else {
-            return Err(StoreError::Unsupported(
-                "the database is PostgreSQL: back it up with pg_dump (docs/operations.md, \"Backing up the database\")",
+            return Err(StoreError::Refused(
+                "the database is PostgreSQL: back it up with pg_dump (docs/operations.md, \"Backing up the database\")"
+                    .into(),
             ));
         };
         std::fs::OpenOptions::new()
@@ -66,7 +67,7 @@ pub struct Restored {
 /// (0600) and synced before it takes the database's name.
 pub fn restore(db: &Path, from: &Path) -> Result<Restored, StoreError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let refused = |why: String| StoreError::Corrupt(format!("{} cannot be restored: {why}", from.display()));
+    let refused = |why: String| StoreError::Refused(format!("{} cannot be restored: {why}", from.display()));
     let schema: i64 = {
         let copy = rusqlite::Connection::open_with_flags(from, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .map_err(|e| refused(e.to_string()))?;

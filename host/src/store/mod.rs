@@ -147,8 +147,9 @@ pub enum StoreError {
     /// A statement on a transaction that was already committed (a bug).
     #[error("the transaction is finished")]
     Finished,
+    /// What a tool (`berth db`) refuses to do, and why.
     #[error("{0}")]
-    Unsupported(&'static str),
+    Refused(String),
     /// The database's schema has a migration this build does not know: a newer berth upgraded it.
     #[error(
         "the database's schema is at migration {applied}, newer than this build of berth knows (up to \
