@@ -309,12 +309,17 @@ async fn an_attached_extend_abandoned_at_its_deadline_leaves_the_target_open() {
     let volume = c.create_volume(json!({"size": 1})).await;
     let (_, info) = attach(&c, &volume, ALICE, "alice-host").await;
     let target = Target::from_connection_info(&info);
+    let failpoints = |what: &str| format!("{}/_failpoints/{what}", rig.berth.base);
+    let http = reqwest::Client::new();
+    let reset = json!({"trace": true});
+    http.post(failpoints("reset")).json(&reset).send().await.unwrap().error_for_status().unwrap();
     let arm = json!({"name": "tgt.reopen.offline", "nth": 1, "action": "sleep", "millis": 3000});
-    let url = format!("{}/_failpoints/arm", rig.berth.base);
-    reqwest::Client::new().post(url).json(&arm).send().await.unwrap().error_for_status().unwrap();
+    http.post(failpoints("arm")).json(&arm).send().await.unwrap().error_for_status().unwrap();
 
     let extend = json!({"os-extend": {"new_size": 2}});
     let answer = c.at("3.42").post(&format!("/volumes/{volume}/action"), extend.clone()).await;
+    let hits: Vec<String> = http.get(failpoints("hits")).send().await.unwrap().json().await.unwrap();
+    assert!(hits.iter().any(|h| h == "tgt.reopen.offline"), "the reopening was paused: {hits:?}");
     assert!(answer.status >= 500, "the driver call passed its deadline: {answer:?}");
     let shown = c.get(&format!("/volumes/{volume}")).await.expect(200).body["volume"].clone();
     assert_eq!((shown["size"].as_i64(), shown["status"].as_str()), (Some(1), Some("in-use")));

@@ -22,12 +22,17 @@
 //! kill the process at each of them.
 
 #[cfg(feature = "failpoints")]
-pub use active::{Action, arm, fails, hit, hits, pause, reset, seen};
+pub use active::{Action, arm, fails, hit, hit_async, hits, pause, reset, seen};
 
 /// Marks a failpoint (does nothing: this build has no failpoints).
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}
+
+/// Marks a failpoint in async code (does nothing: this build has no failpoints).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub async fn hit_async(_name: &str) {}
 
 /// Where a fault can be injected (never: this build has no failpoints).
 #[cfg(not(feature = "failpoints"))]
@@ -116,6 +121,24 @@ mod active {
 
     /// Passes the failpoint `name`.
     pub fn hit(name: &str) {
+        if let Some(millis) = passed(name) {
+            std::thread::sleep(Duration::from_millis(millis));
+        }
+    }
+
+    /// Passes the failpoint `name` in async code whose stall must be its own only, as a slow
+    /// backend's answer is: a `sleep` armed there waits without holding the thread, so the
+    /// runtime's other tasks (the timer of the call's deadline among them) go on even when it
+    /// has a single worker.
+    pub async fn hit_async(name: &str) {
+        if let Some(millis) = passed(name) {
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+        }
+    }
+
+    /// Traces a pass of the failpoint `name` and kills the process when a `kill` armed there
+    /// fires; how long to sleep when a `sleep` does.
+    fn passed(name: &str) -> Option<u64> {
         from_environment();
         let fire = {
             let mut s = state();
@@ -137,8 +160,8 @@ mod active {
                     std::thread::sleep(Duration::from_secs(1));
                 }
             }
-            Some((Action::Sleep, millis)) => std::thread::sleep(Duration::from_millis(millis)),
-            Some((Action::Fail, _)) | None => {}
+            Some((Action::Sleep, millis)) => Some(millis),
+            Some((Action::Fail, _)) | None => None,
         }
     }
 
