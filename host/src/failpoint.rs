@@ -22,17 +22,12 @@
 //! kill the process at each of them.
 
 #[cfg(feature = "failpoints")]
-pub use active::{Action, arm, fails, hit, hit_async, hits, pause, reset, seen};
+pub use active::{Action, arm, fails, hit, hits, pause, reset, seen};
 
 /// Marks a failpoint (does nothing: this build has no failpoints).
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn hit(_name: &str) {}
-
-/// Marks a failpoint in async code (does nothing: this build has no failpoints).
-#[cfg(not(feature = "failpoints"))]
-#[inline(always)]
-pub async fn hit_async(_name: &str) {}
+pub async fn hit(_name: &str) {}
 
 /// Where a fault can be injected (never: this build has no failpoints).
 #[cfg(not(feature = "failpoints"))]
@@ -43,7 +38,7 @@ pub fn fails(_name: &str) -> bool {
 /// Where a test makes a flow wait (never: this build has no failpoints).
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn pause(_name: &str) {}
+pub async fn pause(_name: &str) {}
 
 #[cfg(feature = "failpoints")]
 mod active {
@@ -119,18 +114,10 @@ mod active {
         });
     }
 
-    /// Passes the failpoint `name`.
-    pub fn hit(name: &str) {
-        if let Some(millis) = passed(name) {
-            std::thread::sleep(Duration::from_millis(millis));
-        }
-    }
-
-    /// Passes the failpoint `name` in async code whose stall must be its own only, as a slow
-    /// backend's answer is: a `sleep` armed there waits without holding the thread, so the
-    /// runtime's other tasks (the timer of the call's deadline among them) go on even when it
-    /// has a single worker.
-    pub async fn hit_async(name: &str) {
+    /// Passes the failpoint `name`. A `sleep` armed there stalls this flow only, as a slow
+    /// backend's answer would: it waits without holding the thread, so the runtime's other tasks
+    /// (the timer of a driver call's deadline among them) go on, however few its workers.
+    pub async fn hit(name: &str) {
         if let Some(millis) = passed(name) {
             tokio::time::sleep(Duration::from_millis(millis)).await;
         }
@@ -178,11 +165,11 @@ mod active {
 
     /// Passes the place `name` where a test makes the flow wait: sleeps when a `sleep` armed
     /// there fires now. Not a step boundary: not traced.
-    pub fn pause(name: &str) {
+    pub async fn pause(name: &str) {
         from_environment();
         let fire = state().passed(name, |action| action == Action::Sleep);
         if let Some((_, millis)) = fire {
-            std::thread::sleep(Duration::from_millis(millis));
+            tokio::time::sleep(Duration::from_millis(millis)).await;
         }
     }
 

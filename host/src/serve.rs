@@ -547,7 +547,7 @@ async fn reconcile_loop(assembled: Arc<Assembled>, interval: Duration) {
     let mut pass = 0u64;
     loop {
         pass += 1;
-        crate::failpoint::hit("reconcile.pass");
+        crate::failpoint::hit("reconcile.pass").await;
         let started = std::time::Instant::now();
         let outcome = assembled.reconcile().await;
         let outcome_listing = outcome.as_ref().ok().map(|r| r.listing);

@@ -99,7 +99,7 @@ impl Attachments<'_> {
             )
             .handed(validated);
         let (row, volume) = self.reserve(volume, &req, Some((&id, &op))).await?;
-        failpoint::hit("attach.create.intent");
+        failpoint::hit("attach.create.intent").await;
         self.connect(&op, volume, row, &connector, ConnectOrigin::Create, Vec::new()).await
     }
 
@@ -256,7 +256,7 @@ impl Attachments<'_> {
                 Ok::<_, AttachError>(locked)
             })
             .await?;
-        failpoint::hit("attach.update.intent");
+        failpoint::hit("attach.update.intent").await;
         let volume = match locked {
             Some(volume) => volume,
             None => self.fresh_volume(&row.volume_id).await?,

@@ -163,7 +163,7 @@ impl Courier {
             Ok(None) => return,
             Err(e) => return tracing::warn!(event = id, "cannot claim an event owed to Nova: {e}"),
         };
-        crate::failpoint::hit("compute.send");
+        crate::failpoint::hit("compute.send").await;
         let v = &event.volume_id;
         let sent = self.nova.volume_extended(v, &event.servers, event.global_id.as_deref()).await;
         let outcome = match &sent {

@@ -70,11 +70,11 @@ impl Attachments<'_> {
                 Err(e) if e.is_unsupported() => {}
                 Err(e) => return Err(e.into()),
             }
-            failpoint::hit("attach.connect.create-export");
+            failpoint::hit("attach.connect.create-export").await;
             let connection =
                 calls.initialize_connection(&volume.with_fields(&fields).contract(), &conn).await?;
             backend.driver.apply(Call::InitializeConnection, &mut fields, &connection.update)?;
-            failpoint::hit("attach.connect.initialize-connection");
+            failpoint::hit("attach.connect.initialize-connection").await;
             let info = flatten(&calls, &connection.info, &row.id, &conn, &self.additions(&volume, &backend))?;
             if backend.uses_targets {
                 self.verify_export(&calls, &info, &conn).await?;
@@ -98,7 +98,7 @@ impl Attachments<'_> {
             attached_host: connector.host().map(str::to_string),
             mountpoint: Some(connector.mountpoint().unwrap_or("na").to_string()),
         };
-        failpoint::hit("attach.connect.commit");
+        failpoint::hit("attach.connect.commit").await;
         // One transaction, all or nothing: the merged driver fields commit only with the
         // connection, and only while the operation is still this process's (`Op::write`).
         let finished = op

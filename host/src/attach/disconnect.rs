@@ -39,7 +39,7 @@ impl Attachments<'_> {
                 Ok::<_, AttachError>((volume, live))
             })
             .await?;
-        failpoint::pause("attach.remove.read");
+        failpoint::pause("attach.remove.read").await;
         let this = live.iter().find(|l| l.attachment.id == id).ok_or_else(|| attachment_not_found(id))?;
         // OSSA-2023-003: an instance's connected attachment is the compute service's to end;
         // a user who ends it behind the compute service's back leaves a guest with a stale device.
@@ -72,13 +72,13 @@ impl Attachments<'_> {
                 ChangesBy::Driver,
             )
             .await?;
-        failpoint::hit("attach.remove.intent");
+        failpoint::hit("attach.remove.intent").await;
         let backend = self.backend(&volume)?;
         let mut calls = op.calls(&backend.driver);
         let conn = this.attachment.driver_connector(&connector);
         match disconnect(&mut calls, &volume, &others, Some(&conn)).await {
             Ok(fields) => {
-                failpoint::hit("attach.remove.commit");
+                failpoint::hit("attach.remove.commit").await;
                 op.write(async |tx| {
                     let remaining = self.apply_after(tx, &volume, id, then, Some(&fields)).await?;
                     op.finish_with(tx, &volume.backend, &calls).await?;
@@ -213,14 +213,14 @@ pub(super) async fn disconnect(
         Err(e) if e.is_unsupported() => others.iter().any(|a| a.connector.is_some()),
         Err(e) => return Err(e.into()),
     };
-    failpoint::hit("attach.disconnect.terminate-connection");
+    failpoint::hit("attach.disconnect.terminate-connection").await;
     if !in_use {
         match calls.remove_export(&volume.with_fields(&fields).contract()).await {
             Ok(update) => driver.apply(Call::RemoveExport, &mut fields, &update)?,
             Err(e) if e.is_unsupported() => {}
             Err(e) => return Err(e.into()),
         }
-        failpoint::hit("attach.disconnect.remove-export");
+        failpoint::hit("attach.disconnect.remove-export").await;
     }
     Ok(fields)
 }

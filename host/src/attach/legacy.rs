@@ -197,7 +197,7 @@ impl Legacy<'_> {
                 ChangesBy::Driver,
             )
             .await?;
-        failpoint::hit("legacy.reinitialize.intent");
+        failpoint::hit("legacy.reinitialize.intent").await;
         let mut calls = op.calls(&backend.driver).for_owner(&volume.project_id);
         let conn = row.driver_connector(connector);
         let mut fields = volume.fields.clone();
@@ -213,7 +213,7 @@ impl Legacy<'_> {
             flatten(&calls, &connection.info, &row.id, &conn, &self.additions(&volume, &backend))
         }
         .await;
-        failpoint::hit("legacy.reinitialize.commit");
+        failpoint::hit("legacy.reinitialize.commit").await;
         op.write(async |tx| {
             if replayed.is_ok() {
                 record_fields(tx, &volume, &fields).await?;
@@ -396,11 +396,11 @@ impl Legacy<'_> {
                 ChangesBy::Driver,
             )
             .await?;
-        failpoint::hit("attach.revoke.intent");
+        failpoint::hit("attach.revoke.intent").await;
         let mut calls = op.calls(&backend.driver);
         let conn = AttachMode::Null.driver_connector(connector);
         let revoked = disconnect(&mut calls, volume, others, Some(&conn)).await;
-        failpoint::hit("attach.revoke.commit");
+        failpoint::hit("attach.revoke.commit").await;
         op.write(async |tx| {
             if let Ok(fields) = &revoked {
                 record_fields(tx, volume, fields).await?;
@@ -503,7 +503,7 @@ impl Legacy<'_> {
                 ChangesBy::Driver,
             )
             .await?;
-        failpoint::hit("legacy.force-detach.intent");
+        failpoint::hit("legacy.force-detach.intent").await;
         let mut calls = op.calls(&backend.driver);
         let mut fields = volume.fields.clone();
         if revoke {
@@ -520,7 +520,7 @@ impl Legacy<'_> {
                 }
             }
         }
-        failpoint::hit("legacy.force-detach.commit");
+        failpoint::hit("legacy.force-detach.commit").await;
         finish_force_detach(&op, &volume, &ids, &fields, &calls).await?;
         tracing::info!(volume = %volume_id, attachments = ?ids, admin = %caller.user_id, "force-detached");
         Ok(())

@@ -285,7 +285,7 @@ impl Volumes<'_> {
         self.store
             .write(async |tx| {
                 self.check_enabled(tx, &backend, &row.id).await?;
-                failpoint::pause(&format!("volume.create.check {}", self.owner.node));
+                failpoint::pause(&format!("volume.create.check {}", self.owner.node)).await;
                 let change = quotas::Change::volume(&row.volume_type, row.size_gib);
                 self.within_quota(tx, &row.project_id, &change).await?;
                 within_room(tx, &backend, row.size_gib).await?;
@@ -293,7 +293,7 @@ impl Volumes<'_> {
                 op.begin(tx).await
             })
             .await?;
-        failpoint::hit("volume.create.intent");
+        failpoint::hit("volume.create.intent").await;
         self.finish_create(&op, &row).await
     }
 
@@ -311,7 +311,7 @@ impl Volumes<'_> {
             Ok(update) => backend.driver.apply(Call::CreateVolume, &mut fields, &update),
             Err(e) => Err(e),
         };
-        failpoint::hit("volume.create.commit");
+        failpoint::hit("volume.create.commit").await;
         let t = transition(if created.is_ok() { Event::VolumeCreated } else { Event::CreateFailed });
         let written = op
             .write(async |tx| {
@@ -356,7 +356,7 @@ impl Volumes<'_> {
                 Ok(deleting)
             })
             .await?;
-        failpoint::hit("volume.delete.intent");
+        failpoint::hit("volume.delete.intent").await;
         self.finish_delete(&op, &locked).await
     }
 
@@ -370,7 +370,7 @@ impl Volumes<'_> {
         let backend = self.backend(volume)?;
         let mut calls = op.calls(&backend.driver);
         let deleted = calls.delete_volume(&volume.contract()).await;
-        failpoint::hit("volume.delete.commit");
+        failpoint::hit("volume.delete.commit").await;
         let t = transition(if deleted.is_ok() { Event::VolumeDeleted } else { Event::DeleteFailed });
         op.write(async |tx| {
             if let Some(locked) = volumes::lock(tx, &volume.id, t, None).await? {
@@ -412,7 +412,7 @@ impl Volumes<'_> {
                 Ok(locked)
             })
             .await?;
-        failpoint::hit("volume.unmanage.intent");
+        failpoint::hit("volume.unmanage.intent").await;
         let backend = self.backend(&volume)?;
         let mut calls = op.calls(&backend.driver);
         let removed = match calls.remove_export(&volume.contract()).await {
@@ -420,7 +420,7 @@ impl Volumes<'_> {
             Err(e) if e.is_unsupported() => Ok(()),
             Err(e) => Err(e),
         };
-        failpoint::hit("volume.unmanage.commit");
+        failpoint::hit("volume.unmanage.commit").await;
         let exported =
             calls.effects.iter().any(|e| matches!(e, crate::runtime::Effect::TargetDeleted { .. }));
         let unmanaged = op
@@ -615,7 +615,7 @@ impl Volumes<'_> {
                 Ok(extending)
             })
             .await?;
-        failpoint::hit("volume.extend.intent");
+        failpoint::hit("volume.extend.intent").await;
         self.finish_extend(&op, &locked, new_size_gib).await
     }
 
@@ -634,7 +634,7 @@ impl Volumes<'_> {
             Ok(update) => backend.driver.apply(Call::ExtendVolume, &mut fields, &update),
             Err(e) => Err(e),
         };
-        failpoint::hit("volume.extend.commit");
+        failpoint::hit("volume.extend.commit").await;
         let t = transition(if extended.is_ok() { Event::VolumeExtended } else { Event::ExtendFailed });
         let written = op
             .write(async |tx| {

@@ -290,7 +290,7 @@ impl Reconcile<'_> {
         // connected a host meanwhile.
         let subject = volume.as_ref().map_or(Subject::Id(volume_id), Subject::AsRead);
         let op = self.begin_operation(OpKind::Revoke, subject, None, None, ChangesBy::Host).await?;
-        failpoint::hit("reconcile.cephx.intent");
+        failpoint::hit("reconcile.cephx.intent").await;
         tracing::warn!(volume = %volume_id, identity = %identity.entity, "reconcile: removing a cephx identity that no connected attachment holds");
         let removed = cephx.remove(identity).await;
         op.write(async |tx| {

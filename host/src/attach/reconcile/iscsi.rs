@@ -64,7 +64,7 @@ impl Reconcile<'_> {
             .collect();
         report.listing += listing.elapsed();
         // Where a long listing (thousands of targets) leaves time for flows to change things.
-        failpoint::hit("reconcile.listed");
+        failpoint::hit("reconcile.listed").await;
         let (connected, recorded, busy) = self
             .store
             .read(async |tx| {
@@ -308,7 +308,7 @@ impl Reconcile<'_> {
         let op = self
             .begin_operation(OpKind::Repair, Subject::AsRead(&volume), None, None, ChangesBy::Host)
             .await?;
-        failpoint::hit("reconcile.repair.intent");
+        failpoint::hit("reconcile.repair.intent").await;
         let mut calls = op.calls(&backend.driver).for_owner(&volume.project_id);
         let mut fields = volume.fields.clone();
         let replayed: Result<(), AttachError> = async {
@@ -325,7 +325,7 @@ impl Reconcile<'_> {
             Ok(())
         }
         .await;
-        failpoint::hit("reconcile.repair.commit");
+        failpoint::hit("reconcile.repair.commit").await;
         op.write(async |tx| {
             if replayed.is_ok() {
                 record_fields(tx, &volume, &fields).await?;
@@ -396,14 +396,14 @@ impl Reconcile<'_> {
         let op = self
             .begin_operation(OpKind::RemoveExport, Subject::AsRead(&volume), None, None, ChangesBy::Host)
             .await?;
-        failpoint::hit("reconcile.remove-export.intent");
+        failpoint::hit("reconcile.remove-export.intent").await;
         let mut calls = op.calls(&backend.driver);
         let mut fields = volume.fields.clone();
         let removed = match calls.remove_export(&volume.contract()).await {
             Ok(update) => backend.driver.apply(Call::RemoveExport, &mut fields, &update),
             Err(e) => Err(e),
         };
-        failpoint::hit("reconcile.remove-export.commit");
+        failpoint::hit("reconcile.remove-export.commit").await;
         let gone = calls
             .effects
             .iter()

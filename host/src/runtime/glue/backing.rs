@@ -47,7 +47,7 @@ impl backing_store::Host for HostState {
             .lasting(StoreError::Failed, self.stores()?.create(&name, size_bytes))
             .await
             .map(store_info);
-        crate::failpoint::hit("capability.backing-store.create");
+        crate::failpoint::hit("capability.backing-store.create").await;
         Ok(self.store_result(r))
     }
 
@@ -58,7 +58,7 @@ impl backing_store::Host for HostState {
     ) -> wasmtime::Result<Result<backing_store::StoreInfo, backing_store::StoreError>> {
         self.scope.enter("backing-store", "resize", &[&name, &size_bytes.to_string()])?;
         let r = self.scope.lasting(StoreError::Failed, self.stores()?.resize(&name, size_bytes)).await;
-        crate::failpoint::hit("capability.backing-store.resize");
+        crate::failpoint::hit("capability.backing-store.resize").await;
         // An exported store (an attached volume's extend) is served at its new size at once.
         let r = match (r, &self.scope.caps.iscsi) {
             (Ok(info), Some(iscsi)) => iscsi.store_grew(&name).await.map(|()| info),
@@ -70,7 +70,7 @@ impl backing_store::Host for HostState {
     async fn delete(&mut self, name: String) -> wasmtime::Result<Result<(), backing_store::StoreError>> {
         self.scope.enter("backing-store", "delete", &[&name])?;
         let r = self.scope.lasting(StoreError::Failed, self.stores()?.delete(&name)).await;
-        crate::failpoint::hit("capability.backing-store.delete");
+        crate::failpoint::hit("capability.backing-store.delete").await;
         Ok(self.store_result(r))
     }
 

@@ -60,7 +60,7 @@ impl identities::Host for HostState {
                 self.scope.redactor.add(key.trim());
             }
         }
-        crate::failpoint::hit("capability.cephx.grant-image");
+        crate::failpoint::hit("capability.cephx.grant-image").await;
         Ok(self.cephx_result(r).map(|i| identities::Identity { user: i.user, keyring: i.keyring }))
     }
 
@@ -75,7 +75,7 @@ impl identities::Host for HostState {
             .scope
             .lasting(CephxError::Unavailable, self.cephx()?.revoke_image(&pool, &image, &host))
             .await;
-        crate::failpoint::hit("capability.cephx.revoke-image");
+        crate::failpoint::hit("capability.cephx.revoke-image").await;
         Ok(self.cephx_result(r))
     }
 

@@ -35,7 +35,7 @@ impl HostState {
             Ok(())
         }
         .await;
-        crate::failpoint::hit("capability.iscsi-target.deny-initiator");
+        crate::failpoint::hit("capability.iscsi-target.deny-initiator").await;
         Ok(self.target_result(r))
     }
 
@@ -116,7 +116,7 @@ impl iscsi_target::Host for HostState {
         if r.is_ok() {
             self.scope.effects.push(Effect::TargetCreated { iqn });
         }
-        crate::failpoint::hit("capability.iscsi-target.create-target");
+        crate::failpoint::hit("capability.iscsi-target.create-target").await;
         Ok(self.target_result(r))
     }
 
@@ -133,7 +133,7 @@ impl iscsi_target::Host for HostState {
         if r.is_ok() {
             self.scope.effects.push(Effect::TargetDeleted { iqn });
         }
-        crate::failpoint::hit("capability.iscsi-target.delete-target");
+        crate::failpoint::hit("capability.iscsi-target.delete-target").await;
         Ok(self.target_result(r))
     }
 
@@ -158,7 +158,7 @@ impl iscsi_target::Host for HostState {
             cap.service.add_lun(&iqn, lun, &path.to_string_lossy()).await
         }
         .await;
-        crate::failpoint::hit("capability.iscsi-target.add-lun");
+        crate::failpoint::hit("capability.iscsi-target.add-lun").await;
         Ok(self.target_result(r))
     }
 
@@ -170,7 +170,7 @@ impl iscsi_target::Host for HostState {
         self.scope.enter("iscsi-target", "remove-lun", &[&iqn, &lun.to_string()])?;
         let cap = self.iscsi()?;
         let r = async { cap.service.remove_lun(&cap.own(&iqn)?, Lun::new(lun)?).await }.await;
-        crate::failpoint::hit("capability.iscsi-target.remove-lun");
+        crate::failpoint::hit("capability.iscsi-target.remove-lun").await;
         Ok(self.target_result(r))
     }
 
@@ -182,7 +182,7 @@ impl iscsi_target::Host for HostState {
         self.scope.enter("iscsi-target", "allow-initiator", &[&iqn, &initiator])?;
         let cap = self.iscsi()?;
         let r = async { cap.service.allow_initiator(&cap.own(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
-        crate::failpoint::hit("capability.iscsi-target.allow-initiator");
+        crate::failpoint::hit("capability.iscsi-target.allow-initiator").await;
         Ok(self.target_result(r))
     }
 
@@ -217,7 +217,7 @@ impl iscsi_target::Host for HostState {
         self.scope.enter("iscsi-target", "close-sessions", &[&iqn, &initiator])?;
         let cap = self.iscsi()?;
         let r = async { cap.service.close_sessions(&cap.own(&iqn)?, &Iqn::parse(&initiator)?).await }.await;
-        crate::failpoint::hit("capability.iscsi-target.close-sessions");
+        crate::failpoint::hit("capability.iscsi-target.close-sessions").await;
         Ok(self.target_result(r))
     }
 
@@ -236,7 +236,7 @@ impl iscsi_target::Host for HostState {
             cap.service.set_chap(&iqn, &creds).await
         }
         .await;
-        crate::failpoint::hit("capability.iscsi-target.set-chap");
+        crate::failpoint::hit("capability.iscsi-target.set-chap").await;
         Ok(self.target_result(r))
     }
 }

@@ -34,7 +34,7 @@ impl initiator_accounts::Host for HostState {
             // The secret never reaches a log or a call record.
             self.scope.redactor.add(credentials.secret.expose());
         }
-        crate::failpoint::hit("capability.initiator-accounts.grant");
+        crate::failpoint::hit("capability.initiator-accounts.grant").await;
         Ok(self.target_result(r).map(|c| iscsi_target::ChapCredentials {
             username: c.user.as_str().to_string(),
             secret: c.secret.expose().to_string(),
@@ -49,7 +49,7 @@ impl initiator_accounts::Host for HostState {
         self.scope.enter("initiator-accounts", "revoke", &[&iqn, &initiator])?;
         let cap = self.iscsi()?;
         let r = cap.revoke_initiator(&iqn, &initiator).await;
-        crate::failpoint::hit("capability.initiator-accounts.revoke");
+        crate::failpoint::hit("capability.initiator-accounts.revoke").await;
         Ok(self.target_result(r))
     }
 

@@ -121,7 +121,7 @@ impl TargetService for Tgtd {
                 }
                 Err(f) => return Err(f),
             }
-            crate::failpoint::pause(&format!("tgt.add-lun.made {iqn}"));
+            crate::failpoint::pause(&format!("tgt.add-lun.made {iqn}")).await;
             if self.cfg.thin_provisioning {
                 // Without it the LUN serves as before, only without UNMAP: not worth failing
                 // the export for.
@@ -162,7 +162,7 @@ impl TargetService for Tgtd {
                 // login, its sessions end (their initiators log in again and send anew what was in
                 // flight), and it takes logins again after, whatever happened in between.
                 self.change(Request::target_state(tid, "offline"), name).await?;
-                crate::failpoint::hit_async("tgt.reopen.offline").await;
+                crate::failpoint::hit("tgt.reopen.offline").await;
                 let reopened = async {
                     self.end_sessions(tid, &iqn, None).await?;
                     let mut luns = 0;

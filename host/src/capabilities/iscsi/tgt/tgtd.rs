@@ -602,7 +602,7 @@ impl Tgtd {
         let created = async {
             match self.change(Request::new_account(user, secret), iqn).await {
                 Ok(_) => {
-                    crate::failpoint::hit("tgt.account-created");
+                    crate::failpoint::hit("tgt.account-created").await;
                     Ok(())
                 }
                 Err(Failure::AlreadyExists(_)) => {
