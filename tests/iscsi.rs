@@ -2,10 +2,12 @@
 //! tgt-iscsi driver, the REST API, and a real iSCSI initiator (libiscsi) that logs in with exactly
 //! the connection information the API returned and reads and writes the volume's bytes.
 
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use berth_tests::invariants;
 use berth_tests::iscsi::{BLOCK, Session, Target};
-use berth_tests::process::BerthProcess;
+use berth_tests::process::{BerthProcess, berth_binary};
 use berth_tests::server::{Client, connector};
 use berth_tests::tgt::{Rig, TgtdProcess};
 use serde_json::{Value, json};
@@ -607,6 +609,82 @@ async fn targets_that_belong_to_no_live_attachment_are_reported() {
     assert!(drift.iter().any(|l| l.contains(stray)), "the stray target is reported:\n{log}");
     assert!(!drift.iter().any(|l| l.contains(&volume)), "the live one is not");
     assert!(rig.tgtd.targets().iter().any(|t| t.iqn == stray), "reported, not deleted");
+}
+
+/// `berth db restore` puts back what the database knew when its backup was taken, and tgtd is
+/// brought back to it, except for what was made since (docs/operations.md, "Backing up the
+/// database"): an attachment detached since is exported again (its host logs in with the
+/// credentials it had), and a volume attached since keeps its target, which the reconciler
+/// reports as drift and leaves alone; every other invariant between the database and tgtd holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_database_and_tgtd_agree_again_but_for_what_was_made_since_the_backup() {
+    let mut rig = Rig::start();
+    let c = rig.client();
+    let kept = c.create_volume(json!({"size": 1})).await;
+    let (_, kept_info) = attach(&c, &kept, ALICE, "alice-host").await;
+    let detached = c.create_volume(json!({"size": 1})).await;
+    let (bobs, bobs_info) = attach(&c, &detached, BOB, "bob-host").await;
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("backup.db");
+    let out = Command::new(berth_binary())
+        .args(["db", "backup", "--database-url", &rig.db_url()])
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Since the backup: bob's volume detached, a volume made and attached.
+    c.delete(&format!("/attachments/{bobs}")).await.expect(200);
+    assert!(!rig.exported(&detached), "bob's export is gone");
+    let late = c.create_volume(json!({"size": 1})).await;
+    let (_, late_info) = attach(&c, &late, ALICE, "alice-host").await;
+    let late_iqn = late_info["target_iqn"].as_str().unwrap().to_string();
+
+    rig.berth.stop();
+    let data_dir = rig.berth.dir.path().join("data");
+    let out = Command::new(berth_binary())
+        .args(["db", "restore", "--data-dir"])
+        .arg(&data_dir)
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    rig.berth.start_again();
+
+    let store = invariants::open(&rig.db_url()).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let left = loop {
+        let world = invariants::snapshot(&store, &rig.tgtd).await;
+        let wrong = invariants::violations(&world);
+        let drift_logged = rig.berth.log_text().lines().any(|l| l.contains("drift") && l.contains(&late_iqn));
+        if (wrong.len() <= 1 && drift_logged) || Instant::now() > deadline {
+            break wrong;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        left,
+        vec![format!("target {late_iqn} on tgtd was not recorded by the service")],
+        "only the volume made since the backup is unknown:\n{}",
+        rig.berth.log_tail(40)
+    );
+    assert!(
+        rig.berth.log_text().lines().any(|l| l.contains("drift") && l.contains(&late_iqn)),
+        "reported as drift"
+    );
+    let listed = c.get("/volumes").await.expect(200).body["volumes"].clone();
+    let mut ids: Vec<&str> = listed.as_array().unwrap().iter().map(|v| v["id"].as_str().unwrap()).collect();
+    ids.sort();
+    let mut known = vec![kept.as_str(), detached.as_str()];
+    known.sort();
+    assert_eq!(ids, known, "the service knows what the backup holds");
+    assert_eq!(c.volume_status(&detached).await, "in-use");
+
+    login(&Target::from_connection_info(&kept_info), ALICE).expect("alice still reaches her volume");
+    login_once_restored(&Target::from_connection_info(&bobs_info), BOB)
+        .await
+        .expect("the attachment the backup holds is exported again, with the credentials it had");
+    login(&Target::from_connection_info(&late_info), ALICE).expect("left alone, not removed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
