@@ -73,6 +73,15 @@ fn python_cinderclient_runs_every_attachment_command() {
         !out.status.success() && said.contains("takes no snapshots") && said.contains("HTTP 400"),
         "{said}"
     );
+    // Nor any group: their lists are empty too.
+    assert!(list(&cli(&["group-list"])).is_empty());
+    assert!(list(&cli(&["group-snapshot-list"])).is_empty());
+    assert!(list(&cli(&["group-type-list"])).is_empty());
+    let mut group = cinder(&server.base, "compat", "3.54");
+    group.args(["group-create", "--name", "g", "some-group-type", "gold"]);
+    let out = group.output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("makes no groups") && said.contains("HTTP 400"), "{said}");
     let extensions = cli(&["list-extensions"]);
     assert!(
         extensions.contains("| AvailabilityZones ") && extensions.contains("| VolumeTransfer "),

@@ -1,6 +1,7 @@
 //! The Cinder-compatible API against a real service, on SQLite and on PostgreSQL: every endpoint,
 //! status code and transition, bad input, driver failures, and concurrency.
 
+mod absent;
 mod attachments;
 mod bad_input;
 mod capacity;
@@ -19,7 +20,6 @@ mod policy;
 mod qos;
 mod quotas;
 mod services;
-mod snapshots;
 mod transfers;
 mod versions;
 mod volumes;

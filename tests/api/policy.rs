@@ -469,6 +469,42 @@ fn routes() -> Vec<Route> {
             Global,
             400,
         ),
+        // Groups (3.13), group snapshots (3.14) and group types (3.11): none here either; a
+        // group type is an admin's to make.
+        Route {
+            version: "3.14",
+            ..route("list groups", Method::GET, "/groups/detail", None, Nothing, Reader, List, 200)
+        },
+        Route {
+            version: "3.14",
+            ..route("list group snapshots", Method::GET, "/group_snapshots", None, Nothing, Reader, List, 200)
+        },
+        Route {
+            version: "3.14",
+            ..route(
+                "create a group",
+                Method::POST,
+                "/groups",
+                Some(json!({"group": {"group_type": "gt", "volume_types": ["t"]}})),
+                Nothing,
+                Member,
+                Global,
+                400,
+            )
+        },
+        Route {
+            version: "3.14",
+            ..route(
+                "create a group type",
+                Method::POST,
+                "/group_types",
+                Some(json!({"group_type": {"name": "gt"}})),
+                Nothing,
+                Admin,
+                Global,
+                400,
+            )
+        },
         route("list extensions", Method::GET, "/extensions", None, Nothing, Reader, Global, 200),
         // A project's default type (3.62), of a project of its own (`pd`): set, then read, then
         // unset, so that each read finds one.

@@ -24,7 +24,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             .summary("resource filters", "The filters each list takes")
             .query(
                 "resource",
-                "Only this resource's (`volume`, `attachment`, `pool`, `message`, `snapshot`, `backup`, `attachment_event`).",
+                "Only this resource's (`volume`, `attachment`, `pool`, `message`, `snapshot`, `backup`, `group`, `group_snapshot`, `attachment_event`).",
             )
             .answers::<FilterList>(StatusCode::OK, "The filters"),
     ]
@@ -61,8 +61,10 @@ fn all() -> Vec<ResourceFilters> {
         ("pool", super::pools::FILTERS.iter().map(|k| k.to_string()).collect()),
         ("message", of(&super::messages::LIST)),
         // Lists that are always empty here, whose filters are still checked.
-        ("snapshot", of(&super::snapshots::SNAPSHOT_LIST)),
-        ("backup", of(&super::snapshots::BACKUP_LIST)),
+        ("snapshot", of(&super::absent::SNAPSHOT_LIST)),
+        ("backup", of(&super::absent::BACKUP_LIST)),
+        ("group", of(&super::absent::GROUP_LIST)),
+        ("group_snapshot", of(&super::absent::GROUP_SNAPSHOT_LIST)),
         // Berth's: the attach history (`GET /os-attachment-events`).
         ("attachment_event", of(&super::history::LIST)),
     ];

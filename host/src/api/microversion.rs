@@ -94,6 +94,10 @@ pub const REIMAGE: Version = Version::new(3, 68);
 pub const SHARED_TARGETS_TRISTATE: Version = Version::new(3, 69);
 pub const EXTEND_VOLUME_COMPLETION: Version = Version::new(3, 71);
 pub const GROUP_ID: Version = Version::new(3, 13);
+/// Cinder's group types, groups and group snapshots (always empty here, `absent.rs`).
+pub const GROUP_TYPE: Version = Version::new(3, 11);
+pub const GROUP_VOLUME: Version = Version::new(3, 13);
+pub const GROUP_SNAPSHOTS: Version = Version::new(3, 14);
 pub const PROVIDER_ID: Version = Version::new(3, 21);
 
 /// Parses the header's value; `Ok(None)` when it has no `volume` entry (the caller treats a

@@ -9,6 +9,7 @@
 //! calls the service (a change through `service.commands()`, a read through the family's handle),
 //! and answers a view of `views.rs`.
 
+pub mod absent;
 pub mod actions;
 pub mod attachments;
 pub mod auth;
@@ -35,7 +36,6 @@ pub mod query;
 pub mod quotas;
 pub mod server;
 pub mod services;
-pub mod snapshots;
 pub mod transfers;
 pub mod types;
 pub mod versions;
@@ -121,7 +121,7 @@ pub fn endpoints() -> Vec<openapi::Endpoint> {
         quotas::endpoints(),
         transfers::endpoints(),
         messages::endpoints(),
-        snapshots::endpoints(),
+        absent::endpoints(),
         extensions::endpoints(),
         qos_specs::endpoints(),
     ]

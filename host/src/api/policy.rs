@@ -109,6 +109,16 @@ pub enum Rule {
     BackupGetAll,
     BackupCreate,
     BackupDelete,
+    GroupGet,
+    GroupGetAll,
+    GroupCreate,
+    GroupUpdate,
+    GroupSnapshotGet,
+    GroupSnapshotGetAll,
+    GroupSnapshotCreate,
+    GroupSnapshotDelete,
+    GroupTypeCreate,
+    GroupTypeDelete,
 }
 
 /// The least role a rule needs by default.
@@ -120,7 +130,7 @@ enum Least {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 81] = [
+    pub const ALL: [Rule; 91] = [
         Rule::VolumeGet,
         Rule::VolumeGetAll,
         Rule::VolumeCreate,
@@ -202,6 +212,16 @@ impl Rule {
         Rule::BackupGetAll,
         Rule::BackupCreate,
         Rule::BackupDelete,
+        Rule::GroupGet,
+        Rule::GroupGetAll,
+        Rule::GroupCreate,
+        Rule::GroupUpdate,
+        Rule::GroupSnapshotGet,
+        Rule::GroupSnapshotGetAll,
+        Rule::GroupSnapshotCreate,
+        Rule::GroupSnapshotDelete,
+        Rule::GroupTypeCreate,
+        Rule::GroupTypeDelete,
     ];
 
     /// The rule's name: Cinder's where Cinder has the rule (`cinder/policies/*.py`).
@@ -295,6 +315,16 @@ impl Rule {
             Rule::BackupGetAll => "backup:get_all",
             Rule::BackupCreate => "backup:create",
             Rule::BackupDelete => "backup:delete",
+            Rule::GroupGet => "group:get",
+            Rule::GroupGetAll => "group:get_all",
+            Rule::GroupCreate => "group:create",
+            Rule::GroupUpdate => "group:update",
+            Rule::GroupSnapshotGet => "group:get_group_snapshot",
+            Rule::GroupSnapshotGetAll => "group:get_all_group_snapshots",
+            Rule::GroupSnapshotCreate => "group:create_group_snapshot",
+            Rule::GroupSnapshotDelete => "group:delete_group_snapshot",
+            Rule::GroupTypeCreate => "group:group_types:create",
+            Rule::GroupTypeDelete => "group:group_types:delete",
         }
     }
 
@@ -322,7 +352,11 @@ impl Rule {
             | Rule::SnapshotGet
             | Rule::SnapshotGetAll
             | Rule::BackupGet
-            | Rule::BackupGetAll => Least::Reader,
+            | Rule::BackupGetAll
+            | Rule::GroupGet
+            | Rule::GroupGetAll
+            | Rule::GroupSnapshotGet
+            | Rule::GroupSnapshotGetAll => Least::Reader,
             Rule::VolumeForceDelete
             | Rule::VolumeUnmanage
             | Rule::ForceDetach
@@ -347,7 +381,9 @@ impl Rule {
             | Rule::QuotaClassUpdate
             | Rule::QosSpecsGetAll
             | Rule::QosSpecsGet
-            | Rule::TypeQosSpecsId => Least::Admin,
+            | Rule::TypeQosSpecsId
+            | Rule::GroupTypeCreate
+            | Rule::GroupTypeDelete => Least::Admin,
             _ => Least::Member,
         }
     }
