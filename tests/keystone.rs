@@ -246,6 +246,11 @@ async fn attached_to(c: &Client, instance: &str) -> String {
     volume
 }
 
+/// What the metrics listener on `port` answers.
+async fn scrape(port: u16) -> String {
+    reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.unwrap().text().await.unwrap()
+}
+
 /// The events a Berth owes Nova (its SQLite database's `compute_events`).
 fn owed_events(server: &BerthProcess) -> i64 {
     let db = rusqlite::Connection::open(server.dir.path().join("data/berth.db")).unwrap();
@@ -418,6 +423,9 @@ async fn nova_hears_of_an_attached_volume_that_grew_and_a_refused_event_is_a_mes
     assert_eq!((calls[3].status, calls[4].status), (503, 200));
     assert_eq!(calls[3].body, calls[4].body);
     assert_eq!(calls[4].volume_seen, Some(("in-use".to_string(), 4)));
+    // The sender counted it owed when it looked before sending it again (every 5 s).
+    let owed = scrape(metrics_port).await;
+    assert!(owed.lines().any(|l| l == "berth_compute_events_owed 1"), "{owed}");
 
     // Nova does not take the event (its instance is gone): the extend stands, and the volume's
     // users read why their guest did not grow, as Cinder words it.
@@ -445,8 +453,8 @@ async fn nova_hears_of_an_attached_volume_that_grew_and_a_refused_event_is_a_mes
     tokio::time::sleep(Duration::from_millis(5500)).await;
     assert_eq!(nova.calls.lock().unwrap().len(), 6);
     assert_eq!(owed_events(&server), 0);
-    let metrics =
-        reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics")).await.unwrap().text().await.unwrap();
+    let metrics = scrape(metrics_port).await;
+    assert!(metrics.lines().any(|l| l == "berth_compute_events_owed 0"), "{metrics}");
     for line in ["sent\"} 3", "retried\"} 1", "failed\"} 1"]
         .map(|o| format!("berth_compute_events_total{{outcome=\"{o}"))
     {

@@ -132,6 +132,7 @@ pub struct Metrics {
     pub reconcile_changes: Family<ChangeLabels, Counter>,
     pub keystone_validations: Family<OutcomeLabels, Counter>,
     pub compute_events: Family<OutcomeLabels, Counter>,
+    pub compute_events_owed: Gauge,
     pub forwarded: Family<ForwardLabels, Counter>,
     pub driver_switches: Family<SwitchLabels, Counter>,
     pub outbound_requests: Family<OutboundLabels, Counter>,
@@ -165,6 +166,7 @@ impl Metrics {
             reconcile_changes: Family::default(),
             keystone_validations: Family::default(),
             compute_events: Family::default(),
+            compute_events_owed: Gauge::default(),
             forwarded: Family::default(),
             driver_switches: Family::default(),
             outbound_requests: Family::default(),
@@ -227,6 +229,11 @@ impl Metrics {
             "compute_events",
             "Events sent to Nova ([nova]) by outcome: sent, retried (Nova unreachable: sent again later), failed (given up, with a user message)",
             m.compute_events.clone(),
+        );
+        registry.register(
+            "compute_events_owed",
+            "Events owed to Nova and not yet taken (every node's: they share the table), at the sender's last look (every 5 s)",
+            m.compute_events_owed.clone(),
         );
         registry.register(
             "driver_switches",

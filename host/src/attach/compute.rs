@@ -18,7 +18,7 @@ use crate::domain::messages::{Action, Detail};
 use crate::metrics::{METRICS, OutcomeLabels};
 use crate::store::compute_events::{self, ComputeEvent};
 use crate::store::sql::Tx;
-use crate::store::{Store, now_micros, volumes};
+use crate::store::{Store, StoreError, now_micros, volumes};
 
 /// Sends of one event at most; then it is given up.
 const TRIES: i64 = 5;
@@ -97,8 +97,13 @@ impl Service {
         }
         loop {
             if self.owner().schema_refusal().is_none() {
-                match courier.store.read(async |tx| compute_events::due(tx, now_micros(), 100).await).await {
-                    Ok(due) => {
+                let look = async |tx: &mut Tx| {
+                    let owed = compute_events::count(tx).await?;
+                    Ok::<_, StoreError>((owed, compute_events::due(tx, now_micros(), 100).await?))
+                };
+                match courier.store.read(look).await {
+                    Ok((owed, due)) => {
+                        METRICS.compute_events_owed.set(owed);
                         for id in due {
                             courier.send(&id).await;
                         }

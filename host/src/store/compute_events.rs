@@ -66,6 +66,12 @@ pub async fn due(tx: &mut Tx, now: i64, limit: i64) -> Result<Vec<String>, Store
     rows.iter().map(|r| r.text(0)).collect()
 }
 
+/// How many events are owed (by every node: the table is shared).
+pub async fn count(tx: &mut Tx) -> Result<i64, StoreError> {
+    let rows = tx.query("SELECT COUNT(*) FROM compute_events", &[]).await?;
+    rows.first().map_or(Ok(0), |r| r.int(0))
+}
+
 /// Claims an event due at `now` for `node` until `until` (one more attempt): the event, or `None`
 /// when it is gone or another sender has it.
 pub async fn claim(
