@@ -16,7 +16,12 @@ use berth_tests::server::{Client, connector};
 use serde_json::json;
 
 fn backup(db: &std::path::Path, to: &std::path::Path) -> (Option<i32>, String) {
+    backup_with(db, to, &[])
+}
+
+fn backup_with(db: &std::path::Path, to: &std::path::Path, env: &[(&str, &str)]) -> (Option<i32>, String) {
     let out = Command::new(berth_binary())
+        .envs(env.iter().copied())
         .args(["db", "backup", "--database-url", &format!("sqlite://{}", db.display())])
         .arg(to)
         .output()
@@ -140,4 +145,36 @@ async fn a_backup_taken_under_load_is_whole_and_a_service_restored_from_it_serve
     assert_eq!(listed, held, "the restored service lists what the backup holds");
     let volume = c.create_volume(json!({"size": 1})).await;
     assert_eq!(c.volume_status(&volume).await, "available", "and serves");
+}
+
+/// A backup cut short (killed once SQLite wrote the copy, before it was synced and named) leaves
+/// no file under the backup's name, only one whose name says it is partial; the next backup to
+/// that name is made whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_cut_short_never_has_the_backups_name() {
+    let server = BerthProcess::start(FAKE_BACKEND);
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    c.create_volume(json!({"size": 1})).await;
+    let db = server.dir.path().join("data/berth.db");
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("berth-backup.db");
+
+    let (code, said) = tokio::task::block_in_place(|| {
+        backup_with(&db, &copy, &[("BERTH_FAILPOINTS", "db.backup.written=kill")])
+    });
+    assert_eq!(code, None, "killed: {said}");
+    assert!(!copy.exists(), "a copy cut short has the backup's name");
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        left.len() == 1 && left[0].starts_with("berth-backup.db.partial-"),
+        "what is left says it is partial: {left:?}"
+    );
+
+    let (code, said) = tokio::task::block_in_place(|| backup(&db, &copy));
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(volumes_in(&copy), 1);
+    assert_eq!(std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777, 0o600, "private");
 }

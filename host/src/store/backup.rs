@@ -10,8 +10,11 @@ impl Store {
     /// Writes a consistent copy of a SQLite database to `to`, a file that must not exist yet,
     /// while a service may go on writing the database (SQLite's `VACUUM INTO`: one read
     /// transaction's snapshot, every committed change before it and none after, compacted).
-    /// The copy is private (0600), as the database is: it holds every CHAP secret. Returns its
-    /// size in bytes. PostgreSQL is refused: its backups are `pg_dump`'s.
+    /// The copy is private (0600), as the database is: it holds every CHAP secret. It is written
+    /// as `<to>.partial-<pid>`, synced, and only then given its name (a link, which never
+    /// replaces a file made meanwhile), the directory synced too: a file named `to` is always a
+    /// whole copy, and one cut short (a kill, a full disk) keeps the name that says so. Returns
+    /// its size in bytes. PostgreSQL is refused: its backups are `pg_dump`'s.
     pub async fn copy_to(&self, to: &std::path::Path) -> Result<u64, StoreError> {
         use std::os::unix::fs::OpenOptionsExt;
         let Db::Sqlite { readers, .. } = &*self.db else {
@@ -20,23 +23,43 @@ impl Store {
                     .into(),
             ));
         };
+        let refused = |path: &Path, e: std::io::Error| StoreError::Create {
+            path: path.display().to_string(),
+            why: e.to_string(),
+        };
+        if std::fs::symlink_metadata(to).is_ok() {
+            return Err(refused(to, std::io::Error::from_raw_os_error(libc::EEXIST)));
+        }
+        let mut partial = to.as_os_str().to_owned();
+        partial.push(format!(".partial-{}", std::process::id()));
+        let partial = PathBuf::from(partial);
+        // SQLite writes into an empty file that exists: made here, private from the start.
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .open(to)
-            .map_err(|e| StoreError::Create { path: to.display().to_string(), why: e.to_string() })?;
+            .open(&partial)
+            .map_err(|e| refused(&partial, e))?;
         let conn = readers[0].clone().lock_owned().await;
-        let target = to.display().to_string();
+        let target = partial.display().to_string();
         let copied = tokio::task::spawn_blocking(move || conn.0.execute("VACUUM INTO ?1", [&target]))
             .await
-            .map_err(|e| StoreError::Corrupt(format!("the copy stopped: {e}")))?;
-        if let Err(e) = copied {
-            let _ = std::fs::remove_file(to);
-            return Err(e.into());
-        }
-        let size = std::fs::metadata(to).map(|m| m.len()).unwrap_or(0);
-        Ok(size)
+            .map_err(|e| StoreError::Corrupt(format!("the copy stopped: {e}")));
+        let written = match copied {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.into()),
+            Err(e) => Err(e),
+        };
+        crate::failpoint::hit("db.backup.written").await;
+        let placed = written.and_then(|()| {
+            std::fs::File::open(&partial).and_then(|f| f.sync_all()).map_err(|e| refused(&partial, e))?;
+            std::fs::hard_link(&partial, to).map_err(|e| refused(to, e))?;
+            let dir = to.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| refused(dir, e))
+        });
+        let _ = std::fs::remove_file(&partial);
+        placed?;
+        Ok(std::fs::metadata(to).map(|m| m.len()).unwrap_or(0))
     }
 }
 
