@@ -22,12 +22,17 @@
 //! kill the process at each of them.
 
 #[cfg(feature = "failpoints")]
-pub use active::{Action, arm, fails, hit, hits, pause, reset, seen};
+pub use active::{Action, arm, fails, hit, hit_sync, hits, pause, reset, seen};
 
 /// Marks a failpoint (does nothing: this build has no failpoints).
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub async fn hit(_name: &str) {}
+
+/// Marks a failpoint in code that is not async (does nothing: this build has no failpoints).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit_sync(_name: &str) {}
 
 /// Where a fault can be injected (never: this build has no failpoints).
 #[cfg(not(feature = "failpoints"))]
@@ -120,6 +125,14 @@ mod active {
     pub async fn hit(name: &str) {
         if let Some(millis) = passed(name) {
             tokio::time::sleep(Duration::from_millis(millis)).await;
+        }
+    }
+
+    /// Passes the failpoint `name` in code that is not async (the `berth db` commands): a
+    /// `sleep` armed there holds the thread.
+    pub fn hit_sync(name: &str) {
+        if let Some(millis) = passed(name) {
+            std::thread::sleep(Duration::from_millis(millis));
         }
     }
 

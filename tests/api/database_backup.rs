@@ -178,3 +178,45 @@ async fn a_backup_cut_short_never_has_the_backups_name() {
     assert_eq!(volumes_in(&copy), 1);
     assert_eq!(std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777, 0o600, "private");
 }
+
+/// A restore cut short (killed once the database it replaces has its second name, before the
+/// copy takes its place) leaves the service the database it had, never none: started again, it
+/// serves every volume it knew; the restore tried again puts the copy in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_cut_short_leaves_the_database_it_would_have_replaced() {
+    let mut server = BerthProcess::start(FAKE_BACKEND);
+    let c = Client::for_base(&server.base, "p1").at("3.54");
+    c.create_volume(json!({"size": 1})).await;
+    let db = server.dir.path().join("data/berth.db");
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("berth-backup.db");
+    let (code, said) = tokio::task::block_in_place(|| backup(&db, &copy));
+    assert_eq!(code, Some(0), "{said}");
+    for _ in 0..3 {
+        c.create_volume(json!({"size": 1})).await;
+    }
+    server.stop();
+    let data_dir = server.dir.path().join("data");
+    let restore = |env: &[(&str, &str)]| {
+        Command::new(berth_binary())
+            .envs(env.iter().copied())
+            .args(["db", "restore", "--data-dir"])
+            .arg(&data_dir)
+            .arg(&copy)
+            .output()
+            .expect("run berth db restore")
+    };
+    let out = restore(&[("BERTH_FAILPOINTS", "db.restore.kept=kill")]);
+    assert_eq!(out.status.code(), None, "killed: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(volumes_in(&db), 4, "the database keeps its name and everything it held");
+
+    server.start_again();
+    let listed = c.get("/volumes").await.expect(200).body["volumes"].as_array().unwrap().len();
+    assert_eq!(listed, 4, "the service serves the database it had");
+    server.stop();
+    let out = restore(&[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    server.start_again();
+    let listed = c.get("/volumes").await.expect(200).body["volumes"].as_array().unwrap().len();
+    assert_eq!(listed, 1, "the copy is in place");
+}

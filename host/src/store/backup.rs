@@ -87,7 +87,8 @@ pub struct Restored {
 /// (SQLite's integrity check, and a schema this build knows: a newer berth's is refused, an
 /// older one is migrated when the service starts); the database it replaces, its write-ahead
 /// log folded in, is kept next to it as `<db>.replaced-<unix time>`; the new file is private
-/// (0600) and synced before it takes the database's name.
+/// (0600) and synced before it takes the database's name in one rename: cut short at any step,
+/// the restore leaves the database as it was (with a second name, or an unused `.restoring`).
 pub fn restore(db: &Path, from: &Path) -> Result<Restored, StoreError> {
     use std::os::unix::fs::OpenOptionsExt;
     let refused = |why: String| StoreError::Refused(format!("{} cannot be restored: {why}", from.display()));
@@ -137,12 +138,18 @@ pub fn restore(db: &Path, from: &Path) -> Result<Restored, StoreError> {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let kept = named(&format!(".replaced-{now}"));
-        std::fs::rename(db, &kept).map_err(|e| refused(format!("cannot set {} aside: {e}", db.display())))?;
+        // A second name, not a move: until the copy takes its place the database keeps its own
+        // name, so a restore cut short leaves the service the database it had, never none.
+        // Never over another kept database (a restore in the same second); one that is this
+        // very file (kept by a restore cut short) is taken as it is.
+        let kept = keep(db, &named(&format!(".replaced-{now}")))
+            .map_err(|e| refused(format!("cannot keep {}: {e}", db.display())))?;
+        crate::failpoint::hit_sync("db.restore.kept");
         Some(kept)
     } else {
         None
     };
+    // The log was folded in and is empty: the copy must not meet the old database's log.
     for suffix in ["-wal", "-shm"] {
         let _ = std::fs::remove_file(named(suffix));
     }
@@ -151,6 +158,30 @@ pub fn restore(db: &Path, from: &Path) -> Result<Restored, StoreError> {
         let _ = dir.sync_all();
     }
     Ok(Restored { schema, replaced })
+}
+
+/// Gives `db` the second name `name`, or `name.1`, `name.2`, ... when taken by another file; a
+/// name that is already `db`'s own (the same file) is answered as it is.
+fn keep(db: &Path, name: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let own = std::fs::metadata(db)?;
+    for n in 0..1000 {
+        let candidate = match n {
+            0 => name.to_path_buf(),
+            n => PathBuf::from(format!("{}.{n}", name.display())),
+        };
+        match std::fs::hard_link(db, &candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let there = std::fs::symlink_metadata(&candidate)?;
+                if (there.dev(), there.ino()) == (own.dev(), own.ino()) {
+                    return Ok(candidate);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::from_raw_os_error(libc::EEXIST))
 }
 
 #[cfg(test)]
