@@ -748,6 +748,8 @@ async fn every_filter_resource_filters_advertises_is_taken_by_its_list() {
             "message" => "/messages",
             "snapshot" => "/snapshots/detail",
             "backup" => "/backups/detail",
+            "group" => "/groups/detail",
+            "group_snapshot" => "/group_snapshots/detail",
             other => panic!("a resource without a list: {other}"),
         };
         for filter in list["filters"].as_array().unwrap() {
@@ -792,7 +794,7 @@ async fn every_filter_resource_filters_advertises_is_taken_by_its_list() {
         json!({"resource_filters": [{"resource": "pool", "filters": ["name", "volume_type"]}]})
     );
     assert_eq!(
-        admin.get("/resource_filters?resource=group").await.expect(200).body,
+        admin.get("/resource_filters?resource=consistencygroup").await.expect(200).body,
         json!({"resource_filters": []})
     );
     s.client("p1").at("3.32").get("/resource_filters").await.fault(404, "itemNotFound");
