@@ -214,9 +214,18 @@ async fn a_restore_cut_short_leaves_the_database_it_would_have_replaced() {
     let listed = c.get("/volumes").await.expect(200).body["volumes"].as_array().unwrap().len();
     assert_eq!(listed, 4, "the service serves the database it had");
     server.stop();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let out = restore(&[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     server.start_again();
     let listed = c.get("/volumes").await.expect(200).body["volumes"].as_array().unwrap().len();
     assert_eq!(listed, 1, "the copy is in place");
+    // The database replaced is kept once, under the name the restore cut short gave it.
+    let kept: Vec<_> = std::fs::read_dir(&data_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("berth.db.replaced-"))
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(volumes_in(&kept[0]), 4);
 }

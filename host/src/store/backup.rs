@@ -140,8 +140,7 @@ pub fn restore(db: &Path, from: &Path) -> Result<Restored, StoreError> {
             .unwrap_or(0);
         // A second name, not a move: until the copy takes its place the database keeps its own
         // name, so a restore cut short leaves the service the database it had, never none.
-        // Never over another kept database (a restore in the same second); one that is this
-        // very file (kept by a restore cut short) is taken as it is.
+        // Never over another kept database (a restore in the same second).
         let kept = keep(db, &named(&format!(".replaced-{now}")))
             .map_err(|e| refused(format!("cannot keep {}: {e}", db.display())))?;
         crate::failpoint::hit_sync("db.restore.kept");
@@ -160,11 +159,26 @@ pub fn restore(db: &Path, from: &Path) -> Result<Restored, StoreError> {
     Ok(Restored { schema, replaced })
 }
 
-/// Gives `db` the second name `name`, or `name.1`, `name.2`, ... when taken by another file; a
-/// name that is already `db`'s own (the same file) is answered as it is.
+/// Gives `db` the second name `name`, or `name.1`, `name.2`, ... when taken by another file. A
+/// second name `db` has already (`<db>.replaced-*`, left by a restore cut short) is answered
+/// instead: the database is kept once, under the name it was first given.
 fn keep(db: &Path, name: &Path) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let own = std::fs::metadata(db)?;
+    let same =
+        |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| (m.dev(), m.ino()) == (own.dev(), own.ino()));
+    let dir = db.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let prefix = format!("{}.replaced-", db.file_name().unwrap_or_default().to_string_lossy());
+    let mut earlier: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .filter(|p| same(p))
+        .collect();
+    earlier.sort();
+    if let Some(kept) = earlier.into_iter().next() {
+        return Ok(kept);
+    }
     for n in 0..1000 {
         let candidate = match n {
             0 => name.to_path_buf(),
@@ -172,12 +186,7 @@ fn keep(db: &Path, name: &Path) -> std::io::Result<PathBuf> {
         };
         match std::fs::hard_link(db, &candidate) {
             Ok(()) => return Ok(candidate),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let there = std::fs::symlink_metadata(&candidate)?;
-                if (there.dev(), there.ino()) == (own.dev(), own.ino()) {
-                    return Ok(candidate);
-                }
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
     }
