@@ -197,3 +197,32 @@ async fn the_driver_calls_of_one_operation_share_one_instance() {
     assert!(detached.0 - attached.0 >= 2.0, "the detach made its calls: {attached:?} {detached:?}");
     assert_eq!(detached.1 - attached.1, 1.0, "in one instance: {attached:?} {detached:?}");
 }
+
+/// `[metrics] tls = true`: the metrics are served over TLS with the API's certificate, verified
+/// with its CA; plain HTTP on the metrics port gets no answer; without the API's certificate the
+/// start is refused, naming what is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_listener_serves_over_tls_with_the_apis_certificate() {
+    let port = free_port();
+    let body = format!(
+        "[metrics]\nlisten = \"127.0.0.1:{port}\"\ntls = true\n[[backends]]\nname = \"fake\"\ndriver = \"fake\"\n\
+         [[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"fake\"\n"
+    );
+    let refused =
+        BerthProcess::try_start("", &body, &[]).err().expect("refused without the API's certificate");
+    assert!(
+        refused.contains("[metrics] tls = true needs [http] tls_cert_file and tls_key_file"),
+        "{refused}"
+    );
+
+    let certs = tempfile::tempdir().unwrap();
+    let files = berth_tests::https::TestCa::new().server_files(certs.path());
+    let _server = BerthProcess::start_full(&files.http_table(), &body);
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&files.ca).unwrap()).unwrap();
+    let trusting = reqwest::Client::builder().add_root_certificate(ca).build().unwrap();
+    let scraped = trusting.get(format!("https://localhost:{port}/metrics")).send().await.unwrap();
+    assert_eq!(scraped.status(), 200);
+    assert!(scraped.text().await.unwrap().contains("berth_operations_in_flight"));
+    let plain = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await;
+    assert!(plain.is_err(), "plain HTTP was answered: {plain:?}");
+}

@@ -136,6 +136,9 @@ impl Default for HttpConfig {
 pub struct MetricsConfig {
     /// Where `GET /metrics` answers (OpenMetrics text); unset: no endpoint.
     pub listen: Option<SocketAddr>,
+    /// Serve it over TLS, with the API's certificate and key (`[http] tls_cert_file`,
+    /// `tls_key_file`, which must be set); plain HTTP on its port is then refused.
+    pub tls: bool,
 }
 
 /// Bounds on attachments.

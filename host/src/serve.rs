@@ -90,6 +90,11 @@ pub async fn assemble(config: Config) -> anyhow::Result<Assembled> {
         (None, None) => None,
         _ => bail!("[http] needs both tls_cert_file and tls_key_file, or neither"),
     };
+    if config.metrics.tls && tls.is_none() {
+        bail!(
+            "[metrics] tls = true needs [http] tls_cert_file and tls_key_file: the metrics are served with the API's certificate"
+        );
+    }
 
     let policy = match &config.auth.policy_file {
         Some(path) => Policy::from_file(path).map_err(anyhow::Error::msg)?,
@@ -674,7 +679,11 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         shutdown_wait: Duration::from_secs(assembled.config.operations.shutdown_wait_seconds),
     };
     let metrics = match assembled.config.metrics.listen {
-        Some(addr) => Some(serve_metrics(addr, limits).await?),
+        Some(addr) => {
+            // With the API's certificate (`assemble` refused `tls` without one).
+            let tls = assembled.tls.clone().filter(|_| assembled.config.metrics.tls);
+            Some(serve_metrics(addr, limits, tls).await?)
+        }
         None => None,
     };
     crate::api::server::serve(listener, app, limits, assembled.tls.clone(), async {
@@ -718,15 +727,17 @@ pub fn holder(data_dir: &std::path::Path) -> String {
 }
 
 /// `GET /metrics` on its own listener, with the API's bounds: the same header-read and idle
-/// timeout, and a few scrapes in flight at most.
+/// timeout, and a few scrapes in flight at most; over TLS with the API's certificate when
+/// `[metrics] tls` is set.
 async fn serve_metrics(
     addr: SocketAddr,
     limits: ServerLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} for metrics"))?;
-    tracing::info!(listen = %listener.local_addr()?, "metrics at /metrics");
+    tracing::info!(listen = %listener.local_addr()?, tls = tls.is_some(), "metrics at /metrics");
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -742,7 +753,7 @@ async fn serve_metrics(
         )
         .layer(axum::middleware::from_fn_with_state(InFlight::new(8), crate::api::server::shed));
     Ok(tokio::spawn(async move {
-        if let Err(e) = crate::api::server::serve(listener, app, limits, None, std::future::pending()).await {
+        if let Err(e) = crate::api::server::serve(listener, app, limits, tls, std::future::pending()).await {
             tracing::warn!("metrics endpoint stopped: {e}");
         }
     }))
