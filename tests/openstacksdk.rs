@@ -26,6 +26,7 @@ fn openstacksdk_walks_the_attachment_lifecycle_unchanged() {
     assert_eq!(lines[5], "updated sdk-renamed True", "{out}");
     assert_eq!(lines[6], "quotas -1 0 1 1", "no quota, and what the project uses: {out}");
     assert_eq!(lines[7], "snapshots and backups [] []", "none can be made here: {out}");
-    assert_eq!(lines[8], "disabled [('disabled', 'sdk drain')] []", "a drained backend is no pool: {out}");
-    assert_eq!(lines[9], "enabled ['enabled'] [True]", "{out}");
+    assert_eq!(lines[8], "groups [] [] []", "nor groups: {out}");
+    assert_eq!(lines[9], "disabled [('disabled', 'sdk drain')] []", "a drained backend is no pool: {out}");
+    assert_eq!(lines[10], "enabled ['enabled'] [True]", "{out}");
 }

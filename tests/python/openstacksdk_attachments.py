@@ -33,6 +33,7 @@ print("updated", bs.get_volume(v.id).name, bs.get_volume(v.id).description == "r
 q = bs.get_quota_set(conn.current_project_id or "p1", usage=True)
 print("quotas", q.volumes, q.snapshots, q.usage["volumes"], q.usage["gigabytes"])
 print("snapshots and backups", list(bs.snapshots()), list(bs.backups()))
+print("groups", list(bs.groups()), list(bs.group_snapshots()), list(bs.group_types()))
 if sys.argv[1] != "keystone":
     # An admin's (noauth callers are): drain the backend and see its pool go, then enable it.
     svc = list(bs.services(binary="cinder-volume"))[0]
