@@ -51,15 +51,15 @@ struct Absent {
     /// The rules of its list, show, create, and delete or actions; `None` where Cinder checks
     /// none (a group type's list and show).
     rules: [Option<Rule>; 4],
-    /// Its paths: the list, the list with details (when it has one), one by id.
+    /// Its paths: the list, one by id.
     all: &'static str,
-    detail: Option<&'static str>,
     one: &'static str,
-    /// Its calls: the list and its detail, show, `DELETE` one, `POST` one's `/action` (a
-    /// group's delete is an action), create, and another path a create is posted to
-    /// (`/groups/action`: a group made from another).
+    /// Its calls, each with its path where it has one of its own: the list and its detail (when
+    /// it has one), show, `DELETE` one, `POST` one's `/action` (a group's delete is an action),
+    /// create, and another path a create is posted to with its body's key (`/groups/action`: a
+    /// group made from another).
     list: Call,
-    listed_in_detail: Option<Call>,
+    detail: Option<(&'static str, Call)>,
     show: Call,
     delete: Option<Call>,
     action: Option<(&'static str, Call)>,
@@ -89,13 +89,12 @@ const SNAPSHOTS: Absent = Absent {
         Some(Rule::SnapshotDelete),
     ],
     all: "/snapshots",
-    detail: Some("/snapshots/detail"),
     one: "/snapshots/{id}",
     list: Call { id: "listSnapshots", says: "List snapshots: always empty (no driver here takes snapshots)" },
-    listed_in_detail: Some(Call {
-        id: "listSnapshotsDetail",
-        says: "List snapshots with details: always empty",
-    }),
+    detail: Some((
+        "/snapshots/detail",
+        Call { id: "listSnapshotsDetail", says: "List snapshots with details: always empty" },
+    )),
     show: Call { id: "showSnapshot", says: "Show a snapshot: none exists (404)" },
     delete: Some(Call { id: "deleteSnapshot", says: "Delete a snapshot: none exists (404)" }),
     action: None,
@@ -123,10 +122,12 @@ const BACKUPS: Absent = Absent {
         Some(Rule::BackupDelete),
     ],
     all: "/backups",
-    detail: Some("/backups/detail"),
     one: "/backups/{id}",
     list: Call { id: "listBackups", says: "List backups: always empty (no backup service runs here)" },
-    listed_in_detail: Some(Call { id: "listBackupsDetail", says: "List backups with details: always empty" }),
+    detail: Some((
+        "/backups/detail",
+        Call { id: "listBackupsDetail", says: "List backups with details: always empty" },
+    )),
     show: Call { id: "showBackup", says: "Show a backup: none exists (404)" },
     delete: Some(Call { id: "deleteBackup", says: "Delete a backup: none exists (404)" }),
     action: None,
@@ -148,10 +149,12 @@ const GROUPS: Absent = Absent {
     since: Some(GROUP_VOLUME),
     rules: [Some(Rule::GroupGetAll), Some(Rule::GroupGet), Some(Rule::GroupCreate), Some(Rule::GroupUpdate)],
     all: "/groups",
-    detail: Some("/groups/detail"),
     one: "/groups/{id}",
     list: Call { id: "listGroups", says: "List groups: always empty (no driver here makes groups)" },
-    listed_in_detail: Some(Call { id: "listGroupsDetail", says: "List groups with details: always empty" }),
+    detail: Some((
+        "/groups/detail",
+        Call { id: "listGroupsDetail", says: "List groups with details: always empty" },
+    )),
     show: Call { id: "showGroup", says: "Show a group: none exists (404)" },
     delete: None,
     action: Some((
@@ -183,13 +186,12 @@ const GROUP_SNAPSHOTS: Absent = Absent {
         Some(Rule::GroupSnapshotDelete),
     ],
     all: "/group_snapshots",
-    detail: Some("/group_snapshots/detail"),
     one: "/group_snapshots/{id}",
     list: Call { id: "listGroupSnapshots", says: "List group snapshots: always empty (no groups here)" },
-    listed_in_detail: Some(Call {
-        id: "listGroupSnapshotsDetail",
-        says: "List group snapshots with details: always empty",
-    }),
+    detail: Some((
+        "/group_snapshots/detail",
+        Call { id: "listGroupSnapshotsDetail", says: "List group snapshots with details: always empty" },
+    )),
     show: Call { id: "showGroupSnapshot", says: "Show a group snapshot: none exists (404)" },
     delete: Some(Call { id: "deleteGroupSnapshot", says: "Delete a group snapshot: none exists (404)" }),
     action: Some((
@@ -215,10 +217,9 @@ const GROUP_TYPES: Absent = Absent {
     since: Some(GROUP_TYPE),
     rules: [None, None, Some(Rule::GroupTypeCreate), Some(Rule::GroupTypeDelete)],
     all: "/group_types",
-    detail: None,
     one: "/group_types/{id}",
     list: Call { id: "listGroupTypes", says: "List group types: always empty (no groups here)" },
-    listed_in_detail: None,
+    detail: None,
     show: Call { id: "showGroupType", says: "Show a group type (or `default`): none exists (404)" },
     delete: Some(Call { id: "deleteGroupType", says: "Delete a group type: none exists (404)" }),
     action: None,
@@ -277,7 +278,7 @@ fn of(a: &'static Absent) -> Vec<Endpoint> {
             .body::<Value>()
         };
     let mut out = vec![listed(a.all, &a.list)];
-    if let (Some(path), Some(call)) = (a.detail, &a.listed_in_detail) {
+    if let Some((path, call)) = &a.detail {
         out.push(listed(path, call));
     }
     out.push(Endpoint::get(a.one, none(a.rules[1]), a.show.id).summary(a.plural, a.show.says));
