@@ -111,8 +111,13 @@ fn start_private_cluster(fsync: bool) -> String {
         dir.path().display(),
         if fsync { "on" } else { "off" }
     );
-    // The shell keeps the server only as long as our end of its stdin is open.
-    let script = format!("{postgres} & pid=$!; cat >/dev/null; kill -INT $pid; wait $pid");
+    // The shell keeps the server only as long as our end of its stdin is open, then removes its
+    // files (the guard below is a static, never dropped: without this every test binary left a
+    // cluster of up to a gigabyte and more in the temporary directory).
+    let script = format!(
+        "{postgres} & pid=$!; cat >/dev/null; kill -INT $pid; wait $pid; rm -rf '{}'",
+        dir.path().display()
+    );
     let mut shell = if root {
         let mut c = Command::new("runuser");
         c.args(["-u", "postgres", "--", "sh", "-c", &script]);
