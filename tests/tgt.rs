@@ -494,6 +494,54 @@ async fn a_deleted_target_is_kept_bare_and_taken_back() {
     assert!(rig.tgtd.targets().is_empty(), "swept");
 }
 
+/// A reopening of a target's LUNs (an attached extend) turns the target's logins off while it
+/// runs; one cut short (its process killed) leaves the target taking none. A LUN added to such a
+/// target after a restart of the service, kept or not, is for a host about to log in: the target
+/// takes logins again, then and there, not at the reconciler's next look.
+#[tokio::test]
+async fn a_target_left_taking_no_logins_takes_them_again_when_a_lun_is_added() {
+    let rig = Rig::start();
+    let state = rig.dir.path().join("kept.json");
+    let keeping = || {
+        Tgtd::new(TgtdConfig {
+            keep_exports: Duration::from_secs(600),
+            state_file: Some(state.clone()),
+            ..rig.config()
+        })
+    };
+    let offline = |t: &Iqn| {
+        let tid = rig.tgtd.targets().iter().find(|s| s.iqn == t.as_str()).unwrap().tid.to_string();
+        let out = rig.tgtd.tgtadm(&[
+            "--op", "update", "--mode", "target", "--tid", &tid, "--name", "state", "--value", "offline",
+        ]);
+        assert!(out.status.success(), "{out:?}");
+    };
+    let taking = |t: &Iqn| rig.tgtd.targets().iter().any(|s| s.iqn == t.as_str() && !s.offline);
+
+    // Kept bare, taking no logins, then taken back by a restarted service.
+    let t = keeping();
+    let (a, chap) = export(&rig, &t, "oa", ALICE).await;
+    offline(&a);
+    assert!(Session::login(&rig.target(&a, &chap), ALICE).is_err(), "an offline target takes no login");
+    t.deny_initiator(&a, &iqn(ALICE)).await.unwrap();
+    t.delete_target(&a).await.unwrap();
+    let t = keeping();
+    t.create_target(&a).await.unwrap();
+    t.add_lun(&a, Lun::new(1).unwrap(), &rig.image("oa.img")).await.unwrap();
+    t.set_chap(&a, &chap).await.unwrap();
+    t.allow_initiator(&a, &iqn(ALICE)).await.unwrap();
+    assert!(taking(&a), "the target takes logins again");
+    Session::login(&rig.target(&a, &chap), ALICE).expect("the export taken back takes the host's login");
+
+    // Still exporting its LUN (the export made again, as recovery does): the same.
+    let (b, chap) = export(&rig, &t, "ob", BOB).await;
+    offline(&b);
+    let t = keeping();
+    t.add_lun(&b, Lun::new(1).unwrap(), &rig.image("ob.img")).await.unwrap();
+    assert!(taking(&b));
+    Session::login(&rig.target(&b, &chap), BOB).expect("the export made again takes the host's login");
+}
+
 /// Operations cost one exchange each, whatever the number of targets: after the model is
 /// loaded once, nothing lists tgtd's targets again.
 #[tokio::test]

@@ -33,6 +33,9 @@ pub(super) struct Model {
     pub(super) kept: HashMap<String, (u32, std::time::Instant)>,
     /// The kept targets were loaded from the state file (once per process).
     pub(super) kept_loaded: bool,
+    /// Targets the last listing showed taking no logins (kept ones among them), but for those
+    /// this process made take logins since: a reopening of LUNs cut short leaves its target so.
+    pub(super) offline: BTreeSet<String>,
     /// Counts local changes.
     pub(super) epoch: u64,
 }

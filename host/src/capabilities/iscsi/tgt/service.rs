@@ -47,6 +47,8 @@ impl TargetService for Tgtd {
                     if created.is_ok() {
                         let changed = model.touch();
                         model.gone.remove(iqn.as_str());
+                        // A new target takes logins.
+                        model.offline.remove(iqn.as_str());
                         model.targets.insert(iqn.to_string(), Known { state: state.clone(), changed });
                     }
                 }
@@ -90,6 +92,7 @@ impl TargetService for Tgtd {
         retrying!("add LUN", async {
             self.fresh().await?;
             let target = self.require(iqn)?;
+            self.take_logins(target.tid, iqn).await?;
             match target.luns.iter().find(|(l, _)| *l == lun.get()) {
                 Some((_, p)) if p == path => return Ok(()),
                 Some((_, p)) => {
@@ -179,6 +182,7 @@ impl TargetService for Tgtd {
                 let ready = self.change(Request::target_state(tid, "ready"), name).await;
                 let luns = reopened?;
                 ready?;
+                guard(&self.model).offline.remove(name);
                 Ok(luns)
             })?;
         }

@@ -310,7 +310,22 @@ impl Tgtd {
             targets.remove(iqn);
         }
         model.targets = targets;
+        model.offline = listed.iter().filter(|t| t.offline).map(|t| t.iqn.clone()).collect();
         model.daemon = socket.map(|socket| Daemon { pid, socket });
+    }
+
+    /// Makes the target take logins again if the last listing showed it taking none (a
+    /// reopening of its LUNs cut short, `reopen_luns` in service.rs): it is given a LUN for a
+    /// host about to log in. Called with the target's lock held, so no reopening by this process
+    /// is under way (one that is turns logins off and on again under the lock).
+    pub(super) async fn take_logins(&self, tid: u32, iqn: &Iqn) -> Result<(), Failure> {
+        if !guard(&self.model).offline.contains(iqn.as_str()) {
+            return Ok(());
+        }
+        self.change(Request::target_state(tid, "ready"), iqn.as_str()).await?;
+        guard(&self.model).offline.remove(iqn.as_str());
+        tracing::warn!(target = %iqn, "the target took no logins (a reopening of its LUNs was cut short); it takes them again");
+        Ok(())
     }
 
     /// The kept targets the state file lists: (name, tid).
