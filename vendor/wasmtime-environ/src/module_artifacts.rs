@@ -368,9 +368,25 @@ struct FastIndex {
 struct FastNamespace {
     start: u32,
     end: u32,
-    /// For a sparse namespace: key index -> `func_locs` index (`u32::MAX`: none).
-    sparse: Option<Vec<u32>>,
+    keys: FastKeys,
 }
+
+#[derive(Debug)]
+enum FastKeys {
+    /// A dense namespace: the key's index is the offset from `start`.
+    Dense,
+    /// A sparse namespace: key index -> `func_locs` index (`u32::MAX`: none).
+    Direct(Vec<u32>),
+    /// A sparse namespace whose keys are too far apart for a direct array to stay within a few
+    /// times the size of its table (`FAST_SPARSE_SLACK`): searched as wasmtime does.
+    Searched,
+}
+
+/// A direct array for a sparse namespace holds at most this many entries per key it maps (plus
+/// `FAST_SPARSE_BASE`), so that the index's memory stays proportional to the compiled module's
+/// own tables whatever the keys are.
+const FAST_SPARSE_SLACK: usize = 4;
+const FAST_SPARSE_BASE: usize = 256;
 
 /// The namespaces' keys are small integers: one multiplication hashes them.
 #[derive(Debug, Default, Clone, Copy)]
@@ -454,20 +470,24 @@ impl CompiledFunctionsTable {
             let mut fast = FastIndex::default();
             for (ns_idx, ns) in self.namespaces.iter() {
                 let Range { start, end } = self.func_loc_range(ns_idx);
-                let sparse = if Self::is_dense(ns.kind()) {
-                    None
+                let keys = if Self::is_dense(ns.kind()) {
+                    FastKeys::Dense
                 } else {
                     let keys = self.sparse_indices.get_range(self.sparse_range(ns_idx)).unwrap();
                     let len = keys.iter().map(|k| k.into_raw() as usize + 1).max().unwrap_or(0);
-                    let mut map = vec![u32::MAX; len];
-                    for (i, k) in keys.iter().enumerate() {
-                        map[k.into_raw() as usize] = start.as_u32() + i as u32;
+                    if len > keys.len() * FAST_SPARSE_SLACK + FAST_SPARSE_BASE {
+                        FastKeys::Searched
+                    } else {
+                        let mut map = vec![u32::MAX; len];
+                        for (i, k) in keys.iter().enumerate() {
+                            map[k.into_raw() as usize] = start.as_u32() + i as u32;
+                        }
+                        FastKeys::Direct(map)
                     }
-                    Some(map)
                 };
                 fast.namespaces.insert(
                     ns.into_raw(),
-                    FastNamespace { start: start.as_u32(), end: end.as_u32(), sparse },
+                    FastNamespace { start: start.as_u32(), end: end.as_u32(), keys },
                 );
             }
             fast
@@ -490,18 +510,18 @@ impl CompiledFunctionsTable {
     fn func_loc_index_fast(&self, key: FuncKey) -> Option<FuncLocIndex> {
         let (key_ns, key_index) = key.into_parts();
         let ns = self.fast().namespaces.get(&key_ns.into_raw())?;
-        let index = match &ns.sparse {
-            None => ns.start.checked_add(key_index.into_raw())?,
-            Some(map) => match map.get(key_index.into_raw() as usize) {
+        let index = match &ns.keys {
+            FastKeys::Dense => ns.start.checked_add(key_index.into_raw())?,
+            FastKeys::Direct(map) => match map.get(key_index.into_raw() as usize) {
                 Some(&i) if i != u32::MAX => i,
                 _ => return None,
             },
+            FastKeys::Searched => return self.func_loc_index_slow(key),
         };
         if index < ns.end { Some(FuncLocIndex::from_u32(index)) } else { None }
     }
 
     /// wasmtime's own lookup, unchanged.
-    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     fn func_loc_index_slow(&self, key: FuncKey) -> Option<FuncLocIndex> {
         let (key_ns, key_index) = key.into_parts();
         let ns_idx = self.namespace_index(key_ns)?;
