@@ -254,6 +254,32 @@ async fn the_calls_of_one_operation_share_an_instance_and_the_next_operation_get
     assert_eq!(count_in(&mut driver.calls()).await, "1", "state leaked from another operation");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_operations_instance_is_dropped_after_it_and_its_place_given_back() {
+    // One call slot: the pool holds one running instance and one kept between an operation's
+    // calls. An ended operation's instance is dropped off its path (`DriverCalls`'s drop); if it
+    // never were, or kept its place, no later operation could keep an instance: each of its
+    // calls would find a fresh one ("1" again).
+    let runtime = Runtime::new(RuntimeOptions { max_concurrent_calls: 1, ..Default::default() }).unwrap();
+    let driver = runtime.load(spec("misbehaving")).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for n in 0..20 {
+        loop {
+            let mut operation = driver.calls();
+            let counted = [count_in(&mut operation).await, count_in(&mut operation).await];
+            if counted == ["1", "2"] {
+                break;
+            }
+            assert_eq!(counted, ["1", "1"], "operation {n}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "operation {n}: the last one's instance kept its place"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_metered_operation_tells_what_each_call_used_and_stops_a_call_past_its_budget() {
     // Fuel is metered only by a runtime built for it (benchmarks, the conformance suite).

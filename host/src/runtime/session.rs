@@ -33,6 +33,21 @@ impl Driver {
     }
 }
 
+/// When an operation's calls are done, the instance the last one left is dropped off the
+/// operation's path: dropping a store gives its memory back (for a Python driver, the pages of
+/// interpreter heap its calls wrote), which the operation's answer need not wait for. Its permit
+/// of the kept instances goes with it, so the runtime's count of instances stays exact.
+impl Drop for DriverCalls<'_> {
+    fn drop(&mut self) {
+        if let Some(kept) = self.kept.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(move || drop(kept))),
+                Err(_) => drop(kept),
+            }
+        }
+    }
+}
+
 /// An instance one [`DriverCalls`] leaves for another of the same operation
 /// ([`DriverCalls::keep_instance`]): a flow that validates a connector before it holds the volume
 /// hands the instance to the calls of the operation it then begins.
