@@ -271,10 +271,7 @@ async fn an_ended_operations_instance_is_dropped_after_it_and_its_place_given_ba
                 break;
             }
             assert_eq!(counted, ["1", "1"], "operation {n}");
-            assert!(
-                std::time::Instant::now() < deadline,
-                "operation {n}: the last one's instance kept its place"
-            );
+            assert!(Instant::now() < deadline, "operation {n}: the last one's instance kept its place");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }

@@ -37,6 +37,12 @@ impl Rig {
         Tgtd::new(self.config())
     }
 
+    /// A service keeping deleted targets bare for `keep`, remembering them in `state` (as a
+    /// restarted service reads them back).
+    fn keeping(&self, keep: Duration, state: &std::path::Path) -> Tgtd {
+        Tgtd::new(TgtdConfig { keep_exports: keep, state_file: Some(state.to_path_buf()), ..self.config() })
+    }
+
     /// A sparse backing file inside the backing directory.
     fn image(&self, name: &str) -> String {
         let path = self.dir.path().join(name);
@@ -442,13 +448,7 @@ async fn accounts_left_by_exports_with_new_credentials_do_not_pile_up_in_tgtd() 
 async fn a_deleted_target_is_kept_bare_and_taken_back() {
     let rig = Rig::start();
     let state = rig.dir.path().join("kept.json");
-    let keeping = || {
-        Tgtd::new(TgtdConfig {
-            keep_exports: Duration::from_millis(400),
-            state_file: Some(state.clone()),
-            ..rig.config()
-        })
-    };
+    let keeping = || rig.keeping(Duration::from_millis(400), &state);
     let t = keeping();
     let (a, chap) = export(&rig, &t, "ka", ALICE).await;
     let tid = rig.tgtd.targets()[0].tid;
@@ -502,13 +502,7 @@ async fn a_deleted_target_is_kept_bare_and_taken_back() {
 async fn a_target_left_taking_no_logins_takes_them_again_when_a_lun_is_added() {
     let rig = Rig::start();
     let state = rig.dir.path().join("kept.json");
-    let keeping = || {
-        Tgtd::new(TgtdConfig {
-            keep_exports: Duration::from_secs(600),
-            state_file: Some(state.clone()),
-            ..rig.config()
-        })
-    };
+    let keeping = || rig.keeping(Duration::from_secs(600), &state);
     let offline = |t: &Iqn| {
         let tid = rig.tgtd.targets().iter().find(|s| s.iqn == t.as_str()).unwrap().tid.to_string();
         let out = rig.tgtd.tgtadm(&[
