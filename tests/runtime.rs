@@ -185,6 +185,34 @@ async fn an_instance_finds_nothing_an_earlier_instance_wrote_in_its_memory() {
     assert_eq!(call("recall").await, "dirty", "the marker it wrote");
 }
 
+/// The same for pages written far apart: a slot's reset finds the pages an instance wrote in runs
+/// (`PAGEMAP_SCAN`), a few dozen runs per scan, and Berth's wasmtime scans on until its budget
+/// is spent (vendor/README.md). 512 pages written apart from each other take several scans; with
+/// the default budget all are put back in place, with a budget of 256 pages the rest are given
+/// back to the kernel. Either way the next instance finds none of them.
+#[tokio::test]
+async fn an_instance_finds_nothing_an_earlier_instance_wrote_in_pages_far_apart() {
+    for keep_resident in [RuntimeOptions::default().keep_resident, 1 << 20] {
+        let runtime = Runtime::new(RuntimeOptions { keep_resident, ..Default::default() }).unwrap();
+        if runtime.kept_resident() == 0 {
+            eprintln!("this kernel keeps no page resident (no PAGEMAP_SCAN, or swap): nothing is scanned");
+        }
+        let driver = runtime.load(spec("misbehaving")).await.unwrap();
+        for round in 0..5 {
+            let pages = location(create(&driver, "scatter").await);
+            assert_eq!(pages, "clean", "keep_resident {keep_resident}, round {round}");
+            assert_eq!(location(create(&driver, "count").await), "1", "a static, round {round}");
+        }
+        // Within one instance the marks are there: the check can see them.
+        let mut operation = driver.calls();
+        let v = |behave: &str| volume("11111111-2222-3333-4444-555555555555", &[("behave", behave)]);
+        let answer = operation.create_volume(&v("scatter")).await.expect("scatter").provider_location;
+        assert_eq!(answer.as_deref(), Some("clean"));
+        let answer = operation.create_volume(&v("recall")).await.expect("recall").provider_location;
+        assert_eq!(answer.as_deref(), Some("dirty"), "the marks it wrote");
+    }
+}
+
 /// Pages the kernel swapped out are no way around that either. wasmtime 48 puts back only the
 /// written pages that are present when it keeps a slot's memory resident, so a page an instance
 /// wrote and the kernel swapped out before the instance was dropped would be what the next

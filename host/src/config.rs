@@ -436,9 +436,9 @@ pub struct RuntimeConfig {
     /// the pages the instance wrote are put back as the driver's image has them (found with
     /// Linux's `PAGEMAP_SCAN`, 6.7 and later; elsewhere this setting does nothing) instead of
     /// being returned to the kernel, so the next instance of the driver in that slot starts
-    /// without page faults on them. wasmtime keeps at most 32 runs of written pages this way and
-    /// returns the pages past the last (a Python driver writes more runs than that). Costs
-    /// memory: what drivers wrote, up to this much per slot used. 0: every page is returned.
+    /// without page faults on them (all of them within this budget: Berth's wasmtime carries a
+    /// patch for it, `vendor/README.md`). Costs memory: what drivers wrote, up to this much per
+    /// slot used. 0: every page is returned.
     /// Ignored, with a warning, where the kernel may swap berth's pages out (`/proc/swaps` lists
     /// a swap area when `berth serve` starts, and no cgroup v2 of the process has
     /// `memory.swap.max` 0, as systemd's `MemorySwapMax=0` in `packaging/berth.service` sets):
