@@ -19,7 +19,7 @@ use berth::runtime::{CallOptions, Footprint, Request, Runtime, RuntimeOptions};
 use berth_tests::drivers::{component, connector, granted_spec};
 use berth_tests::process::BerthProcess;
 use berth_tests::server::{Client, connector as api_connector};
-use berth_tests::stats::{Summary, human};
+use berth_tests::stats::{Summary, human, own_cpu_time};
 use berth_tests::tgt::TgtdProcess;
 use serde_json::json;
 
@@ -174,6 +174,30 @@ async fn run() {
                 }
             }
         }
+        // The same attach and detach unmetered, many in a row, with the CPU of the whole
+        // process (the instances' drops, which `DriverCalls` leaves to blocking threads, included).
+        const PAIRS: u32 = 100;
+        let cpu_before = own_cpu_time();
+        let started = Instant::now();
+        for i in 0..PAIRS {
+            let initiator = connector(&format!("iqn.1993-08.org.debian:01:cpu{i}"));
+            let mut attach = driver.calls().for_owner("bench");
+            attach.validate_connector(&initiator).await.unwrap();
+            let update = attach.create_export(&volume, Some(&initiator)).await.unwrap();
+            apply(&mut volume, &update);
+            let connection = attach.initialize_connection(&volume, &initiator).await.unwrap();
+            apply(&mut volume, &connection.update);
+            drop(attach);
+            let mut detach = driver.calls().for_owner("bench");
+            let ended = detach.terminate_connection(&volume, Some(&initiator), &[]).await.unwrap();
+            apply(&mut volume, &ended.update);
+            let update = detach.remove_export(&volume).await.unwrap();
+            apply(&mut volume, &update);
+        }
+        let wall = started.elapsed();
+        tokio::time::sleep(Duration::from_millis(50)).await; // the last drops
+        let cpu = own_cpu_time() - cpu_before;
+
         let breakdown: Vec<String> = names
             .iter()
             .zip(&mut steps)
@@ -202,6 +226,11 @@ async fn run() {
             .map(|(name, used)| format!("{name} {:.3}M", *used as f64 / 1e6))
             .collect();
         println!("{language:<10} {name:<9} the same calls' fuel (instructions): {}", call_fuel.join(", "));
+        println!(
+            "{language:<10} {name:<9} {PAIRS} attaches and detaches in a row, unmetered: {} each, CPU {} each (the process's, instances' drops included)",
+            human(wall / PAIRS),
+            human(cpu / PAIRS),
+        );
     }
 
     if std::env::var("BERTH_BENCH_ONLY").is_ok() {

@@ -65,6 +65,19 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_micros(ticks * 1_000_000 / per_second))
 }
 
+/// The CPU time this process has used so far (user and system, all its threads, to the
+/// microsecond), from `getrusage`.
+pub fn own_cpu_time() -> Duration {
+    // SAFETY: `getrusage` writes the zeroed struct it is given and has no other precondition.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
+}
+
 /// CPU used by some processes over a stretch of work: start with [`CpuMeter::start`], read with
 /// [`CpuMeter::per`].
 pub struct CpuMeter {
