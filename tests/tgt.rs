@@ -356,6 +356,52 @@ async fn listings_while_targets_change_lose_no_change() {
     }
 }
 
+/// Listings may overlap (the reconciler's, and the reload of an operation that found tgtd
+/// other than the model said), and the one answered first may be installed last. An older
+/// listing installed after a newer one must change nothing: here it shows a target deleted since,
+/// whose id a new target took, and if it brought the deleted target back into the model, the
+/// next export of that name would be made on the other volume's target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_older_than_the_last_one_installed_does_not_bring_back_what_was_deleted() {
+    use berth::failpoint;
+    let rig = Rig::start();
+    let t = Arc::new(rig.service());
+    let a = iqn("iqn.2010-10.org.openstack:volume-older-a");
+    let b = iqn("iqn.2010-10.org.openstack:volume-older-b");
+    let first = t.create_target(&a).await.unwrap();
+    // The older listing: answered with `a` there, then held before it is installed.
+    let point = format!("tgt.listing.answered {}", rig.tgtd.control_port);
+    failpoint::arm(&point, 1, failpoint::Action::Sleep, 1500);
+    let older = {
+        let t = t.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move { t.list().await })
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while failpoint::seen(&point) == 0 {
+        assert!(Instant::now() < deadline, "the listing was never answered");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    t.delete_target(&a).await.unwrap();
+    t.list().await.unwrap(); // a newer listing, installed first
+    let other = t.create_target(&b).await.unwrap();
+    assert_eq!(other.tid, first.tid, "the new target takes the deleted one's id");
+    let listed = older.join().unwrap().unwrap();
+    assert!(listed.iter().any(|x| x.iqn == a.as_str()), "the older listing did show `a`");
+
+    assert_eq!(t.show(&a).await.unwrap(), None, "the deleted target stays deleted in the model");
+    let again = t.create_target(&a).await.unwrap();
+    assert_ne!(again.tid, other.tid, "`a` made again is not `b`'s target");
+    t.add_lun(&a, Lun::new(1).unwrap(), &rig.image("older-a.img")).await.unwrap();
+    let shown = rig.tgtd.targets();
+    let b_shown = shown.iter().find(|x| x.iqn == b.as_str()).expect("b is there");
+    assert!(b_shown.luns.is_empty(), "`a`'s store was exported on `b`'s target: {b_shown:?}");
+    let a_shown = shown.iter().find(|x| x.iqn == a.as_str()).expect("a is there again");
+    assert_eq!(a_shown.luns.len(), 1, "{a_shown:?}");
+}
+
 /// A volume's CHAP account outlives its export (tgtd's account table is quadratic, so accounts
 /// are not made and deleted with every export): deleting the target unbinds it, the next export
 /// with the same credentials binds it again without making one, and the sweep deletes it once it

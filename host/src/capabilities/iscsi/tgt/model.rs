@@ -38,6 +38,9 @@ pub(super) struct Model {
     pub(super) offline: BTreeSet<String>,
     /// Counts local changes.
     pub(super) epoch: u64,
+    /// The epoch at which the newest listing installed was requested: an older one, answered
+    /// before it and installed after, is not installed (`Tgtd::install`).
+    pub(super) installed: u64,
 }
 
 pub(super) struct Known {

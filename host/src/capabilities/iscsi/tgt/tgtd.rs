@@ -253,6 +253,8 @@ impl Tgtd {
         let answer = self.control.send(&Request::show_targets(), None).await?;
         self.listings.fetch_add(1, Ordering::Relaxed);
         let targets = parse_show(&answer.text);
+        // Named for this tgtd: a test holds a listing here while the targets change.
+        crate::failpoint::pause(&format!("tgt.listing.answered {}", self.cfg.control_port)).await;
         self.install(&targets, answer.daemon, socket, since);
         let visible = {
             let model = guard(&self.model);
@@ -262,9 +264,24 @@ impl Tgtd {
     }
 
     /// Installs a listing requested when the model was at epoch `since`: what this process
-    /// changed since then stays as it is in the model.
+    /// changed since then stays as it is in the model. Listings may overlap (the reconciler's and
+    /// an operation's reload): one requested before the newest installed is not installed, since
+    /// the deletions it predates are no longer remembered (`gone` keeps them only until a listing
+    /// requested after them is in), and it would bring their targets back with ids that other
+    /// targets may have taken since.
     pub(super) fn install(&self, listed: &[TargetState], pid: i32, socket: Option<SocketId>, since: u64) {
         let mut model = guard(&self.model);
+        // (Whichever daemon answered it: an older listing of a daemon restarted since would
+        // bring the old daemon back as well.)
+        if since < model.installed {
+            tracing::debug!(
+                since,
+                installed = model.installed,
+                "a listing older than the model's is not installed"
+            );
+            return;
+        }
+        model.installed = since;
         let same_daemon = model.daemon.is_some_and(|d| d.pid == pid);
         if model.daemon.is_some() && !same_daemon {
             tracing::warn!(pid, "tgtd was restarted; reloaded its targets");
