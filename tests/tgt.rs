@@ -402,6 +402,44 @@ async fn a_listing_older_than_the_last_one_installed_does_not_bring_back_what_wa
     assert_eq!(a_shown.luns.len(), 1, "{a_shown:?}");
 }
 
+/// The same for a target kept after its deletion (`keep_exports_seconds`): a listing requested
+/// before the target was stripped and installed after it shows the target with its LUN, not
+/// bare, and must not make the service forget that the target is kept, or no sweep would ever
+/// delete it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_requested_before_a_target_was_kept_does_not_make_the_service_forget_it() {
+    use berth::failpoint;
+    let rig = Rig::start();
+    let state = rig.dir.path().join("kept.json");
+    let t = Arc::new(rig.keeping(Duration::from_millis(200), &state));
+    let a = iqn("iqn.2010-10.org.openstack:volume-kept-late");
+    t.create_target(&a).await.unwrap();
+    t.add_lun(&a, Lun::new(1).unwrap(), &rig.image("kept-late.img")).await.unwrap();
+    let point = format!("tgt.listing.answered {}", rig.tgtd.control_port);
+    failpoint::arm(&point, 1, failpoint::Action::Sleep, 1000);
+    let older = {
+        let t = t.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move { t.list().await })
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while failpoint::seen(&point) == 0 {
+        assert!(Instant::now() < deadline, "the listing was never answered");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Answered (with the LUN) before the target is stripped, installed after.
+    t.delete_target(&a).await.unwrap();
+    let listed = older.join().unwrap().unwrap();
+    assert!(listed.iter().all(|x| x.iqn != a.as_str()), "a kept target is hidden: {listed:?}");
+    assert_eq!(t.show(&a).await.unwrap(), None, "a kept target is hidden");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    t.sweep().await.unwrap();
+    let left = rig.tgtd.targets();
+    assert!(left.iter().all(|x| x.iqn != a.as_str()), "the kept target outlived its time: {left:?}");
+}
+
 /// A volume's CHAP account outlives its export (tgtd's account table is quadratic, so accounts
 /// are not made and deleted with every export): deleting the target unbinds it, the next export
 /// with the same credentials binds it again without making one, and the sweep deletes it once it

@@ -270,7 +270,8 @@ impl Tgtd {
     /// requested after them is in), and it would bring their targets back with ids that other
     /// targets may have taken since.
     pub(super) fn install(&self, listed: &[TargetState], pid: i32, socket: Option<SocketId>, since: u64) {
-        let mut model = guard(&self.model);
+        let mut guarded = guard(&self.model);
+        let model = &mut *guarded;
         // (Whichever daemon answered it: an older listing of a daemon restarted since would
         // bring the old daemon back as well.)
         if since < model.installed {
@@ -306,7 +307,13 @@ impl Tgtd {
             .filter(|t| model.kept.get(&t.iqn).is_some_and(|(tid, _)| *tid == t.tid) && bare(t))
             .map(|t| (t.iqn.as_str(), t))
             .collect();
-        model.kept.retain(|iqn, _| listed_kept.contains_key(iqn.as_str()));
+        // A target kept since the listing was requested was listed as it was before (with its
+        // LUN, say): it stays kept (`gone` has it from when it was stripped).
+        let gone = &model.gone;
+        model.kept.retain(|iqn, _| {
+            listed_kept.contains_key(iqn.as_str())
+                || (same_daemon && gone.get(iqn).is_some_and(|at| *at > since))
+        });
         let mut targets: HashMap<String, Known> = listed
             .iter()
             .filter(|t| !listed_kept.contains_key(t.iqn.as_str()))
