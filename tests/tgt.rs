@@ -363,27 +363,13 @@ async fn listings_while_targets_change_lose_no_change() {
 /// next export of that name would be made on the other volume's target.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listing_older_than_the_last_one_installed_does_not_bring_back_what_was_deleted() {
-    use berth::failpoint;
     let rig = Rig::start();
     let t = Arc::new(rig.service());
     let a = iqn("iqn.2010-10.org.openstack:volume-older-a");
     let b = iqn("iqn.2010-10.org.openstack:volume-older-b");
     let first = t.create_target(&a).await.unwrap();
     // The older listing: answered with `a` there, then held before it is installed.
-    let point = format!("tgt.listing.answered {}", rig.tgtd.control_port);
-    failpoint::arm(&point, 1, failpoint::Action::Sleep, 1500);
-    let older = {
-        let t = t.clone();
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            runtime.block_on(async move { t.list().await })
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while failpoint::seen(&point) == 0 {
-        assert!(Instant::now() < deadline, "the listing was never answered");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let older = listing_held(&rig, &t, Duration::from_millis(1500));
     t.delete_target(&a).await.unwrap();
     t.list().await.unwrap(); // a newer listing, installed first
     let other = t.create_target(&b).await.unwrap();
@@ -408,16 +394,36 @@ async fn a_listing_older_than_the_last_one_installed_does_not_bring_back_what_wa
 /// delete it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listing_requested_before_a_target_was_kept_does_not_make_the_service_forget_it() {
-    use berth::failpoint;
     let rig = Rig::start();
     let state = rig.dir.path().join("kept.json");
     let t = Arc::new(rig.keeping(Duration::from_millis(200), &state));
     let a = iqn("iqn.2010-10.org.openstack:volume-kept-late");
     t.create_target(&a).await.unwrap();
     t.add_lun(&a, Lun::new(1).unwrap(), &rig.image("kept-late.img")).await.unwrap();
+    let older = listing_held(&rig, &t, Duration::from_millis(1000));
+    // Answered (with the LUN) before the target is stripped, installed after.
+    t.delete_target(&a).await.unwrap();
+    let listed = older.join().unwrap().unwrap();
+    assert!(listed.iter().all(|x| x.iqn != a.as_str()), "a kept target is hidden: {listed:?}");
+    assert_eq!(t.show(&a).await.unwrap(), None, "a kept target is hidden");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    t.sweep().await.unwrap();
+    let left = rig.tgtd.targets();
+    assert!(left.iter().all(|x| x.iqn != a.as_str()), "the kept target outlived its time: {left:?}");
+}
+
+/// A listing of `t`'s (`TargetService::list`) on a thread of its own, held for `hold` between
+/// tgtd's answer and its installation in the model; returns once tgtd has answered it.
+fn listing_held(
+    rig: &Rig,
+    t: &Arc<Tgtd>,
+    hold: Duration,
+) -> std::thread::JoinHandle<Result<Vec<TargetState>, TargetError>> {
+    use berth::failpoint;
+    // Named for this rig's tgtd: the other tests of this process list targets too.
     let point = format!("tgt.listing.answered {}", rig.tgtd.control_port);
-    failpoint::arm(&point, 1, failpoint::Action::Sleep, 1000);
-    let older = {
+    failpoint::arm(&point, 1, failpoint::Action::Sleep, hold.as_millis() as u64);
+    let listing = {
         let t = t.clone();
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -429,15 +435,7 @@ async fn a_listing_requested_before_a_target_was_kept_does_not_make_the_service_
         assert!(Instant::now() < deadline, "the listing was never answered");
         std::thread::sleep(Duration::from_millis(10));
     }
-    // Answered (with the LUN) before the target is stripped, installed after.
-    t.delete_target(&a).await.unwrap();
-    let listed = older.join().unwrap().unwrap();
-    assert!(listed.iter().all(|x| x.iqn != a.as_str()), "a kept target is hidden: {listed:?}");
-    assert_eq!(t.show(&a).await.unwrap(), None, "a kept target is hidden");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    t.sweep().await.unwrap();
-    let left = rig.tgtd.targets();
-    assert!(left.iter().all(|x| x.iqn != a.as_str()), "the kept target outlived its time: {left:?}");
+    listing
 }
 
 /// A volume's CHAP account outlives its export (tgtd's account table is quadratic, so accounts
