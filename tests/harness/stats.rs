@@ -66,7 +66,8 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
 }
 
 /// The CPU time this process has used so far (user and system, all its threads, to the
-/// microsecond), from `getrusage`.
+/// microsecond), from `getrusage`: [`cpu_time`] counts in clock ticks (10 ms), too coarse for a
+/// loop of some tens of milliseconds.
 pub fn own_cpu_time() -> Duration {
     // SAFETY: `getrusage` writes the zeroed struct it is given and has no other precondition.
     let usage = unsafe {
