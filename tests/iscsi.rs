@@ -392,13 +392,18 @@ async fn an_export_beyond_the_ceiling_is_refused_before_tgtd_hears_of_it() {
         .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
     assert!(size.is_some_and(|s| s > 0), "{metrics}");
 
-    // A detach frees a LUN: the third volume attaches.
+    // A detach frees a LUN: the third volume attaches. (The detached volume's target is kept
+    // with its LUN for its next export; kept LUNs give way to a new one at the ceiling.)
     c.delete(&format!("/attachments/{first}")).await.expect(200);
     let listed = c.get(&format!("/attachments?volume_id={}", volumes[0])).await.expect(200);
     let bob = listed.body["attachments"][0]["id"].as_str().unwrap().to_string();
     c.delete(&format!("/attachments/{bob}")).await.expect(200);
+    let kept = |rig: &Rig| rig.tgtd.targets().iter().any(|t| t.iqn.ends_with(&volumes[0]));
+    assert!(kept(&rig), "the detached volume's target is kept");
     let (_, info) = attach(&c, &volumes[2], ALICE, "alice-host").await;
     login(&Target::from_connection_info(&info), ALICE).expect("the third volume is reachable");
+    assert!(!kept(&rig), "the kept target gave way to the new LUN");
+    assert_eq!(rig.tgtd.targets().iter().map(|t| t.luns.len()).sum::<usize>(), 2, "{:?}", rig.tgtd.targets());
 }
 
 /// The driver's `chap_accounts = "per-export"`: one account per export, as Cinder's tgt helper

@@ -141,7 +141,11 @@ async fn the_access_of_an_attachment_in_error_is_revoked_and_its_export_removed(
         .await
         .unwrap();
     eventually(&rig, "the export of an attachment in error was not removed", |r| {
-        !r.tgtd.targets().iter().any(|t| t.iqn == iqn && (!t.luns.is_empty() || !t.initiators.is_empty()))
+        // Gone, or kept inert: no ACL entry, no account (its LUN may stay: nobody logs in).
+        !r.tgtd
+            .targets()
+            .iter()
+            .any(|t| t.iqn == iqn && (!t.chap_users.is_empty() || !t.initiators.is_empty()))
     })
     .await;
     assert!(rig.berth.log_text().contains("removing a target that no connected attachment uses"));

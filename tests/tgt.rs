@@ -458,13 +458,15 @@ async fn kept_accounts_are_bound_again_and_swept_when_unused() {
     assert!(t.accounts().await.unwrap().contains(&user), "the account is kept");
 
     // The next export with the volume's credentials binds the kept account (and takes the kept
-    // target back): neither an account nor a target is made.
+    // target back with its LUN): neither an account, nor a target, nor a LUN is made.
     let before = t.changes();
     t.create_target(&target).await.unwrap();
-    t.add_lun(&target, Lun::new(1).unwrap(), &rig.image("k.img")).await.unwrap();
+    t.add_lun(&target, Lun::new(1).unwrap(), &rig.dir.path().join("k.img").display().to_string())
+        .await
+        .unwrap();
     t.set_chap(&target, &chap).await.unwrap();
     t.allow_initiator(&target, &iqn(ALICE)).await.unwrap();
-    assert_eq!(t.changes() - before, 4, "add LUN, turn its UNMAP on, bind account, allow initiator");
+    assert_eq!(t.changes() - before, 2, "bind account, allow initiator");
     Session::login(&rig.target(&target, &chap), ALICE).expect("the kept account logs in");
     assert_eq!(t.sweep().await.unwrap(), 0, "a bound account is not swept");
 
@@ -522,12 +524,13 @@ async fn accounts_left_by_exports_with_new_credentials_do_not_pile_up_in_tgtd() 
     Session::login(&rig.target(&live, &chap), ALICE).expect("its account logs in");
 }
 
-/// An export whose target goes is kept bare for reuse (tgtd deletes targets in quadratic time):
-/// drivers no longer see it, the next export of the volume takes it back with its id, a target
+/// An export whose target goes is kept inert for reuse (tgtd deletes targets in quadratic time):
+/// its LUN stays, no ACL entry and no account, so nobody logs in; drivers no longer see it, the
+/// next export of the volume takes it back with its id, a target
 /// with a session is deleted for real (which closes the session), deleting it again deletes it,
 /// a restarted service still knows it (state file), and the sweep deletes it once kept too long.
 #[tokio::test]
-async fn a_deleted_target_is_kept_bare_and_taken_back() {
+async fn a_deleted_target_is_kept_inert_and_taken_back() {
     let rig = Rig::start();
     let state = rig.dir.path().join("kept.json");
     let keeping = || rig.keeping(Duration::from_millis(400), &state);
@@ -538,12 +541,13 @@ async fn a_deleted_target_is_kept_bare_and_taken_back() {
     t.delete_target(&a).await.unwrap();
     assert!(t.show(&a).await.unwrap().is_none(), "drivers see it deleted");
     assert!(t.list().await.unwrap().is_empty());
-    let bare = rig.tgtd.targets();
-    assert_eq!(bare.len(), 1, "tgtd keeps it");
+    let inert = rig.tgtd.targets();
+    assert_eq!(inert.len(), 1, "tgtd keeps it");
     assert!(
-        bare[0].luns.is_empty() && bare[0].initiators.is_empty() && bare[0].chap_users.is_empty(),
-        "bare"
+        inert[0].luns.len() == 1 && inert[0].initiators.is_empty() && inert[0].chap_users.is_empty(),
+        "kept with its LUN, no ACL entry, no account: {inert:?}"
     );
+    assert!(Session::login(&rig.target(&a, &chap), ALICE).is_err(), "nobody logs in to a kept target");
 
     // A restarted service still knows it; the next export takes it back.
     let t = keeping();
@@ -574,6 +578,38 @@ async fn a_deleted_target_is_kept_bare_and_taken_back() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(t.sweep().await.unwrap() >= 1);
     assert!(rig.tgtd.targets().is_empty(), "swept");
+}
+
+/// A kept target's LUN is taken back as it is (tgtd hears of no LUN change), unless its store
+/// changed size meanwhile (a volume extended while detached): then it is made again, and the
+/// host that logs in sees the new size.
+#[tokio::test]
+async fn a_kept_targets_lun_is_taken_back_as_it_is_unless_its_store_grew() {
+    let rig = Rig::start();
+    let t = rig.keeping(Duration::from_secs(600), &rig.dir.path().join("kept.json"));
+    let (a, chap) = export(&rig, &t, "la", ALICE).await;
+    let store = rig.dir.path().join("la.img").display().to_string();
+    let one = Lun::new(1).unwrap();
+    let cycle = async |t: &Tgtd| {
+        t.deny_initiator(&a, &iqn(ALICE)).await.unwrap();
+        t.delete_target(&a).await.unwrap();
+        let before = t.changes();
+        t.create_target(&a).await.unwrap();
+        t.add_lun(&a, one, &store).await.unwrap();
+        let lun_changes = t.changes() - before;
+        t.set_chap(&a, &chap).await.unwrap();
+        t.allow_initiator(&a, &iqn(ALICE)).await.unwrap();
+        let session = Session::login(&rig.target(&a, &chap), ALICE).expect("the export taken back works");
+        let bytes = session.capacity().unwrap().0 * 512;
+        drop(session);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        (lun_changes, bytes)
+    };
+    assert_eq!(cycle(&t).await, (0, 64 << 20), "taken back with its LUN: no change for tgtd");
+    std::fs::OpenOptions::new().write(true).open(&store).unwrap().set_len(128 << 20).unwrap();
+    let (changes, bytes) = cycle(&t).await;
+    assert_eq!(bytes, 128 << 20, "the LUN of a store grown meanwhile is made again");
+    assert!(changes >= 2, "its LUN deleted and added again: {changes} changes");
 }
 
 /// A reopening of a target's LUNs (an attached extend) turns the target's logins off while it
@@ -652,6 +688,37 @@ async fn new_chap_credentials_replace_the_old_ones() {
     );
     assert!(Session::login(&rig.target(&target, &old), ALICE).is_err());
     Session::login(&rig.target(&target, &new), ALICE).expect("the new credentials log in");
+}
+
+/// Kept targets' LUNs count against the ceiling, and give way to a new LUN there: the longest
+/// kept is deleted for real, and the new LUN is admitted.
+#[tokio::test]
+async fn a_kept_targets_lun_makes_room_for_a_new_one_at_the_ceiling() {
+    let rig = Rig::start();
+    let t = Tgtd::new(TgtdConfig {
+        max_luns: Some(1),
+        keep_exports: Duration::from_secs(600),
+        state_file: Some(rig.dir.path().join("kept.json")),
+        ..rig.config()
+    });
+    let (first, _) = export(&rig, &t, "e1", ALICE).await;
+    t.deny_initiator(&first, &iqn(ALICE)).await.unwrap();
+    t.delete_target(&first).await.unwrap();
+    assert_eq!(rig.tgtd.targets().len(), 1, "kept");
+    assert_eq!(t.lun_capacity().map(|c| c.held), Some(1), "a kept LUN is held");
+    let (second, chap) = export(&rig, &t, "e2", ALICE).await;
+    let targets = rig.tgtd.targets();
+    assert_eq!(
+        targets.iter().map(|t| t.iqn.as_str()).collect::<Vec<_>>(),
+        vec![second.as_str()],
+        "the kept target went to make room"
+    );
+    assert_eq!(t.lun_capacity().map(|c| c.held), Some(1));
+    Session::login(&rig.target(&second, &chap), ALICE).expect("the new export works");
+    // The first volume's next export finds no kept target, and no room: refused, as before.
+    t.create_target(&first).await.unwrap();
+    let e = t.add_lun(&first, Lun::new(1).unwrap(), &rig.image("e1.img")).await.unwrap_err();
+    assert!(matches!(&e, TargetError::Failed(m) if m.contains("[tgt] max_luns = 1")), "{e}");
 }
 
 /// The service refuses a LUN beyond its ceiling itself (whatever a driver does), before tgtd

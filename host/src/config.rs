@@ -484,10 +484,12 @@ pub struct TgtConfig {
     /// The most LUNs tgtd may hold (all backends of this node together), when lower than the
     /// ceiling the machine allows. Unset: that ceiling.
     pub max_luns: Option<u64>,
-    /// How long a volume's target stays in tgtd, inert (no LUN, no ACL entry, no account bound: it
-    /// exposes nothing and admits nobody), after its last attachment goes, so that attaching the
-    /// volume again reuses it: tgtd deletes targets in time quadratic in their number (see
-    /// `capabilities/iscsi/tgt/tgtd.rs`). 0: deleted at once.
+    /// How long a volume's target stays in tgtd, inert (no ACL entry, no account bound: tgtd admits
+    /// nobody to it; its LUN stays open on the volume's store), after its last attachment goes, so
+    /// that attaching the volume again reuses it, LUN and all: tgtd deletes targets in time
+    /// quadratic in their number, and a LUN's creation and deletion are the dearest changes of an
+    /// attach cycle (see `capabilities/iscsi/tgt/tgtd.rs`). Kept LUNs give way to a new LUN at the
+    /// ceiling of LUNs. 0: deleted at once.
     pub keep_exports_seconds: u64,
     /// How long an export's CHAP account (a driver's `set-chap`; `tgt-iscsi` with
     /// `chap_accounts = "per-export"`) no target uses any more stays in tgtd for reuse before the

@@ -10,10 +10,10 @@
 //!   is connected (or in an error status, whose access is unknown: the conservative answer);
 //! - nothing on tgtd that no connected attachment needs: every target was created by the
 //!   service for a volume with a connected attachment, every ACL entry is a connected
-//!   attachment's initiator. (By design an export may be kept bare for a while after its volume's
-//!   last attachment goes, for reuse: a target with no LUN, no ACL entry and no account bound,
-//!   and an unbound CHAP account; bare, they expose nothing and admit nobody. See
-//!   `[tgt] keep_exports_seconds`.)
+//!   attachment's initiator. (By design an export may be kept inert for a while after its
+//!   volume's last attachment goes, for reuse: a target with no ACL entry and no account bound,
+//!   its LUNs only on its own volume's store, and an unbound CHAP account; inert, they admit
+//!   nobody. See `[tgt] keep_exports_seconds`.)
 
 use berth::capabilities::iscsi::initiators::{initiator_prefix, is_initiator_account};
 use std::collections::{BTreeMap, BTreeSet};
@@ -277,12 +277,15 @@ pub fn violations_with(w: &World, exported: impl Fn(&StoredVolume) -> bool) -> V
     }
     // Nothing nobody needs.
     for t in &w.targets {
-        let bare = t.luns.is_empty() && t.initiators.is_empty() && t.chap_users.is_empty();
         let Some(volume) = w.recorded.get(&t.iqn) else {
-            // A bare target is an export kept for reuse after its volume's last attachment went:
-            // it exposes nothing and admits nobody, and it must belong to a live volume.
-            let live = w.volumes.keys().any(|v| exported(v) && t.iqn.ends_with(&format!("volume-{v}")));
-            if !bare || !live {
+            // An inert target is an export kept for reuse after its volume's last attachment
+            // went: it admits nobody, it must belong to a live volume, and its LUNs expose only
+            // that volume's store.
+            let of = w.volumes.keys().find(|v| exported(v) && t.iqn.ends_with(&format!("volume-{v}")));
+            let inert = t.initiators.is_empty()
+                && t.chap_users.is_empty()
+                && of.is_some_and(|v| t.luns.iter().all(|(_, p)| p.ends_with(&format!("/volume-{v}.img"))));
+            if !inert {
                 out.push(format!("target {} on tgtd was not recorded by the service", t.iqn));
             }
             continue;

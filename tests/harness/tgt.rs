@@ -289,10 +289,15 @@ impl Rig {
         self.berth.log_text().matches("tgtd change").count()
     }
 
-    /// Whether tgtd exports the volume (a target with a LUN; a bare target kept for reuse after
-    /// the volume's last attachment went does not count).
+    /// Whether tgtd exports the volume: a target with a LUN that admits someone (an ACL entry or
+    /// an account bound). A target kept inert for reuse after the volume's last attachment went
+    /// (its LUN, no ACL entry, no account: tgtd lets nobody log in) does not count.
     pub fn exported(&self, volume: &str) -> bool {
-        self.tgtd.targets().iter().any(|t| t.iqn.ends_with(volume) && !t.luns.is_empty())
+        self.tgtd.targets().iter().any(|t| {
+            t.iqn.ends_with(volume)
+                && !t.luns.is_empty()
+                && (!t.initiators.is_empty() || !t.chap_users.is_empty())
+        })
     }
 }
 

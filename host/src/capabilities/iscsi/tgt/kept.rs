@@ -1,11 +1,11 @@
 //! Where the kept targets are written down (`state_file`), so that a restarted Berth still knows
-//! which bare targets it kept: a journal, one line appended per change (`+<tid> <iqn>` when a
+//! which inert targets it kept: a journal, one line appended per change (`+<tid> <iqn>` when a
 //! target is kept, `-<iqn>` when it no longer is), so that a detach costs one small write however
 //! many targets are kept (rewriting the whole list cost a file and a rename per detach, and grew
 //! with the list). Rewritten whole, atomically, when it holds many more lines than kept targets.
-//! Not synced: a line lost in a power failure only leaves a bare target that the drift report
+//! Not synced: a line lost in a power failure only leaves an inert target that the drift report
 //! names, or names one that was taken back since, which the first listing ignores (it keeps only
-//! targets that are still bare, with the same id). A file of the earlier format (one JSON map)
+//! targets that are still inert, with the same id). A file of the earlier format (one JSON map)
 //! is read too.
 
 use std::collections::HashMap;

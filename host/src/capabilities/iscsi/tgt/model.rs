@@ -29,18 +29,40 @@ pub(super) struct Model {
     pub(super) gone: HashMap<String, u64>,
     /// Target ids being created.
     pub(super) reserved: BTreeSet<u32>,
-    /// Targets kept inert after a `delete-target`, hidden from drivers: name -> (tid, since).
-    pub(super) kept: HashMap<String, (u32, std::time::Instant)>,
+    /// Targets kept inert after a `delete-target`, hidden from drivers, by name.
+    pub(super) kept: HashMap<String, Kept>,
     /// The kept targets were loaded from the state file (once per process).
     pub(super) kept_loaded: bool,
     /// Targets the last listing showed taking no logins (kept ones among them), but for those
     /// this process made take logins since: a reopening of LUNs cut short leaves its target so.
     pub(super) offline: BTreeSet<String>,
+    /// The size each store (by path) had when this process opened a LUN on it: the size tgtd
+    /// serves until the LUN is opened again, whatever the store's size now.
+    pub(super) served: HashMap<String, u64>,
     /// Counts local changes.
     pub(super) epoch: u64,
     /// The epoch at which the newest listing installed was requested: an older one, answered
     /// before it and installed after, is not installed (`Tgtd::install`).
     pub(super) installed: u64,
+}
+
+/// A target kept inert for its volume's next export: no ACL entry and no account bound, so it
+/// admits nobody; its LUNs stay open on the volume's store, so that the next export does not make
+/// them again (a LUN's creation and deletion are the dearest of tgtd's changes: it starts and stops
+/// the LUN's I/O threads).
+#[derive(Debug, Clone)]
+pub(super) struct Kept {
+    pub(super) tid: u32,
+    pub(super) since: std::time::Instant,
+    /// (LUN, store path, the store's size in bytes when it was kept: `None` when not known, as
+    /// for a target found kept by a listing).
+    pub(super) luns: Vec<(u32, String, Option<u64>)>,
+}
+
+impl Kept {
+    pub(super) fn new(tid: u32, luns: Vec<(u32, String, Option<u64>)>) -> Kept {
+        Kept { tid, since: std::time::Instant::now(), luns }
+    }
 }
 
 pub(super) struct Known {
@@ -64,7 +86,7 @@ impl Model {
             self.targets
                 .values()
                 .map(|k| k.state.tid)
-                .chain(self.kept.values().map(|(t, _)| *t))
+                .chain(self.kept.values().map(|k| k.tid))
                 .chain(self.reserved.iter().copied())
         };
         let lowest = in_use().min().unwrap_or(TOP_TID + 1).min(TOP_TID + 1);
@@ -106,7 +128,7 @@ mod tests {
         assert_eq!(with(&[]).next_tid(), TOP_TID);
         assert_eq!(with(&[TOP_TID, TOP_TID - 1]).next_tid(), TOP_TID - 2);
         let mut model = with(&[500, 9000]);
-        model.kept.insert("iqn.2010-10.org.openstack:kept".into(), (40, std::time::Instant::now()));
+        model.kept.insert("iqn.2010-10.org.openstack:kept".into(), Kept::new(40, Vec::new()));
         assert_eq!(model.next_tid(), 39, "a kept target's id is in use");
         model.reserved.insert(39);
         assert_eq!(model.next_tid(), 38, "an id being created is in use");

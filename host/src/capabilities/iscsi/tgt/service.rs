@@ -28,7 +28,16 @@ impl TargetService for Tgtd {
                 if let Some(existing) = self.known(iqn) {
                     return Ok(existing);
                 }
-                if let Some(taken) = self.take_back(iqn) {
+                if let Some((mut taken, stale)) = self.take_back(iqn) {
+                    // A LUN on a store that changed size since is made again by the export.
+                    for lun in stale {
+                        match self.change(Request::delete_lun(taken.tid, lun), iqn.as_str()).await {
+                            Ok(_) | Err(Failure::NotFound(_)) => {}
+                            Err(f) => return Err(f),
+                        }
+                        self.update(iqn, |t| t.luns.retain(|(l, _)| *l != lun));
+                        taken.luns.retain(|(l, _)| *l != lun);
+                    }
                     return Ok(taken);
                 }
                 // The id below the lowest in use (`Model::next_tid`): a target deleted and created
@@ -71,12 +80,9 @@ impl TargetService for Tgtd {
             self.fresh().await?;
             // Deleting a kept target again (a volume's deletion after its export was kept)
             // deletes it for real.
-            let kept = guard(&self.model).kept.get(iqn.as_str()).map(|(tid, _)| *tid);
+            let kept = guard(&self.model).kept.get(iqn.as_str()).map(|k| k.tid);
             if let Some(tid) = kept {
-                let bare = TargetState { iqn: iqn.to_string(), tid, ..Default::default() };
-                guard(&self.model).kept.remove(iqn.as_str());
-                self.note_kept(iqn.as_str(), None);
-                return self.destroy(&bare, iqn).await;
+                return self.delete_kept(iqn.as_str(), tid).await;
             }
             let Some(target) = self.known(iqn) else { return Ok(()) };
             if self.cfg.keep_exports.is_zero() {
@@ -100,14 +106,26 @@ impl TargetService for Tgtd {
                 }
                 None => {}
             }
-            // A new LUN: within the machine's ceiling, or refused before tgtd hears of it.
-            self.admit_lun().map_err(Failure::Other)?;
+            // A new LUN: within the machine's ceiling, kept targets' LUNs giving way to it, or
+            // refused before tgtd hears of it.
+            let room = || self.ceiling.admit(self.luns_held(), super::ceiling::threads_now()).is_ok();
+            if !room() {
+                self.admit_lun().map_err(Failure::Other)?;
+                self.evict_kept(room).await?;
+                self.ceiling
+                    .admit(self.luns_held(), super::ceiling::threads_now())
+                    .map_err(Failure::Other)?;
+            }
+            let size = super::tgtd::store_size(path);
             match self.change(Request::new_lun(target.tid, lun.get(), path), iqn.as_str()).await {
-                Ok(_) => self.update(iqn, |t| {
-                    if !t.luns.iter().any(|(l, _)| *l == lun.get()) {
-                        t.luns.push((lun.get(), path.to_string()));
-                    }
-                }),
+                Ok(_) => {
+                    self.serving(path, size);
+                    self.update(iqn, |t| {
+                        if !t.luns.iter().any(|(l, _)| *l == lun.get()) {
+                            t.luns.push((lun.get(), path.to_string()));
+                        }
+                    })
+                }
                 // A LUN the model did not know of (made by an attempt whose answer was lost, say):
                 // look again.
                 Err(Failure::AlreadyExists(_)) => {
@@ -170,8 +188,12 @@ impl TargetService for Tgtd {
                     self.end_sessions(tid, &iqn, None).await?;
                     let mut luns = 0;
                     for (lun, _) in target.luns.iter().filter(|(_, p)| p == path) {
+                        let size = super::tgtd::store_size(path);
                         match self.change(Request::reopen(tid, *lun, path), name).await {
-                            Ok(_) => luns += 1,
+                            Ok(_) => {
+                                self.serving(path, size);
+                                luns += 1
+                            }
                             Err(Failure::NotFound(_)) => {}
                             Err(f) => return Err(f),
                         }
@@ -410,10 +432,13 @@ impl TargetService for Tgtd {
         self.cfg.thin_provisioning
     }
 
+    /// Kept targets' LUNs give way to a new LUN (`add_lun`): they count neither as LUNs held
+    /// nor with their threads.
     fn admit_lun(&self) -> Result<(), String> {
-        let held = self.luns_held();
-        self.ceiling.admit(held, super::ceiling::threads_now()).inspect_err(|why| {
-            tracing::warn!(held, ceiling = self.ceiling.luns(), "a new LUN is refused: {why}");
+        let (live, kept) = self.luns_live_and_kept();
+        let threads = super::ceiling::threads_now().map(|t| t.saturating_sub(kept * self.ceiling.io_threads));
+        self.ceiling.admit(live, threads).inspect_err(|why| {
+            tracing::warn!(held = live, ceiling = self.ceiling.luns(), "a new LUN is refused: {why}");
         })
     }
 

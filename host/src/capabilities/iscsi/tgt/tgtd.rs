@@ -27,9 +27,12 @@
 //! deleting one walks every target with a lookup each; at 3,000 targets a target deletion costs
 //! 50 ms, at 10,000 about half a second, and tgtd serves nobody meanwhile). So an export is not
 //! destroyed and made again with every attach cycle. `delete-target` on a target with no session
-//! removes its LUNs, ACL entries and account bindings (each cheap) and *keeps* the bare target:
-//! it exposes nothing and admits nobody, and drivers no longer see it (`show` and `list` leave it
-//! out, as if deleted). `create-target` of its name takes it back; `set-chap` with the volume's
+//! removes its ACL entries and account bindings and *keeps* the target with its LUNs: with an
+//! empty ACL it admits nobody, and drivers no longer see it (`show` and `list` leave it out, as
+//! if deleted). `create-target` of its name takes it back, LUNs and all (a LUN's creation and
+//! deletion are the dearest changes of an attach cycle for tgtd: they start and stop the LUN's
+//! I/O threads; a LUN whose store changed size meanwhile is made again); kept LUNs count
+//! against the ceiling of LUNs and give way to a new one there. `set-chap` with the volume's
 //! stored credentials binds its kept account again, if it is still there: accounts are kept
 //! only `keep_accounts` (default zero: deleted with the target's release), because a driver that
 //! gives each export new credentials never reuses one, and kept accounts would pile up with every
@@ -57,7 +60,7 @@ use super::ceiling::Ceiling;
 use super::config::TgtdConfig;
 use super::guard;
 use super::kept::KeptJournal;
-use super::model::{Daemon, Known, Model, SocketId};
+use super::model::{Daemon, Kept, Known, Model, SocketId};
 use super::protocol::{
     Answer, Control, Failure, Request, parse_accounts, parse_connections, parse_nexuses, parse_show,
 };
@@ -291,22 +294,41 @@ impl Tgtd {
             // A new daemon has none of the accounts this process made.
             self.accounts.clear();
         }
-        // Kept targets stay hidden while tgtd still has them, bare; a new daemon has none. At the
-        // first listing of this process, the state file says which bare targets were kept.
+        // Kept targets stay hidden while tgtd still has them, inert; a new daemon has none. At the
+        // first listing of this process, the state file says which inert targets were kept.
         if !model.kept_loaded {
             model.kept_loaded = true;
             for (iqn, tid) in self.load_kept() {
-                model.kept.insert(iqn, (tid, std::time::Instant::now()));
+                model.kept.insert(iqn, Kept::new(tid, Vec::new()));
             }
         } else if !same_daemon {
             model.kept.clear();
         }
-        let bare = |t: &TargetState| t.luns.is_empty() && t.initiators.is_empty() && t.chap_users.is_empty();
+        if !same_daemon {
+            model.served.clear();
+        }
+        // What is known of the stores no listed target exposes any more goes.
+        let exposed: std::collections::HashSet<&str> =
+            listed.iter().flat_map(|t| t.luns.iter().map(|(_, p)| p.as_str())).collect();
+        model.served.retain(|p, _| exposed.contains(p.as_str()));
+        // Kept: no ACL entry, no account bound (its LUNs may stay).
+        let inert = |t: &TargetState| t.initiators.is_empty() && t.chap_users.is_empty();
         let listed_kept: HashMap<&str, &TargetState> = listed
             .iter()
-            .filter(|t| model.kept.get(&t.iqn).is_some_and(|(tid, _)| *tid == t.tid) && bare(t))
+            .filter(|t| model.kept.get(&t.iqn).is_some_and(|k| k.tid == t.tid) && inert(t))
             .map(|t| (t.iqn.as_str(), t))
             .collect();
+        // The LUNs a kept target has are tgtd's: those this process did not keep itself (or
+        // whose stores it did not see) are made again when the target is taken back.
+        for (iqn, t) in &listed_kept {
+            if let Some(k) = model.kept.get_mut(*iqn) {
+                let same = k.luns.len() == t.luns.len()
+                    && k.luns.iter().all(|(l, p, _)| t.luns.iter().any(|(tl, tp)| tl == l && tp == p));
+                if !same {
+                    k.luns = t.luns.iter().map(|(l, p)| (*l, p.clone(), None)).collect();
+                }
+            }
+        }
         // A target kept since the listing was requested was listed as it was before (with its
         // LUN, say): it stays kept (`gone` has it from when it was stripped).
         let gone = &model.gone;
@@ -362,7 +384,7 @@ impl Tgtd {
     pub(super) fn note_kept(&self, iqn: &str, tid: Option<u32>) {
         let count = guard(&self.model).kept.len();
         self.kept_journal.note(iqn, tid, count, || {
-            guard(&self.model).kept.iter().map(|(iqn, (tid, _))| (iqn.clone(), *tid)).collect()
+            guard(&self.model).kept.iter().map(|(iqn, k)| (iqn.clone(), k.tid)).collect()
         });
     }
 
@@ -393,9 +415,26 @@ impl Tgtd {
         answer
     }
 
-    /// The LUNs tgtd holds, as far as the model knows.
+    /// Notes the size a store had when its LUN was opened (`None`: not known).
+    pub(super) fn serving(&self, path: &str, size: Option<u64>) {
+        let mut model = guard(&self.model);
+        match size {
+            Some(size) => model.served.insert(path.to_string(), size),
+            None => model.served.remove(path),
+        };
+    }
+
+    /// The LUNs tgtd holds, as far as the model knows (kept targets' among them).
     pub(super) fn luns_held(&self) -> u64 {
-        guard(&self.model).targets.values().map(|k| k.state.luns.len() as u64).sum()
+        let (live, kept) = self.luns_live_and_kept();
+        live + kept
+    }
+
+    /// The LUNs of the targets drivers see, and those of kept targets.
+    pub(super) fn luns_live_and_kept(&self) -> (u64, u64) {
+        let model = guard(&self.model);
+        let live = model.targets.values().map(|k| k.state.luns.len() as u64).sum();
+        (live, model.kept.values().map(|k| k.luns.len() as u64).sum())
     }
 
     pub(super) fn known(&self, iqn: &Iqn) -> Option<TargetState> {
@@ -454,19 +493,27 @@ impl Tgtd {
         }
     }
 
-    /// A kept target of that name, taken back (bare) into the targets drivers see.
-    pub(super) fn take_back(&self, iqn: &Iqn) -> Option<TargetState> {
+    /// A kept target of that name, taken back into the targets drivers see (with no ACL entry
+    /// and no account bound). Its LUNs come with it, but for those whose store changed size since
+    /// it was kept (a volume extended while detached) or whose size served is not known: their
+    /// numbers are returned, to be deleted and made again on the store as it is.
+    pub(super) fn take_back(&self, iqn: &Iqn) -> Option<(TargetState, Vec<u32>)> {
+        let kept = guard(&self.model).kept.get(iqn.as_str()).cloned()?;
+        // A stat per LUN, without the model's lock held.
+        let (luns, stale): (Vec<_>, Vec<_>) =
+            kept.luns.iter().partition(|(_, path, size)| size.is_some() && *size == store_size(path));
         let state = {
             let mut model = guard(&self.model);
-            let (tid, _) = model.kept.remove(iqn.as_str())?;
-            let state = TargetState { iqn: iqn.to_string(), tid, ..Default::default() };
+            let tid = model.kept.remove(iqn.as_str())?.tid;
+            let luns = luns.into_iter().map(|(l, p, _)| (*l, p.clone())).collect();
+            let state = TargetState { iqn: iqn.to_string(), tid, luns, ..Default::default() };
             let changed = model.touch();
             model.gone.remove(iqn.as_str());
             model.targets.insert(iqn.to_string(), Known { state: state.clone(), changed });
             state
         };
         self.note_kept(iqn.as_str(), None);
-        Some(state)
+        Some((state, stale.into_iter().map(|(l, _, _)| *l).collect()))
     }
 
     /// Closes every connection of `initiator` on the target and checks that none is left (tgtd
@@ -589,9 +636,13 @@ impl Tgtd {
     }
 
     /// Keeps a target for reuse when it has no session: its ACL entries go first (so that nobody
-    /// logs in any more), then, if no session is left, its LUNs and account bindings (each cheap
-    /// for tgtd), and the bare target stays, hidden from drivers. A target with sessions is
-    /// destroyed, which closes them: a session must never outlive its target's export.
+    /// logs in any more), then, if no session is left, its account bindings, and the target stays
+    /// with its LUNs, hidden from drivers: with no ACL entry tgtd refuses every login to it
+    /// (`ip_acl` and `iqn_acl` in tgt's `usr/iscsi/target.c` admit nobody from an empty list),
+    /// so its LUNs reach nobody, and the volume's next export finds them made (a LUN's creation
+    /// and deletion start and stop its I/O threads: two of a cycle's dearest changes for tgtd).
+    /// A target with sessions is destroyed, which closes them: a session must never outlive its
+    /// target's export.
     pub(super) async fn strip(&self, target: &TargetState, iqn: &Iqn) -> Result<(), Failure> {
         let (tid, name) = (target.tid, iqn.as_str());
         self.close_acl(tid, iqn, &target.initiators).await?;
@@ -599,13 +650,12 @@ impl Tgtd {
             let now = self.known(iqn).unwrap_or_else(|| target.clone());
             return self.destroy(&now, iqn).await;
         }
-        for (lun, _) in &target.luns {
-            match self.change(Request::delete_lun(tid, *lun), name).await {
-                Ok(_) | Err(Failure::NotFound(_)) => {}
-                Err(f) => return Err(f),
-            }
-            self.update(iqn, |t| t.luns.retain(|(l, _)| l != lun));
-        }
+        // The sizes tgtd serves, as far as this process knows: a LUN whose store has another
+        // size when the target is taken back is opened again then.
+        let luns: Vec<_> = {
+            let model = guard(&self.model);
+            target.luns.iter().map(|(l, p)| (*l, p.clone(), model.served.get(p).copied())).collect()
+        };
         // Last first: tgtd mishandles unbinding any other (`unbind_account` in service.rs).
         for user in target.chap_users.iter().rev() {
             match self.change(Request::unbind_account(tid, user), name).await {
@@ -620,7 +670,7 @@ impl Tgtd {
             let epoch = model.touch();
             model.targets.remove(name);
             model.gone.insert(name.to_string(), epoch);
-            model.kept.insert(name.to_string(), (tid, std::time::Instant::now()));
+            model.kept.insert(name.to_string(), Kept::new(tid, luns));
         }
         self.note_kept(name, Some(tid));
         Ok(())
@@ -704,6 +754,40 @@ impl Tgtd {
         Ok(())
     }
 
+    /// Deletes a kept target for real (its LUNs with it).
+    pub(super) async fn delete_kept(&self, iqn: &str, tid: u32) -> Result<(), Failure> {
+        match self.change(Request::delete_target(tid), iqn).await {
+            Ok(_) | Err(Failure::NotFound(_)) => {}
+            Err(f) => return Err(f),
+        }
+        {
+            // Gone: a listing requested before does not bring it back.
+            let mut model = guard(&self.model);
+            let epoch = model.touch();
+            model.kept.remove(iqn);
+            model.gone.insert(iqn.to_string(), epoch);
+        }
+        self.note_kept(iqn, None);
+        Ok(())
+    }
+
+    /// Makes room for a new LUN at the ceiling: deletes the kept targets that hold LUNs, the
+    /// longest kept first, until the LUN is admitted or none is left.
+    pub(super) async fn evict_kept(&self, admitted: impl Fn() -> bool) -> Result<(), Failure> {
+        while !admitted() {
+            let oldest = guard(&self.model)
+                .kept
+                .iter()
+                .filter(|(_, k)| !k.luns.is_empty())
+                .min_by_key(|(_, k)| k.since)
+                .map(|(iqn, k)| (iqn.clone(), k.tid));
+            let Some((iqn, tid)) = oldest else { break };
+            self.delete_kept(&iqn, tid).await?;
+            tracing::info!(target_iqn = %iqn, "deleted a kept target to make room for a new LUN");
+        }
+        Ok(())
+    }
+
     /// Deletes a target kept longer than `keep_exports`, accounts kept longer than
     /// `keep_accounts`, and unbound accounts this process does not know. Each deletion costs tgtd
     /// O(targets²), during which it serves nobody: one target per call, and accounts for at most
@@ -738,15 +822,10 @@ impl Tgtd {
         let expired_target = guard(&self.model)
             .kept
             .iter()
-            .find(|(_, (_, since))| since.elapsed() >= self.cfg.keep_exports)
-            .map(|(iqn, (tid, _))| (iqn.clone(), *tid));
+            .find(|(_, k)| k.since.elapsed() >= self.cfg.keep_exports)
+            .map(|(iqn, k)| (iqn.clone(), k.tid));
         if let Some((iqn, tid)) = expired_target {
-            match self.change(Request::delete_target(tid), &iqn).await {
-                Ok(_) | Err(Failure::NotFound(_)) => {}
-                Err(f) => return Err(f.into_error("delete a kept target")),
-            }
-            guard(&self.model).kept.remove(&iqn);
-            self.note_kept(&iqn, None);
+            self.delete_kept(&iqn, tid).await.map_err(|f| f.into_error("delete a kept target"))?;
             tracing::info!(target_iqn = %iqn, "deleted a target kept unused");
             deleted += 1;
         }
@@ -792,6 +871,11 @@ impl Tgtd {
 
 /// Whether process `pid` has a TCP socket listening on `port` (IPv4 or IPv6, any address): a
 /// listening socket's inode in `/proc/net/tcp*`, among the process's descriptors.
+/// The size of a store (a regular file), if it is one.
+pub(super) fn store_size(path: &str) -> Option<u64> {
+    std::fs::metadata(path).ok().filter(std::fs::Metadata::is_file).map(|m| m.len())
+}
+
 pub fn listens_on(pid: i32, port: u16) -> bool {
     let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
