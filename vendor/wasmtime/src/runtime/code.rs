@@ -428,6 +428,11 @@ impl<'a> ModuleWithCode<'a> {
         self.module
     }
 
+    /// The whole text section of this module's code in the store.
+    pub fn text(&self) -> &'a [u8] {
+        self.store_code.text()
+    }
+
     /// Returns the slice in the text section of the function that
     /// `key` points to.
     #[inline]

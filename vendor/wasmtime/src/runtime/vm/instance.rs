@@ -138,6 +138,15 @@ pub struct Instance {
     #[cfg(feature = "wmemcheck")]
     pub(crate) wmemcheck_state: Option<Wmemcheck>,
 
+    /// Where this instance's module's text (its compiled code) is in the store, as (address,
+    /// length), once a function reference has looked it up (`initialize_and_return_funcref`):
+    /// the store's registry is consulted once per instance, not twice per reference (a module
+    /// that puts thousands of functions into an imported table makes thousands of references at
+    /// instantiation). A store never moves or drops the code of a module it registered while it
+    /// lives, and this instance lives in that store. (Patched into Berth's vendored copy; see
+    /// `vendor/README.md`.)
+    store_text: Option<(usize, usize)>,
+
     /// Self-pointer back to `Store<T>` and its functions. Not present for
     /// the brief time that `Store<T>` is itself being created. Also not
     /// present for some niche uses that are disconnected from stores (e.g.
@@ -208,6 +217,7 @@ impl Instance {
             passive_elements,
             #[cfg(feature = "wmemcheck")]
             wmemcheck_state,
+            store_text: None,
             store: None,
             vmctx: OwnedVMContext::new(),
         })?;
@@ -932,7 +942,7 @@ impl Instance {
     /// functions here. Effectively all the arguments here must be "logically
     /// correct" for the `VMFuncRef` being initialized.
     unsafe fn initialize_and_return_funcref(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         registry: &ModuleRegistry,
         type_index: VMSharedTypeIndex,
         vmctx_offset: u32,
@@ -960,26 +970,41 @@ impl Instance {
         // it's better for instantiation performance if we don't have to track
         // "is-initialized" state at all!
 
-        let module_with_code = ModuleWithCode::in_store(
-            registry,
-            self.runtime_module()
-                .expect("funcref impossible in fake module"),
-        )
-        .expect("module not in store");
+        let (text, text_len) = match self.store_text {
+            Some(text) => text,
+            None => {
+                let text = {
+                    let module = self
+                        .runtime_module()
+                        .expect("funcref impossible in fake module");
+                    let text = ModuleWithCode::in_store(registry, module)
+                        .expect("module not in store")
+                        .text();
+                    (text.as_ptr() as usize, text.len())
+                };
+                // SAFETY: not moving anything out of `self`; `store_text` is not pinned.
+                unsafe { self.as_mut().get_unchecked_mut() }.store_text = Some(text);
+                text
+            }
+        };
+        let module = self
+            .runtime_module()
+            .expect("funcref impossible in fake module");
+        let function = |key: FuncKey| {
+            let range = module.compiled_module().function_range(key);
+            assert!(range.start <= range.end && range.end <= text_len);
+            debug_assert_eq!(
+                Some((text + range.start) as *const u8),
+                ModuleWithCode::in_store(registry, module).map(|m| m.function(key).as_ptr())
+            );
+            // SAFETY: within the text of this module's code in the store (checked above), which
+            // the store keeps in place for as long as it lives, and so this instance.
+            NonNull::new((text + range.start) as *mut u8).unwrap()
+        };
 
-        let array_call =
-            VmPtr::from(NonNull::from(module_with_code.function(array_to_wasm_key)).cast());
+        let array_call = VmPtr::from(function(array_to_wasm_key).cast());
 
-        let wasm_call = Some(VmPtr::from(
-            NonNull::new(
-                module_with_code
-                    .function(wasm_key)
-                    .as_ptr()
-                    .cast::<VMWasmCallFunction>()
-                    .cast_mut(),
-            )
-            .unwrap(),
-        ));
+        let wasm_call = Some(VmPtr::from(function(wasm_key).cast::<VMWasmCallFunction>()));
 
         let vmctx = VMOpaqueContext::from_vmcontext(self.vmctx()).into();
 
