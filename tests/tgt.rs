@@ -526,9 +526,9 @@ async fn accounts_left_by_exports_with_new_credentials_do_not_pile_up_in_tgtd() 
 
 /// An export whose target goes is kept inert for reuse (tgtd deletes targets in quadratic time):
 /// its LUN stays, no ACL entry and no account, so nobody logs in; drivers no longer see it, the
-/// next export of the volume takes it back with its id, a target
-/// with a session is deleted for real (which closes the session), deleting it again deletes it,
-/// a restarted service still knows it (state file), and the sweep deletes it once kept too long.
+/// next export of the volume takes it back with its id, a target with a session is deleted for
+/// real (which closes the session), deleting it again deletes it, a restarted service still
+/// knows it (state file), and the sweep deletes it once kept too long.
 #[tokio::test]
 async fn a_deleted_target_is_kept_inert_and_taken_back() {
     let rig = Rig::start();

@@ -1,7 +1,8 @@
 //! The full attach cycle (create an attachment with a connector, complete it, delete it) with the
 //! tgt-iscsi driver on a real tgtd: every cycle exports the volume in tgtd (its kept target taken
-//! back with its LUN, the initiator's CHAP account bound, an ACL entry) and removes it again. `berth serve` (release build) runs as its own
-//! process, with SQLite `synchronous=FULL`, as a user would run it.
+//! back with its LUN, the initiator's CHAP account bound, an ACL entry) and removes it again.
+//! `berth serve` (release build) runs as its own process, with SQLite `synchronous=FULL`, as a
+//! user would run it.
 //!
 //! Run: `cargo bench -p berth-tests --bench tgt` (BERTH_BENCH_SECONDS sets the measured time per
 //! run, default 5; `BERTH_BENCH_CHAP_ACCOUNTS=per-export` runs the driver with an account per
