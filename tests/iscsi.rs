@@ -398,11 +398,12 @@ async fn an_export_beyond_the_ceiling_is_refused_before_tgtd_hears_of_it() {
     let listed = c.get(&format!("/attachments?volume_id={}", volumes[0])).await.expect(200);
     let bob = listed.body["attachments"][0]["id"].as_str().unwrap().to_string();
     c.delete(&format!("/attachments/{bob}")).await.expect(200);
-    let kept = |rig: &Rig| rig.tgtd.targets().iter().any(|t| t.iqn.ends_with(&volumes[0]));
-    assert!(kept(&rig), "the detached volume's target is kept");
+    let kept_lun =
+        |rig: &Rig| rig.tgtd.targets().iter().any(|t| t.iqn.ends_with(&volumes[0]) && !t.luns.is_empty());
+    assert!(kept_lun(&rig), "the detached volume's target is kept with its LUN");
     let (_, info) = attach(&c, &volumes[2], ALICE, "alice-host").await;
     login(&Target::from_connection_info(&info), ALICE).expect("the third volume is reachable");
-    assert!(!kept(&rig), "the kept target gave way to the new LUN");
+    assert!(!kept_lun(&rig), "the kept LUN gave way to the new one");
     assert_eq!(rig.tgtd.targets().iter().map(|t| t.luns.len()).sum::<usize>(), 2, "{:?}", rig.tgtd.targets());
 }
 

@@ -691,7 +691,8 @@ async fn new_chap_credentials_replace_the_old_ones() {
 }
 
 /// Kept targets' LUNs count against the ceiling, and give way to a new LUN there: the longest
-/// kept is deleted for real, and the new LUN is admitted.
+/// kept loses its LUN (the target stays kept, bare: deleting a target costs tgtd a walk of every
+/// target), and the new LUN is admitted.
 #[tokio::test]
 async fn a_kept_targets_lun_makes_room_for_a_new_one_at_the_ceiling() {
     let rig = Rig::start();
@@ -708,15 +709,19 @@ async fn a_kept_targets_lun_makes_room_for_a_new_one_at_the_ceiling() {
     assert_eq!(t.lun_capacity().map(|c| c.held), Some(1), "a kept LUN is held");
     let (second, chap) = export(&rig, &t, "e2", ALICE).await;
     let targets = rig.tgtd.targets();
+    let luns_of = |iqn: &Iqn| targets.iter().find(|t| t.iqn == iqn.as_str()).map(|t| t.luns.len());
     assert_eq!(
-        targets.iter().map(|t| t.iqn.as_str()).collect::<Vec<_>>(),
-        vec![second.as_str()],
-        "the kept target went to make room"
+        (luns_of(&first), luns_of(&second)),
+        (Some(0), Some(1)),
+        "the kept LUN made room: {targets:?}"
     );
     assert_eq!(t.lun_capacity().map(|c| c.held), Some(1));
     Session::login(&rig.target(&second, &chap), ALICE).expect("the new export works");
-    // The first volume's next export finds no kept target, and no room: refused, as before.
-    t.create_target(&first).await.unwrap();
+    // The first volume's next export takes its kept target back, bare, and finds no room for its
+    // LUN: refused, as before.
+    let before = t.changes();
+    assert_eq!(t.create_target(&first).await.unwrap().luns, vec![]);
+    assert_eq!(t.changes(), before, "taken back, not made");
     let e = t.add_lun(&first, Lun::new(1).unwrap(), &rig.image("e1.img")).await.unwrap_err();
     assert!(matches!(&e, TargetError::Failed(m) if m.contains("[tgt] max_luns = 1")), "{e}");
 }

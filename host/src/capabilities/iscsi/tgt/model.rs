@@ -54,8 +54,8 @@ pub(super) struct Model {
 pub(super) struct Kept {
     pub(super) tid: u32,
     pub(super) since: std::time::Instant,
-    /// (LUN, store path, the store's size in bytes when it was kept: `None` when not known, as
-    /// for a target found kept by a listing).
+    /// (LUN, store path, the size tgtd serves it at as far as this process knows, from
+    /// [`Model::served`]: `None` when not known, as for a target found kept by a listing).
     pub(super) luns: Vec<(u32, String, Option<u64>)>,
 }
 

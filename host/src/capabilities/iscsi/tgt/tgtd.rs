@@ -771,8 +771,9 @@ impl Tgtd {
         Ok(())
     }
 
-    /// Makes room for a new LUN at the ceiling: deletes the kept targets that hold LUNs, the
-    /// longest kept first, until the LUN is admitted or none is left.
+    /// Makes room for a new LUN at the ceiling: deletes the LUNs of kept targets, the longest
+    /// kept first, until the LUN is admitted or no kept target has one. The targets stay kept,
+    /// bare (a target's deletion costs tgtd a walk of every target; a LUN's does not).
     pub(super) async fn evict_kept(&self, admitted: impl Fn() -> bool) -> Result<(), Failure> {
         while !admitted() {
             let oldest = guard(&self.model)
@@ -780,10 +781,18 @@ impl Tgtd {
                 .iter()
                 .filter(|(_, k)| !k.luns.is_empty())
                 .min_by_key(|(_, k)| k.since)
-                .map(|(iqn, k)| (iqn.clone(), k.tid));
-            let Some((iqn, tid)) = oldest else { break };
-            self.delete_kept(&iqn, tid).await?;
-            tracing::info!(target_iqn = %iqn, "deleted a kept target to make room for a new LUN");
+                .map(|(iqn, k)| (iqn.clone(), k.tid, k.luns.clone()));
+            let Some((iqn, tid, luns)) = oldest else { break };
+            for (lun, _, _) in &luns {
+                match self.change(Request::delete_lun(tid, *lun), &iqn).await {
+                    Ok(_) | Err(Failure::NotFound(_)) => {}
+                    Err(f) => return Err(f),
+                }
+                if let Some(k) = guard(&self.model).kept.get_mut(&iqn) {
+                    k.luns.retain(|(l, _, _)| l != lun);
+                }
+            }
+            tracing::info!(target_iqn = %iqn, "the LUN of a kept target was deleted to make room for a new one");
         }
         Ok(())
     }
