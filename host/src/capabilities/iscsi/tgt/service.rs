@@ -31,10 +31,7 @@ impl TargetService for Tgtd {
                 if let Some((mut taken, stale)) = self.take_back(iqn) {
                     // A LUN on a store that changed size since is made again by the export.
                     for lun in stale {
-                        match self.change(Request::delete_lun(taken.tid, lun), iqn.as_str()).await {
-                            Ok(_) | Err(Failure::NotFound(_)) => {}
-                            Err(f) => return Err(f),
-                        }
+                        self.delete_lun(taken.tid, lun, iqn.as_str()).await?;
                         self.update(iqn, |t| t.luns.retain(|(l, _)| *l != lun));
                         taken.luns.retain(|(l, _)| *l != lun);
                     }
@@ -219,10 +216,7 @@ impl TargetService for Tgtd {
             if !target.luns.iter().any(|(l, _)| *l == lun.get()) {
                 return Ok(());
             }
-            match self.change(Request::delete_lun(target.tid, lun.get()), iqn.as_str()).await {
-                Ok(_) | Err(Failure::NotFound(_)) => {}
-                Err(f) => return Err(f),
-            }
+            self.delete_lun(target.tid, lun.get(), iqn.as_str()).await?;
             self.update(iqn, |t| t.luns.retain(|(l, _)| *l != lun.get()));
             Ok(())
         })
@@ -482,8 +476,8 @@ fn stale_stores(target: &TargetState) -> Vec<String> {
         .iter()
         .filter_map(|(lun, path)| {
             let (_, shown) = target.lun_sizes.iter().find(|(l, _)| l == lun)?;
-            let file = std::fs::metadata(path).ok().filter(std::fs::Metadata::is_file)?;
-            (super::protocol::shown_megabytes(file.len()) != *shown).then(|| path.clone())
+            let size = super::tgtd::store_size(path)?;
+            (super::protocol::shown_megabytes(size) != *shown).then(|| path.clone())
         })
         .collect()
 }

@@ -754,6 +754,14 @@ impl Tgtd {
         Ok(())
     }
 
+    /// Deletes a LUN of target `tid` (named `iqn`); one already gone is not an error.
+    pub(super) async fn delete_lun(&self, tid: u32, lun: u32, iqn: &str) -> Result<(), Failure> {
+        match self.change(Request::delete_lun(tid, lun), iqn).await {
+            Ok(_) | Err(Failure::NotFound(_)) => Ok(()),
+            Err(f) => Err(f),
+        }
+    }
+
     /// Deletes a kept target for real (its LUNs with it).
     pub(super) async fn delete_kept(&self, iqn: &str, tid: u32) -> Result<(), Failure> {
         match self.change(Request::delete_target(tid), iqn).await {
@@ -784,10 +792,7 @@ impl Tgtd {
                 .map(|(iqn, k)| (iqn.clone(), k.tid, k.luns.clone()));
             let Some((iqn, tid, luns)) = oldest else { break };
             for (lun, _, _) in &luns {
-                match self.change(Request::delete_lun(tid, *lun), &iqn).await {
-                    Ok(_) | Err(Failure::NotFound(_)) => {}
-                    Err(f) => return Err(f),
-                }
+                self.delete_lun(tid, *lun, &iqn).await?;
                 if let Some(k) = guard(&self.model).kept.get_mut(&iqn) {
                     k.luns.retain(|(l, _, _)| l != lun);
                 }
