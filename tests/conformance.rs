@@ -446,57 +446,58 @@ async fn the_misbehaving_fixtures_fail_exactly_their_checks_and_every_check_can_
     assert!(never.is_empty(), "checks no fixture fails: {never:#?}");
 }
 
+/// `drivers/js-iscsi` and `drivers/py-iscsi`, written in JavaScript and Python from the WIT of
+/// 0.3.0 and `berth:iscsi-chap` alone and built with ComponentizeJS and componentize-py, pass every
+/// check (their promise included, and the per-initiator accounts the host makes for them), on the
+/// model and on a real tgtd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_javascript_driver_built_from_the_wit_alone_passes_through_the_0_1_0_adapter() {
-    let report = suite(js_driver(), &[]).await;
-    assert!(report.ok(), "{:#?}", report.failures());
-    assert!(report.driver.starts_with("js-iscsi"));
-    // It is built against contract 0.1.0 and loads through the host's adapter; 0.1.0 has no way to
-    // promise that a terminate ends sessions, so that one check does not apply (the host ends
-    // them itself in 0.1.0's deny-initiator, which the attachment below shows).
-    assert_eq!(report.contract, Some("berth:driver@0.1.0"));
-    let skipped = skipped(&report);
-    assert_eq!(skipped.len(), 1, "{skipped:#?}");
-    assert_eq!(skipped[0].name, name(Id::TerminateEndsSessions));
-    assert!(matches!(&skipped[0].status, Status::Skipped(why) if why.contains("0.1.0")), "{skipped:#?}");
-}
-
-/// `drivers/py-iscsi`, written in Python from the WIT of 0.2.0 alone and built with componentize-py,
-/// passes every check (its promise included), on the model and on a real tgtd.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_python_driver_built_from_the_wit_alone_passes_on_the_model_and_on_tgtd() {
-    for target in [TargetMode::Model, TargetMode::Tgtd] {
-        let report = suite_on(target, py_driver(), &[]).await;
-        assert!(report.ok(), "{target:?}: {:#?}", report.failures());
-        assert!(skipped(&report).is_empty(), "{target:?}");
-        assert!(report.driver.starts_with("py-iscsi"));
-        assert_eq!(report.contract, Some("berth:driver@0.2.0"));
-        assert_eq!(report.guarantees, ["terminate-ends-sessions"]);
+async fn drivers_built_from_the_wit_alone_in_javascript_and_python_pass_on_the_model_and_on_tgtd() {
+    for (wasm, driver) in [(js_driver(), "js-iscsi"), (py_driver(), "py-iscsi")] {
+        for target in [TargetMode::Model, TargetMode::Tgtd] {
+            let report = suite_on(target, wasm.clone(), &[]).await;
+            assert!(report.ok(), "{driver} on {target:?}: {:#?}", report.failures());
+            assert!(skipped(&report).is_empty(), "{driver} on {target:?}: {:#?}", skipped(&report));
+            assert!(report.driver.starts_with(driver));
+            assert_eq!(report.contract, Some("berth:driver@0.3.0"));
+            assert_eq!(report.guarantees, ["terminate-ends-sessions"]);
+        }
     }
 }
 
-/// `berth serve` loads drivers in three languages and two contract versions side by side: Rust
-/// (`tgt-iscsi`, 0.3.0), JavaScript (`js-iscsi`, 0.1.0) and Python (`py-iscsi`, 0.2.0). A real
-/// initiator logs in to what each exports and reads back what it wrote. A detach ends the host's
-/// open session whichever contract its driver speaks: the 0.2.0 drivers end it themselves
-/// (close-sessions); for js-iscsi the host's 0.1.0 adapter ends it inside deny-initiator.
+/// `berth serve` loads drivers in three languages and three contract versions side by side: Rust
+/// (`tgt-iscsi`, 0.3.0, and its builds for 0.2.0 and 0.1.0 kept in `drivers/fixtures/binary`),
+/// JavaScript (`js-iscsi`, 0.3.0) and Python (`py-iscsi`, 0.3.0). A real initiator logs in to what
+/// each exports and reads back what it wrote. A detach ends the host's open session whichever
+/// contract its driver speaks: the 0.2.0 and 0.3.0 drivers end it themselves (close-sessions); for
+/// the 0.1.0 build the host's adapter ends it inside deny-initiator.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drivers_in_three_languages_serve_real_attachments_side_by_side() {
     let grants = "grants = [\"iscsi-target\", \"backing-store\"]";
+    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../drivers/fixtures/binary");
     let rig = Rig::start_with(&format!(
         "[[backends]]\nname = \"js\"\nwasm = \"{}\"\n{grants}\n\
          [[backends]]\nname = \"py\"\nwasm = \"{}\"\n{grants}\n\
          [[backends]]\nname = \"tgt\"\ndriver = \"tgt-iscsi\"\n{grants}\n\
+         [[backends]]\nname = \"old1\"\nwasm = \"{}\"\n{grants}\n\
+         [[backends]]\nname = \"old2\"\nwasm = \"{}\"\n{grants}\n\
          [[volume_types]]\nname = \"__DEFAULT__\"\nbackend = \"js\"\n\
          [[volume_types]]\nname = \"python\"\nbackend = \"py\"\n\
-         [[volume_types]]\nname = \"rust\"\nbackend = \"tgt\"\n",
+         [[volume_types]]\nname = \"rust\"\nbackend = \"tgt\"\n\
+         [[volume_types]]\nname = \"rust-0.1.0\"\nbackend = \"old1\"\n\
+         [[volume_types]]\nname = \"rust-0.2.0\"\nbackend = \"old2\"\n",
         js_driver().display(),
-        py_driver().display()
+        py_driver().display(),
+        binary.join("tgt-iscsi-0.1.0.wasm").display(),
+        binary.join("tgt-iscsi-0.2.0.wasm").display(),
     ));
     let c = rig.client();
-    for (volume_type, backend, host) in
-        [("__DEFAULT__", "js", "js-host"), ("python", "py", "py-host"), ("rust", "tgt", "rust-host")]
-    {
+    for (volume_type, backend, host) in [
+        ("__DEFAULT__", "js", "js-host"),
+        ("python", "py", "py-host"),
+        ("rust", "tgt", "rust-host"),
+        ("rust-0.1.0", "old1", "old1-host"),
+        ("rust-0.2.0", "old2", "old2-host"),
+    ] {
         let volume = c.create_volume(json!({"size": 1, "volume_type": volume_type})).await;
         assert!(rig.backing_file_of(backend, &volume).exists(), "{volume_type}");
         let initiator = format!("iqn.1993-08.org.debian:01:{host}");

@@ -1,8 +1,9 @@
 """py-iscsi: a Berth storage driver in Python, written from the WIT contract alone
-(wit/driver@0.2.0), built into a component with componentize-py. It does what the Rust tgt-iscsi
-driver does: a volume is a sparse backing store exported through the host's iSCSI target service,
-one target per volume, LUN 1, incoming CHAP, one ACL entry per initiator; a detach ends the
-initiator's sessions (it promises `terminate-ends-sessions`).
+(wit/driver@0.3.0, and the world `tgt-storage-driver` of wit/iscsi-chap@0.1.0), built into a
+component with componentize-py. It does what the Rust tgt-iscsi driver does: a volume is a sparse
+backing store exported through the host's iSCSI target service, one target per volume, LUN 1,
+incoming CHAP with an account per initiator (made and kept by the host), one ACL entry per
+initiator; a detach ends the initiator's sessions (it promises `terminate-ends-sessions`).
 
 How the contract looks from Python (componentize-py conventions):
 - the export `driver` is a class named `Driver` in this module, with one method per WIT function
@@ -12,7 +13,7 @@ How the contract looks from Python (componentize-py conventions):
   Imported functions raise `Err(...)` the same way, with the error case in `.value`.
 
 Stateless: everything it knows comes from the volume record; what it learns goes back in the
-model update (provider_location, provider_auth, and a driver-data key per connected initiator).
+model update (provider_location, and a driver-data key per connected initiator).
 """
 
 import re
@@ -22,7 +23,7 @@ from componentize_py_types import Err
 from wit_world import exports
 from wit_world.exports.driver import Guarantee
 from wit_world.imports import backing_store as stores
-from wit_world.imports import config, iscsi_target as iscsi
+from wit_world.imports import config, initiator_accounts as accounts, iscsi_target as iscsi
 from wit_world.imports.log import Level, log
 from wit_world.imports.types import (
     Attachment,
@@ -147,13 +148,6 @@ def mode_keys(volume: Volume) -> List[str]:
     return [k for k, _ in volume.driver_data if k.startswith("mode.")]
 
 
-def stored_credentials(volume: Volume) -> Optional[iscsi.ChapCredentials]:
-    words = (volume.provider_auth or "").split()
-    if len(words) == 3 and words[0] == "CHAP":
-        return iscsi.ChapCredentials(username=words[1], secret=words[2])
-    return None
-
-
 def location(volume: Volume):
     """`<portal>[;<portal>...],<tid> <iqn> <lun>`, Cinder's provider_location."""
     not_exported = Err(DriverError_NotFound(f"volume {volume.id} is not exported"))
@@ -189,7 +183,7 @@ class Driver(exports.Driver):
     def info(self) -> DriverInfo:
         return DriverInfo(
             name="py-iscsi",
-            version="0.2.0",
+            version="0.3.0",
             vendor="Berth",
             description="A Python driver: sparse backing stores exported over iSCSI with CHAP and per-initiator ACLs",
             protocols=[Protocol_Iscsi()],
@@ -206,42 +200,43 @@ class Driver(exports.Driver):
         attempt("create backing store", store_error, stores.create, volume.name, volume.size_gib << 30)
         return update()
 
+    def extend_volume(self, volume: Volume, new_size_gib: int) -> ModelUpdate:
+        # Grows the backing store (sparse: nothing is written). The host opens an attached
+        # volume's LUN again as its store grows, so its hosts see the new size at once.
+        attempt("grow backing store", store_error, stores.resize, volume.name, new_size_gib << 30)
+        return update()
+
     def delete_volume(self, volume: Volume) -> None:
         attempt("delete target", target_error, iscsi.delete_target, target_iqn(volume))
         attempt("delete backing store", store_error, stores.delete, volume.name)
 
     def create_export(self, volume: Volume, connector: Optional[Connector]) -> ModelUpdate:
+        # Each initiator's account is bound at its initialize-connection, before its ACL entry:
+        # until then the target admits nobody.
         iqn = target_iqn(volume)
         unit = lun()
-        credentials = stored_credentials(volume) or iscsi.generate_chap_credentials()
         target = attempt("show target", target_error, iscsi.show_target, iqn)
         if target is None:
             target = attempt("create target", target_error, iscsi.create_target, iqn)
         if unit not in target.luns:
             attempt("add LUN", target_error, iscsi.add_lun, iqn, unit, volume.name)
-        if credentials.username not in target.chap_users:
-            attempt("set CHAP", target_error, iscsi.set_chap, iqn, credentials)
         portals = [portal_text(p) for p in iscsi.portals()]
         if not portals:
             raise Err(DriverError_Backend("the host has no iSCSI portal configured"))
         log(Level.DEBUG, f"exported {volume.id} as {iqn} (tid {target.tid})")
         return update(
             location=f"{';'.join(portals)},{target.tid} {iqn} {unit}",
-            auth=f"CHAP {credentials.username} {credentials.secret}",
+            # Credentials of an account per export, from a build of this driver before 0.3.0.
+            clear=[VolumeField.PROVIDER_AUTH] if volume.provider_auth is not None else [],
         )
 
     def remove_export(self, volume: Volume) -> ModelUpdate:
         attempt("delete target", target_error, iscsi.delete_target, target_iqn(volume))
-        # The credentials go with the export: the next export gets new ones, so a detached host
-        # cannot log in with what it was given once the volume is attached elsewhere.
         return update(remove_data=mode_keys(volume), clear=[VolumeField.PROVIDER_AUTH])
 
     def initialize_connection(self, volume: Volume, connector: Connector) -> Connection:
         initiator = initiator_of(connector)
         portals, iqn, unit = location(volume)
-        credentials = stored_credentials(volume)
-        if credentials is None:
-            raise Err(DriverError_NotFound(f"volume {volume.id} has no CHAP credentials"))
         mode = "rw" if connector.mode.name == "RW" else "ro"
         previous = data(volume, mode_key(initiator))
         if previous is not None and previous != mode:
@@ -250,6 +245,9 @@ class Driver(exports.Driver):
                     f"initiator {initiator} is already connected {previous}; it cannot get {mode} access as well"
                 )
             )
+        # The initiator's own account is bound before its ACL entry exists, so that the target
+        # never admits it without CHAP.
+        credentials = attempt("grant CHAP account", target_error, accounts.grant, iqn, initiator)
         attempt("allow initiator", target_error, iscsi.allow_initiator, iqn, initiator)
         info = [
             ("target_discovered", Value_Boolean(False)),
@@ -293,6 +291,10 @@ class Driver(exports.Driver):
             attempt("deny initiator", target_error, iscsi.deny_initiator, iqn, initiator)
             # The target checks its ACL only at login: end the sessions already open.
             attempt("close sessions", target_error, iscsi.close_sessions, iqn, initiator)
+            # Its own account goes last: the target keeps requiring CHAP of those still admitted.
+            attempt("revoke CHAP account", target_error, accounts.revoke, iqn, initiator)
+        if connector is None:
+            attempt("revoke CHAP accounts", target_error, accounts.revoke_all, iqn)
         remove = mode_keys(volume) if connector is None else [mode_key(i) for i in revoke]
         in_use = connector is not None and any(a.connector is not None for a in others)
         return Termination(export_in_use=in_use, update=update(remove_data=remove))

@@ -8,5 +8,5 @@ set -euo pipefail
 cd "$(dirname "$0")"
 out=$(realpath -m "${1:-../../target/drivers/py-iscsi.wasm}")
 mkdir -p "$(dirname "$out")"
-"${COMPONENTIZE_PY:-componentize-py}" -d ../../wit/driver@0.2.0 -w storage-driver \
+"${COMPONENTIZE_PY:-componentize-py}" -d ../../wit/iscsi-chap@0.1.0 -w tgt-storage-driver \
     componentize --python-path . app --stub-wasi -o "$out"

@@ -1,7 +1,9 @@
 // js-iscsi: a Berth storage driver in JavaScript, written from the WIT contract alone
-// (wit/driver@0.1.0), built into a component with ComponentizeJS. It does what the Rust
-// tgt-iscsi driver does: a volume is a sparse backing store exported through the host's iSCSI
-// target service, one target per volume, LUN 1, incoming CHAP, one ACL entry per initiator.
+// (wit/driver@0.3.0, and the world `tgt-storage-driver` of wit/iscsi-chap@0.1.0), built into a
+// component with ComponentizeJS. It does what the Rust tgt-iscsi driver does: a volume is a
+// sparse backing store exported through the host's iSCSI target service, one target per volume,
+// LUN 1, incoming CHAP with an account per initiator (made and kept by the host), one ACL entry
+// per initiator; a detach ends the initiator's sessions (it promises `terminate-ends-sessions`).
 //
 // How the contract looks from JavaScript (ComponentizeJS / jco conventions):
 // - the export `driver` is an object with one function per WIT function, names in camelCase;
@@ -12,12 +14,13 @@
 //   variant is in the error's `payload`).
 //
 // Stateless: everything it knows comes from the volume record; what it learns goes back in the
-// model update (provider_location, provider_auth, and a driver-data key per connected initiator).
+// model update (provider_location, and a driver-data key per connected initiator).
 
-import { log } from 'berth:driver/log@0.1.0';
-import { get as setting } from 'berth:driver/config@0.1.0';
-import * as iscsi from 'berth:driver/iscsi-target@0.1.0';
-import * as stores from 'berth:driver/backing-store@0.1.0';
+import { log } from 'berth:driver/log@0.3.0';
+import { get as setting } from 'berth:driver/config@0.3.0';
+import * as iscsi from 'berth:driver/iscsi-target@0.3.0';
+import * as stores from 'berth:driver/backing-store@0.3.0';
+import * as accounts from 'berth:iscsi-chap/initiator-accounts@0.1.0';
 
 const DEFAULT_PREFIX = 'iqn.2010-10.org.openstack:';
 
@@ -90,11 +93,7 @@ const targetIqn = (volume) => `${setting('target_prefix') ?? DEFAULT_PREFIX}${vo
 const lun = () => Number(setting('target_lun') ?? '1');
 const modeKey = (initiator) => `mode.${initiator}`;
 const data = (volume, key) => volume.driverData.find(([k]) => k === key)?.[1];
-
-function storedCredentials(volume) {
-  const words = (volume.providerAuth ?? '').split(/\s+/);
-  return words[0] === 'CHAP' && words.length === 3 ? { username: words[1], secret: words[2] } : undefined;
-}
+const modeKeys = (volume) => volume.driverData.map(([k]) => k).filter((k) => k.startsWith('mode.'));
 
 // `<portal>[;<portal>...],<tid> <iqn> <lun>`, Cinder's provider_location.
 function location(volume) {
@@ -130,12 +129,16 @@ export const driver = {
   info() {
     return {
       name: 'js-iscsi',
-      version: '0.1.0',
+      version: '0.3.0',
       vendor: 'Berth',
       description: 'A JavaScript driver: sparse backing stores exported over iSCSI with CHAP and per-initiator ACLs',
       protocols: [{ tag: 'iscsi' }],
       capabilities: { multiattach: true, sharedTargets: false },
     };
+  },
+
+  guarantees() {
+    return ['terminate-ends-sessions'];
   },
 
   validateConnector(connector) {
@@ -147,6 +150,13 @@ export const driver = {
     return update();
   },
 
+  // Grows the backing store (sparse: nothing is written). The host opens an attached volume's LUN
+  // again as its store grows, so its hosts see the new size at once.
+  extendVolume(volume, newSizeGib) {
+    attempt(() => stores.resize(volume.name, newSizeGib * 1024n * 1024n * 1024n), (e) => storeError('grow backing store', e));
+    return update();
+  },
+
   deleteVolume(volume) {
     attempt(() => iscsi.deleteTarget(targetIqn(volume)), (e) => targetError('delete target', e));
     attempt(() => stores['delete'](volume.name), (e) => storeError('delete backing store', e));
@@ -155,47 +165,42 @@ export const driver = {
   createExport(volume, _connector) {
     // Each call of an import costs a ComponentizeJS driver about 0.1 million instructions (its
     // bindings copy the arguments and the result through the memory): a setting is read once.
+    // Each initiator's account is bound at its initialize-connection, before its ACL entry: until
+    // then the target admits nobody.
     const iqn = targetIqn(volume);
     const unit = lun();
-    const credentials = storedCredentials(volume) ?? iscsi.generateChapCredentials();
     const target =
       attempt(() => iscsi.showTarget(iqn), (e) => targetError('show target', e)) ??
       attempt(() => iscsi.createTarget(iqn), (e) => targetError('create target', e));
     if (!target.luns.includes(unit)) {
       attempt(() => iscsi.addLun(iqn, unit, volume.name), (e) => targetError('add LUN', e));
     }
-    if (!target.chapUsers.includes(credentials.username)) {
-      attempt(() => iscsi.setChap(iqn, credentials), (e) => targetError('set CHAP', e));
-    }
     const portals = iscsi.portals().map(portalText);
     if (portals.length === 0) throw error('backend', 'the host has no iSCSI portal configured');
     log('debug', `exported ${volume.id} as ${iqn} (tid ${target.tid})`);
     return update({
       providerLocation: `${portals.join(';')},${target.tid} ${iqn} ${unit}`,
-      providerAuth: `CHAP ${credentials.username} ${credentials.secret}`,
+      // Credentials of an account per export, from a build of this driver before 0.3.0.
+      clear: volume.providerAuth !== undefined ? ['provider-auth'] : [],
     });
   },
 
   removeExport(volume) {
     attempt(() => iscsi.deleteTarget(targetIqn(volume)), (e) => targetError('delete target', e));
-    // The credentials go with the export: the next export gets new ones, so a detached host
-    // cannot log in with what it was given once the volume is attached elsewhere.
-    return update({
-      removeData: volume.driverData.map(([k]) => k).filter((k) => k.startsWith('mode.')),
-      clear: ['provider-auth'],
-    });
+    return update({ removeData: modeKeys(volume), clear: ['provider-auth'] });
   },
 
   initializeConnection(volume, connector) {
     const initiator = initiatorOf(connector);
     const loc = location(volume);
-    const credentials = storedCredentials(volume);
-    if (!credentials) throw error('not-found', `volume ${volume.id} has no CHAP credentials`);
     const mode = connector.mode;
     const previous = data(volume, modeKey(initiator));
     if (previous !== undefined && previous !== mode) {
       throw error('incompatible', `initiator ${initiator} is already connected ${previous}; it cannot get ${mode} access as well`);
     }
+    // The initiator's own account is bound before its ACL entry exists, so that the target never
+    // admits it without CHAP.
+    const credentials = attempt(() => accounts.grant(loc.iqn, initiator), (e) => targetError('grant CHAP account', e));
     attempt(() => iscsi.allowInitiator(loc.iqn, initiator), (e) => targetError('allow initiator', e));
     const info = [
       ['target_discovered', boolean(false)],
@@ -225,9 +230,13 @@ export const driver = {
     const iqn = targetIqn(volume);
     let revoke = [];
     if (connector === undefined) {
-      // Force detach: everyone goes.
+      // Force detach: everyone goes, whether in the ACL or still logged in.
       const target = attempt(() => iscsi.showTarget(iqn), (e) => targetError('show target', e));
-      revoke = target ? target.initiators : [];
+      if (target) {
+        const sessions = attempt(() => iscsi.listSessions(iqn), (e) => targetError('list sessions', e));
+        const loggedIn = sessions.map((s) => s.initiator).filter(isIscsiName);
+        revoke = [...new Set([...target.initiators, ...loggedIn])].sort();
+      }
     } else if (connector.initiator !== undefined && isIscsiName(connector.initiator)) {
       // Another live attachment from the same initiator still needs the ACL entry.
       const needed = others.some((a) => a.connector !== undefined && sameInitiator(a.connector, connector));
@@ -235,10 +244,15 @@ export const driver = {
     }
     for (const initiator of revoke) {
       attempt(() => iscsi.denyInitiator(iqn, initiator), (e) => targetError('deny initiator', e));
+      // The target checks its ACL only at login: end the sessions already open.
+      attempt(() => iscsi.closeSessions(iqn, initiator), (e) => targetError('close sessions', e));
+      // Its own account goes last: the target keeps requiring CHAP of those still admitted.
+      attempt(() => accounts.revoke(iqn, initiator), (e) => targetError('revoke CHAP account', e));
     }
-    const removeData = connector === undefined
-      ? volume.driverData.map(([k]) => k).filter((k) => k.startsWith('mode.'))
-      : revoke.map(modeKey);
+    if (connector === undefined) {
+      attempt(() => accounts.revokeAll(iqn), (e) => targetError('revoke CHAP accounts', e));
+    }
+    const removeData = connector === undefined ? modeKeys(volume) : revoke.map(modeKey);
     return {
       exportInUse: connector !== undefined && others.some((a) => a.connector !== undefined),
       update: update({ removeData }),
@@ -265,12 +279,11 @@ export const driver = {
   const volume = {
     id: 'warm-up',
     providerLocation: '127.0.0.1:3260;[::1]:3260,1 iqn.2010-10.org.openstack:warm-up 1',
-    providerAuth: 'CHAP user secret',
     driverData: [[modeKey(initiator), 'rw']],
   };
   location(volume);
-  storedCredentials(volume);
   data(volume, modeKey(initiator));
+  modeKeys(volume);
   portalText({ address: '::1', port: 3260 });
   update({ setData: [[modeKey(initiator), 'rw']], removeData: [], clear: ['provider-auth'] });
   [text('x'), integer(1), boolean(true)];
