@@ -79,6 +79,8 @@ pub enum Id {
     TerminateRevokes,
     TerminateAll,
     TerminateOneKeepsOther,
+    TerminatedCredentialsRefused,
+    ExportedAgainCredentialsRefused,
     TerminateSameInitiator,
     TerminateEndsSessions,
     TerminateRemovesIdentity,
@@ -240,6 +242,18 @@ pub const CHECKS: &[Check] = &[
         needs: &[Iscsi, TargetService, Multiattach],
         id: Id::TerminateOneKeepsOther,
         run: |env| Box::pin(terminate::terminate_one_keeps_other(env)),
+    },
+    Check {
+        name: "a terminated host's credentials should not admit it under another attached host's initiator name",
+        needs: &[Iscsi, TargetService, Multiattach],
+        id: Id::TerminatedCredentialsRefused,
+        run: |env| Box::pin(terminate::terminated_credentials_refused(env)),
+    },
+    Check {
+        name: "credentials given before remove-export should not admit a detached host after the next create-export",
+        needs: &[Iscsi, TargetService],
+        id: Id::ExportedAgainCredentialsRefused,
+        run: |env| Box::pin(terminate::exported_again_credentials_refused(env)),
     },
     Check {
         name: "terminate-connection should keep access that another attachment of the same initiator needs",

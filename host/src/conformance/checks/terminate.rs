@@ -71,6 +71,39 @@ pub(super) async fn terminate_one_keeps_other(env: &mut Env<'_>) -> Result<(), S
     Ok(())
 }
 
+/// A multiattach volume's hosts may share one set of CHAP credentials (an account per export):
+/// the ACL admits an initiator by its name, which a host chooses itself, so a detached host that
+/// kept the shared secret could log in again under an attached host's name. Credentials of its
+/// own (per-initiator accounts), or new ones for those who stay, make what it kept worthless.
+pub(super) async fn terminated_credentials_refused(env: &mut Env<'_>) -> Result<(), String> {
+    let mut v = exported(env, true).await?;
+    let ca = env.connect(&mut v, &a()).await?;
+    env.connect(&mut v, &b()).await?;
+    env.terminate(&mut v, Some(&a()), &[attachment(&b())]).await?;
+    ensure!(
+        env.login(&ca, B).await.is_err(),
+        "the terminated host's credentials still admit it under the other host's initiator name"
+    );
+    Ok(())
+}
+
+/// The same hole after an export ends: a detached host that kept its credentials must not reach the
+/// volume once it is exported again for another host (a single-attach volume moving between
+/// hosts), under that host's name.
+pub(super) async fn exported_again_credentials_refused(env: &mut Env<'_>) -> Result<(), String> {
+    let mut v = exported(env, false).await?;
+    let ca = env.connect(&mut v, &a()).await?;
+    env.terminate(&mut v, Some(&a()), &[]).await?;
+    env.remove_export(&mut v).await?;
+    env.export(&mut v).await?;
+    env.connect(&mut v, &b()).await?;
+    ensure!(
+        env.login(&ca, B).await.is_err(),
+        "credentials given before remove-export admit the detached host under the next host's initiator name"
+    );
+    Ok(())
+}
+
 pub(super) async fn terminate_same_initiator(env: &mut Env<'_>) -> Result<(), String> {
     let mut v = exported(env, true).await?;
     let conn = env.connect(&mut v, &a()).await?;
