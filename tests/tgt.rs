@@ -89,6 +89,69 @@ fn the_tests_tgtd_has_the_preload_library_and_its_shell_has_not() {
     assert!(!shell.contains("berth-tgtd-preload-"), "the shell that started tgtd has not");
 }
 
+/// The tgtd processes with control port `control`.
+fn tgtds_on(control: u16) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|pid: &i32| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.first().is_some_and(|a| a.ends_with(b"tgtd"))
+                && args.windows(2).any(|w| w[0] == b"-C" && w[1] == control.to_string().as_bytes())
+        })
+        .collect()
+}
+
+/// A tgtd Berth starts itself (and the tests' tgtd, started the same way) gives every target a
+/// NOP-In interval that never comes: with one, tgtd's full listing finds each target's NOP
+/// settings without walking the list of every target (`ISCSI_NOP_NEVER`; half a listing's time
+/// at 10,000 targets, BENCHMARKS.md). tgtd's own listing shows the interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tgtd_berth_starts_gives_each_target_a_nop_interval_that_never_comes() {
+    let nop = |control: u16| {
+        let out = std::process::Command::new("tgtadm")
+            .args(["-C", &control.to_string(), "--lld", "iscsi", "--mode", "target", "--op", "show"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("Nop interval:")).count()
+    };
+    let rig = Rig::start();
+    let t = rig.service();
+    export(&rig, &t, "nop", ALICE).await;
+    assert_eq!(nop(rig.tgtd.control_port), 1, "the tests' tgtd");
+
+    // Ports nobody uses, for a tgtd of Berth's own (once the probe's tgtd is gone).
+    let probe = TgtdProcess::start();
+    let (control, portal) = (probe.control_port, probe.portal_port);
+    drop(probe);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !tgtds_on(control).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let own = Tgtd::new(TgtdConfig::new(control, dir.path()));
+    let portal = berth::capabilities::iscsi::Portal { address: "127.0.0.1".into(), port: portal };
+    let started = own.ensure_running(&portal).await;
+    // tgtd daemonises itself (in two processes): found by its control port, and stopped whatever
+    // happened.
+    let pids = tgtds_on(control);
+    let listed = match started {
+        Ok(true) => {
+            own.create_target(&iqn("iqn.2010-10.org.openstack:volume-own")).await.unwrap();
+            Ok(nop(control))
+        }
+        other => Err(other),
+    };
+    for pid in &pids {
+        let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    let _ = std::fs::remove_file(format!("/var/run/tgtd/socket.{control}"));
+    let _ = std::fs::remove_file(format!("/var/run/tgtd/socket.{control}.lock"));
+    assert!(!pids.is_empty(), "a tgtd on control port {control}");
+    assert_eq!(listed, Ok(1), "Berth's own tgtd");
+}
+
 #[tokio::test]
 async fn every_operation_repeated_changes_nothing() {
     let rig = Rig::start();

@@ -407,7 +407,7 @@ pub struct ReconcileConfig {
     /// Seconds between passes (the first runs at start-up, in the background); fractions allowed.
     /// A pass whose listing of tgtd's targets took long is followed by a longer wait, so that
     /// listings take at most a tenth of tgtd's time (the listing costs tgtd time quadratic in its
-    /// targets: about 8 s at 10,000, during which it serves no attach); a restarted tgtd is
+    /// targets: about 2 s at 10,000, during which it serves no attach); a restarted tgtd is
     /// reconciled within a second whatever the wait.
     pub interval_seconds: f64,
     /// How long a target or ACL entry that no connected attachment needs must have been seen

@@ -82,9 +82,11 @@ impl TgtdProcess {
             "tgtd is not installed (Debian package tgt); run .ci/setup"
         );
         let (c, p, t) = (self.control_port, self.portal_port, self.io_threads);
+        // As a tgtd Berth starts: its listing stops at each target's NOP settings.
+        let nop = berth::capabilities::iscsi::tgt::ISCSI_NOP_NEVER;
         let script = format!(
             "rm -f /var/run/tgtd/socket.{c} /var/run/tgtd/socket.{c}.lock; \
-             LD_PRELOAD=\"$TGTD_PRELOAD\" setpriv --pdeathsig KILL /usr/sbin/tgtd -f -C {c} -t {t} --iscsi portal=127.0.0.1:{p} >/dev/null 2>&1 & pid=$!; \
+             LD_PRELOAD=\"$TGTD_PRELOAD\" setpriv --pdeathsig KILL /usr/sbin/tgtd -f -C {c} -t {t} --iscsi portal=127.0.0.1:{p},{nop} >/dev/null 2>&1 & pid=$!; \
              cat >/dev/null; kill -KILL $pid; wait $pid; rm -f /var/run/tgtd/socket.{c} /var/run/tgtd/socket.{c}.lock"
         );
         let child = Command::new("sh")

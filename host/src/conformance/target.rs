@@ -133,7 +133,11 @@ impl Daemon {
         let _ = std::fs::remove_file(format!("{socket}.lock"));
         let child = tokio::process::Command::new(&self.tgtd)
             .args(["-f", "-C", &self.control_port.to_string(), "--iscsi"])
-            .arg(format!("portal=127.0.0.1:{}", self.portal.port))
+            .arg(format!(
+                "portal=127.0.0.1:{},{}",
+                self.portal.port,
+                crate::capabilities::iscsi::tgt::ISCSI_NOP_NEVER
+            ))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

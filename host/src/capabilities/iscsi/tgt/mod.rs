@@ -46,4 +46,4 @@ mod tgtd;
 pub use ceiling::Ceiling;
 pub use config::TgtdConfig;
 pub use protocol::{Request, parse_accounts, parse_connections, parse_show, shown_megabytes};
-pub use tgtd::{Tgtd, listens_on};
+pub use tgtd::{ISCSI_NOP_NEVER, Tgtd, listens_on};

@@ -648,6 +648,8 @@ mod tests {
     System information:
         Driver: iscsi
         State: ready
+        Nop interval: 2147483647
+        Nop count: 0
     I_T nexus information:
         I_T nexus: 3
             Initiator: iqn.1993-08.org.debian:01:aaa alias: host
@@ -682,6 +684,7 @@ Target 2: iqn.2010-10.org.openstack:volume-def
     ACL information:
 ";
 
+    /// (Target 1 as tgtd shows it when started with [`super::super::ISCSI_NOP_NEVER`].)
     #[test]
     fn show_output_is_parsed_per_target() {
         let t = parse_show(SHOW);

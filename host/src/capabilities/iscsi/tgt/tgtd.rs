@@ -65,6 +65,16 @@ use super::protocol::{
     Answer, Control, Failure, Request, parse_accounts, parse_connections, parse_nexuses, parse_show,
 };
 
+/// What every target of a tgtd Berth starts gets as its NOP-In interval (tgtd's `--iscsi`
+/// argument): a ping every 2^31 - 1 seconds, that is never. Not for the pings: tgt 1.0.97's full
+/// listing (`tgt_target_show_all`) looks each target's NOP settings up in the list of all iSCSI
+/// targets (`iscsi_print_nop_settings`, `usr/iscsi/iscsi_tcp.c`), and stops at the target only when
+/// its interval is not 0; with tgtd's default 0 every target's lookup walks the whole list. At
+/// 10,000 targets that walk was most of a listing's 4.2 to 4.4 s, during which tgtd serves nobody;
+/// with an interval the listing takes half (BENCHMARKS.md). `packaging/tgt.service.d/berth.conf`
+/// gives Debian's tgtd the same.
+pub const ISCSI_NOP_NEVER: &str = "nop_interval=2147483647";
+
 /// The most of tgtd's time one sweep spends deleting accounts (see [`Tgtd::sweep`]).
 pub(crate) const SWEEP_BUDGET: Duration = Duration::from_millis(100);
 
@@ -153,9 +163,9 @@ impl Tgtd {
             return Ok(false);
         }
         let portal_arg = if portal.address.contains(':') {
-            format!("portal=[{}]:{}", portal.address, portal.port)
+            format!("portal=[{}]:{},{ISCSI_NOP_NEVER}", portal.address, portal.port)
         } else {
-            format!("portal={}:{}", portal.address, portal.port)
+            format!("portal={}:{},{ISCSI_NOP_NEVER}", portal.address, portal.port)
         };
         // tgtd daemonises itself; its stale socket from an earlier run would make it fail.
         let _ = std::fs::remove_file(self.cfg.socket_path());
