@@ -79,6 +79,7 @@ pub(super) async fn terminated_credentials_refused(env: &mut Env<'_>) -> Result<
     let mut v = exported(env, true).await?;
     let ca = env.connect(&mut v, &a()).await?;
     env.connect(&mut v, &b()).await?;
+    env.login(&ca, A).await.map_err(|e| format!("the first initiator cannot log in: {e}"))?;
     env.terminate(&mut v, Some(&a()), &[attachment(&b())]).await?;
     ensure!(
         env.login(&ca, B).await.is_err(),
@@ -93,10 +94,12 @@ pub(super) async fn terminated_credentials_refused(env: &mut Env<'_>) -> Result<
 pub(super) async fn exported_again_credentials_refused(env: &mut Env<'_>) -> Result<(), String> {
     let mut v = exported(env, false).await?;
     let ca = env.connect(&mut v, &a()).await?;
+    env.login(&ca, A).await.map_err(|e| format!("the first initiator cannot log in: {e}"))?;
     env.terminate(&mut v, Some(&a()), &[]).await?;
     env.remove_export(&mut v).await?;
     env.export(&mut v).await?;
-    env.connect(&mut v, &b()).await?;
+    let cb = env.connect(&mut v, &b()).await?;
+    env.login(&cb, B).await.map_err(|e| format!("the next initiator cannot log in: {e}"))?;
     ensure!(
         env.login(&ca, B).await.is_err(),
         "credentials given before remove-export admit the detached host under the next host's initiator name"
