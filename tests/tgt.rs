@@ -559,6 +559,29 @@ async fn kept_accounts_are_bound_again_and_swept_when_unused() {
     );
     assert_eq!(t.sweep().await.unwrap(), 1);
     assert!(t.accounts().await.unwrap().is_empty());
+
+    // A per-initiator account an earlier run made is kept, as one released now: the same
+    // initiator's next grant names it again, and each deletion costs tgtd a walk of every target.
+    let earlier = format!("i{}", "0123456789abcdef".repeat(5).get(..40).unwrap());
+    assert!(berth::capabilities::iscsi::initiators::is_initiator_account(&earlier));
+    assert!(
+        rig.tgtd
+            .tgtadm(&[
+                "--op",
+                "new",
+                "--mode",
+                "account",
+                "--user",
+                &earlier,
+                "--password",
+                "earliersecret1234"
+            ])
+            .status
+            .success()
+    );
+    assert_eq!(t.sweep().await.unwrap(), 0, "an earlier run's per-initiator account is kept");
+    assert_eq!(t.sweep().await.unwrap(), 0, "nor by the next");
+    assert_eq!(t.accounts().await.unwrap(), [earlier]);
 }
 
 /// A driver that gives every export new credentials (the shipped `tgt-iscsi` does, so that a

@@ -49,6 +49,13 @@ impl Accounts {
         super::guard(&self.kept).insert(user.to_string(), Instant::now());
     }
 
+    /// An unbound per-initiator account this process did not make (an earlier run of it did:
+    /// their names and secrets are derived, so this process would make the same): kept from now
+    /// on, unless it is kept already.
+    pub(super) fn adopt(&self, user: &str) {
+        super::guard(&self.kept).entry(user.to_string()).or_insert_with(Instant::now);
+    }
+
     /// The account is bound again: no longer kept.
     pub(super) fn unkeep(&self, user: &str) {
         super::guard(&self.kept).remove(user);

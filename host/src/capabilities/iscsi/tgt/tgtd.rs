@@ -813,7 +813,9 @@ impl Tgtd {
     }
 
     /// Deletes a target kept longer than `keep_exports`, accounts kept longer than
-    /// `keep_accounts`, and unbound accounts this process does not know. Each deletion costs tgtd
+    /// `keep_accounts` (per-initiator accounts: [`INITIATOR_ACCOUNTS_KEPT`], those of an earlier
+    /// run counted from the first sweep that sees them), and other unbound accounts this process
+    /// does not know. Each deletion costs tgtd
     /// O(targets²), during which it serves nobody: one target per call, and accounts for at most
     /// [`SWEEP_BUDGET`] of tgtd's time (at least one), so that the sweep keeps up with accounts
     /// released by every detach on a small tgtd and stays short on a large one. Returns how many
@@ -835,12 +837,20 @@ impl Tgtd {
             .collect();
         let bound: BTreeSet<String> =
             guard(&self.model).targets.values().flat_map(|k| k.state.chap_users.clone()).collect();
-        let unknown: Vec<String> = self
-            .accounts()
-            .await?
-            .into_iter()
-            .filter(|u| !bound.contains(u) && !self.accounts.made(u))
-            .collect();
+        let mut unknown = Vec::new();
+        for user in self.accounts().await? {
+            if bound.contains(&user) || self.accounts.made(&user) {
+                continue;
+            }
+            // A per-initiator account an earlier run made is this run's too (the next grant for its
+            // initiator names it again): kept like one released now, not deleted at the first
+            // pass after a restart (each deletion costs tgtd a walk of every target).
+            if is_initiator_account(&user) {
+                self.accounts.adopt(&user);
+            } else {
+                unknown.push(user);
+            }
+        }
         let mut deleted = 0;
         // A kept target's deletion is the expensive one: one per sweep.
         let expired_target = guard(&self.model)
