@@ -542,21 +542,12 @@ async fn kept_accounts_are_bound_again_and_swept_when_unused() {
     assert!(rig.tgtd.targets().is_empty());
 
     // An unbound account this process does not know (an earlier run kept it) is swept at once.
-    assert!(
-        rig.tgtd
-            .tgtadm(&[
-                "--op",
-                "new",
-                "--mode",
-                "account",
-                "--user",
-                "stray",
-                "--password",
-                "straysecret12345678"
-            ])
-            .status
-            .success()
-    );
+    let made_elsewhere = |user: &str, password: &str| {
+        let made =
+            rig.tgtd.tgtadm(&["--op", "new", "--mode", "account", "--user", user, "--password", password]);
+        assert!(made.status.success(), "{user}");
+    };
+    made_elsewhere("stray", "straysecret12345678");
     assert_eq!(t.sweep().await.unwrap(), 1);
     assert!(t.accounts().await.unwrap().is_empty());
 
@@ -564,21 +555,7 @@ async fn kept_accounts_are_bound_again_and_swept_when_unused() {
     // initiator's next grant names it again, and each deletion costs tgtd a walk of every target.
     let earlier = format!("i{}", "0123456789abcdef".repeat(5).get(..40).unwrap());
     assert!(berth::capabilities::iscsi::initiators::is_initiator_account(&earlier));
-    assert!(
-        rig.tgtd
-            .tgtadm(&[
-                "--op",
-                "new",
-                "--mode",
-                "account",
-                "--user",
-                &earlier,
-                "--password",
-                "earliersecret1234"
-            ])
-            .status
-            .success()
-    );
+    made_elsewhere(&earlier, "earliersecret1234");
     assert_eq!(t.sweep().await.unwrap(), 0, "an earlier run's per-initiator account is kept");
     assert_eq!(t.sweep().await.unwrap(), 0, "nor by the next");
     assert_eq!(t.accounts().await.unwrap(), [earlier]);
