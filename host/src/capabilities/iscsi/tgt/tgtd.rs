@@ -162,11 +162,11 @@ impl Tgtd {
         if self.is_running().await {
             return Ok(false);
         }
-        let portal_arg = if portal.address.contains(':') {
-            format!("portal=[{}]:{},{ISCSI_NOP_NEVER}", portal.address, portal.port)
-        } else {
-            format!("portal={}:{},{ISCSI_NOP_NEVER}", portal.address, portal.port)
+        let address = match portal.address.contains(':') {
+            true => format!("[{}]", portal.address),
+            false => portal.address.clone(),
         };
+        let portal_arg = format!("portal={address}:{},{ISCSI_NOP_NEVER}", portal.port);
         // tgtd daemonises itself; its stale socket from an earlier run would make it fail.
         let _ = std::fs::remove_file(self.cfg.socket_path());
         let _ =
@@ -815,11 +815,10 @@ impl Tgtd {
     /// Deletes a target kept longer than `keep_exports`, accounts kept longer than
     /// `keep_accounts` (per-initiator accounts: [`INITIATOR_ACCOUNTS_KEPT`], those of an earlier
     /// run counted from the first sweep that sees them), and other unbound accounts this process
-    /// does not know. Each deletion costs tgtd
-    /// O(targets²), during which it serves nobody: one target per call, and accounts for at most
-    /// [`SWEEP_BUDGET`] of tgtd's time (at least one), so that the sweep keeps up with accounts
-    /// released by every detach on a small tgtd and stays short on a large one. Returns how many
-    /// it deleted.
+    /// does not know. Each deletion costs tgtd O(targets²), during which it serves nobody: one
+    /// target per call, and accounts for at most [`SWEEP_BUDGET`] of tgtd's time (at least one),
+    /// so that the sweep keeps up with accounts released by every detach on a small tgtd and
+    /// stays short on a large one. Returns how many it deleted.
     pub async fn sweep(&self) -> Result<usize, TargetError> {
         self.fresh().await.map_err(|f| f.into_error("sweep accounts"))?;
         let started = std::time::Instant::now();
