@@ -487,6 +487,90 @@ async fn drivers_built_from_the_wit_alone_in_javascript_and_python_pass_on_the_m
     }
 }
 
+/// A driver in JavaScript built with `drivers/js-iscsi/componentize.mjs` (ComponentizeJS with its
+/// bindings rewritten: strings encoded by the engine, a driver's result awaited only when it is a
+/// promise) gets and gives back every string as written, multi-byte and astral characters
+/// included (a lone surrogate, which UTF-8 cannot carry, arrives as U+FFFD, as ComponentizeJS's own
+/// bindings send it), in results and in errors; an `async` driver function is still awaited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_javascript_driver_built_with_berths_componentize_gets_and_gives_every_string_as_written() {
+    const DRIVER: &str = r#"
+const update = (fields) => ({ providerLocation: undefined, providerAuth: undefined, providerId: undefined,
+  clear: [], setData: [], removeData: [], ...fields });
+const unsupported = () => { throw { tag: 'unsupported', val: 'echo' }; };
+export const driver = {
+  info: () => ({ name: 'echo', version: '0.1.0', vendor: 'Berth tests', description: 'échos',
+    protocols: [{ tag: 'iscsi' }], capabilities: { multiattach: false, sharedTargets: false } }),
+  guarantees: () => [],
+  validateConnector(connector) {
+    if (connector.host !== 'host') {
+      throw { tag: 'invalid-connector', val: { missing: [], reason: `${connector.host} ≠ host` } };
+    }
+  },
+  createVolume: unsupported, deleteVolume: unsupported, extendVolume: unsupported,
+  removeExport: unsupported, terminateConnection: unsupported, sharedConnections: unsupported,
+  initializeConnection: unsupported,
+  async createExport(volume) {
+    await null;
+    return update({
+      providerLocation: volume.metadata.map(([k, v]) => `${k}=${v}`).join(';'),
+      providerId: '\uD800x',
+      setData: [[volume.name, '¿dónde? 🦀']],
+    });
+  },
+};
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::fs::write(dir.path().join("driver.js"), DRIVER).unwrap();
+    let wasm = dir.path().join("echo.wasm");
+    let out = Command::new("node")
+        .arg(root.join("drivers/js-iscsi/componentize.mjs"))
+        .args(["driver.js", "--wit"])
+        .arg(root.join("wit/driver@0.3.0"))
+        .args([
+            "--world-name",
+            "storage-driver",
+            "--disable",
+            "stdio",
+            "random",
+            "clocks",
+            "http",
+            "fetch-event",
+        ])
+        .arg("--out")
+        .arg(&wasm)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "componentize.mjs: {}", String::from_utf8_lossy(&out.stderr));
+
+    let mut spec = berth_tests::drivers::granted_spec("echo");
+    spec.wasm = berth::runtime::WasmSource::File(wasm);
+    let driver = berth_tests::drivers::runtime().load(spec).await.unwrap();
+    let metadata = [
+        ("ascii", "plain"),
+        ("latin", "héllo wörld"),
+        ("cjk", "日本語のボリューム"),
+        ("astral", "🦀 𝔉erris"),
+    ];
+    let volume = berth_tests::drivers::volume("11111111-2222-4333-8444-555555555555", &metadata);
+    let mut calls = driver.calls();
+    let update = calls.create_export(&volume, None).await.unwrap();
+    assert_eq!(
+        update.provider_location.as_deref(),
+        Some("ascii=plain;latin=héllo wörld;cjk=日本語のボリューム;astral=🦀 𝔉erris")
+    );
+    assert_eq!(update.provider_id.as_deref(), Some("\u{FFFD}x"));
+    assert_eq!(update.set_data, [(volume.name.clone(), "¿dónde? 🦀".to_string())]);
+
+    let mut connector = berth_tests::drivers::connector("iqn.1993-08.org.debian:01:echo");
+    calls.validate_connector(&connector).await.expect_err("bench-host is not host");
+    connector.host = Some("hôte".into());
+    let refused = calls.validate_connector(&connector).await.unwrap_err();
+    assert!(refused.to_string().contains("hôte ≠ host"), "{refused}");
+}
+
 /// `berth serve` loads drivers in three languages and three contract versions side by side: Rust
 /// (`tgt-iscsi`, 0.3.0, and its builds for 0.2.0 and 0.1.0 kept in `drivers/fixtures/binary`),
 /// JavaScript (`js-iscsi`, 0.3.0) and Python (`py-iscsi`, 0.3.0). A real initiator logs in to what
