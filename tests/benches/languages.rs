@@ -114,6 +114,12 @@ async fn run() {
             operation.validate_connector(&connector("iqn.1993-08.org.debian:01:bench")).await.unwrap();
             again.push(started.elapsed());
         }
+        let again_fuel = {
+            let mut operation = driver.calls().metered(u64::MAX / 4);
+            operation.validate_connector(&connector("iqn.1993-08.org.debian:01:bench")).await.unwrap();
+            operation.validate_connector(&connector("iqn.1993-08.org.debian:01:bench")).await.unwrap();
+            operation.last_fuel().expect("the runtime meters fuel")
+        };
         // An attach's and a detach's calls as `berth serve` makes them (each operation's calls in
         // one instance), on the in-memory target model: where an operation's time goes.
         let names = [
@@ -209,7 +215,7 @@ async fn run() {
         println!(
             "{language:<10} {name:<9} {:>6.1} MB, {footprint}; first compile {}, cached load p50 {}; \
              one call (validate-connector, fresh instance) p50 {} p99 {} (instantiation p50 {}), {:.1}M fuel; \
-             the next call in the operation's instance p50 {}",
+             the next call in the operation's instance p50 {}, {:.2}M fuel",
             wasm.len() as f64 / 1e6,
             human(first),
             human(Summary::of(&mut cached).p50),
@@ -218,6 +224,7 @@ async fn run() {
             human(instantiation.p50),
             fuel as f64 / 1e6,
             human(Summary::of(&mut again).p50),
+            again_fuel as f64 / 1e6,
         );
         println!("{language:<10} {name:<9} an attach's and a detach's calls (p50): {}", breakdown.join(", "));
         let call_fuel: Vec<String> = names
