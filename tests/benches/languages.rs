@@ -19,7 +19,7 @@ use berth::runtime::{CallOptions, Footprint, Request, Runtime, RuntimeOptions};
 use berth_tests::drivers::{component, connector, granted_spec};
 use berth_tests::process::BerthProcess;
 use berth_tests::server::{Client, connector as api_connector};
-use berth_tests::stats::{Summary, human, own_cpu_time};
+use berth_tests::stats::{Summary, human, own_cpu_time, own_minor_faults};
 use berth_tests::tgt::TgtdProcess;
 use serde_json::json;
 
@@ -184,6 +184,7 @@ async fn run() {
         // process (the instances' drops, which `DriverCalls` leaves to blocking threads, included).
         const PAIRS: u32 = 100;
         let cpu_before = own_cpu_time();
+        let faults_before = own_minor_faults();
         let started = Instant::now();
         for i in 0..PAIRS {
             let initiator = connector(&format!("iqn.1993-08.org.debian:01:cpu{i}"));
@@ -203,6 +204,7 @@ async fn run() {
         let wall = started.elapsed();
         tokio::time::sleep(Duration::from_millis(50)).await; // the last drops
         let cpu = own_cpu_time() - cpu_before;
+        let faults = own_minor_faults() - faults_before;
 
         let breakdown: Vec<String> = names
             .iter()
@@ -234,9 +236,10 @@ async fn run() {
             .collect();
         println!("{language:<10} {name:<9} the same calls' fuel (instructions): {}", call_fuel.join(", "));
         println!(
-            "{language:<10} {name:<9} {PAIRS} attaches and detaches in a row, unmetered: {} each, CPU {} each (the process's, instances' drops included)",
+            "{language:<10} {name:<9} {PAIRS} attaches and detaches in a row, unmetered: {} each, CPU {} each, {} page faults each (the process's, instances' drops included)",
             human(wall / PAIRS),
             human(cpu / PAIRS),
+            faults / u64::from(PAIRS),
         );
     }
 
