@@ -69,12 +69,7 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
 /// microsecond), from `getrusage`: [`cpu_time`] counts in clock ticks (10 ms), too coarse for a
 /// loop of some tens of milliseconds.
 pub fn own_cpu_time() -> Duration {
-    // SAFETY: `getrusage` writes the zeroed struct it is given and has no other precondition.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
+    let usage = own_usage();
     let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
     Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
 }
@@ -82,13 +77,16 @@ pub fn own_cpu_time() -> Duration {
 /// Page faults this process took so far that needed no I/O (`ru_minflt`): a copy-on-write page of
 /// a driver's memory image written, or a page given back to the kernel touched again.
 pub fn own_minor_faults() -> u64 {
-    // SAFETY: as in `own_cpu_time`.
-    let usage = unsafe {
+    own_usage().ru_minflt as u64
+}
+
+fn own_usage() -> libc::rusage {
+    // SAFETY: `getrusage` writes the zeroed struct it is given and has no other precondition.
+    unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
         libc::getrusage(libc::RUSAGE_SELF, &mut usage);
         usage
-    };
-    usage.ru_minflt as u64
+    }
 }
 
 /// CPU used by some processes over a stretch of work: start with [`CpuMeter::start`], read with
