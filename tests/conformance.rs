@@ -491,7 +491,8 @@ async fn drivers_built_from_the_wit_alone_in_javascript_and_python_pass_on_the_m
 /// bindings rewritten: strings encoded by the engine, a driver's result awaited only when it is a
 /// promise) gets and gives back every string as written, multi-byte and astral characters
 /// included (a lone surrogate, which UTF-8 cannot carry, arrives as U+FFFD, as ComponentizeJS's own
-/// bindings send it), in results and in errors; an `async` driver function is still awaited.
+/// bindings send it), in results and in errors, and large ones too (an argument of 600 KB, a
+/// result of 1 MB); an `async` driver function is still awaited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_javascript_driver_built_with_berths_componentize_gets_and_gives_every_string_as_written() {
     const DRIVER: &str = r#"
@@ -513,9 +514,9 @@ export const driver = {
   async createExport(volume) {
     await null;
     return update({
-      providerLocation: volume.metadata.map(([k, v]) => `${k}=${v}`).join(';'),
+      providerLocation: volume.metadata.map(([k, v]) => (k === 'large' ? `${k}=${v.length}:${v.slice(-3)}` : `${k}=${v}`)).join(';'),
       providerId: '\uD800x',
-      setData: [[volume.name, '¿dónde? 🦀']],
+      setData: [[volume.name, '¿dónde? 🦀'], ...Array.from({ length: 255 }, (_, i) => [`kéy-${i}`, `${i}`.padEnd(2000, 'é')])],
     });
   },
 };
@@ -548,21 +549,28 @@ export const driver = {
     let mut spec = berth_tests::drivers::granted_spec("echo");
     spec.wasm = berth::runtime::WasmSource::File(wasm);
     let driver = berth_tests::drivers::runtime().load(spec).await.unwrap();
+    let large = "ü".repeat(300_000);
     let metadata = [
         ("ascii", "plain"),
         ("latin", "héllo wörld"),
         ("cjk", "日本語のボリューム"),
         ("astral", "🦀 𝔉erris"),
+        ("large", large.as_str()),
     ];
     let volume = berth_tests::drivers::volume("11111111-2222-4333-8444-555555555555", &metadata);
     let mut calls = driver.calls();
     let update = calls.create_export(&volume, None).await.unwrap();
     assert_eq!(
-        update.provider_location.as_deref(),
-        Some("ascii=plain;latin=héllo wörld;cjk=日本語のボリューム;astral=🦀 𝔉erris")
+        update.provider_location,
+        Some(
+            "ascii=plain;latin=héllo wörld;cjk=日本語のボリューム;astral=🦀 𝔉erris;large=300000:üüü"
+                .to_string()
+        )
     );
     assert_eq!(update.provider_id.as_deref(), Some("\u{FFFD}x"));
-    assert_eq!(update.set_data, [(volume.name.clone(), "¿dónde? 🦀".to_string())]);
+    assert_eq!(update.set_data.len(), 256);
+    assert_eq!(update.set_data[0], (volume.name.clone(), "¿dónde? 🦀".to_string()));
+    assert_eq!(update.set_data[255], ("kéy-254".to_string(), format!("254{}", "é".repeat(1997))));
 
     let mut connector = berth_tests::drivers::connector("iqn.1993-08.org.debian:01:echo");
     calls.validate_connector(&connector).await.expect_err("bench-host is not host");
