@@ -108,7 +108,7 @@ const WARM_UP = `
 }
 `;
 
-export function tighten(bindings) {
+function tighten(bindings) {
   let b = bindings;
   const start = b.indexOf('function _utf8AllocateAndEncode(');
   const end = start < 0 ? -1 : b.indexOf('\n}\n', start);

@@ -162,9 +162,10 @@ impl Tgtd {
         if self.is_running().await {
             return Ok(false);
         }
-        let address = match portal.address.contains(':') {
-            true => format!("[{}]", portal.address),
-            false => portal.address.clone(),
+        let address = if portal.address.contains(':') {
+            format!("[{}]", portal.address)
+        } else {
+            portal.address.clone()
         };
         let portal_arg = format!("portal={address}:{},{ISCSI_NOP_NEVER}", portal.port);
         // tgtd daemonises itself; its stale socket from an earlier run would make it fail.
