@@ -42,8 +42,10 @@ fn keep_resident_mib() -> Option<usize> {
 /// Attachment creates over HTTP not measured, per driver, before those measured.
 const WARM_UP: usize = 10;
 
-/// The hosts the attachment creates over HTTP come from, in turn (fewer than `WARM_UP`).
+/// The hosts the attachment creates over HTTP come from, in turn: each is known to tgtd (its
+/// accounts made) in the rounds not measured.
 const HOSTS: usize = 4;
+const _: () = assert!(HOSTS <= WARM_UP);
 
 /// `BERTH_BENCH_CREATES`: attachment creates measured per driver over HTTP (default 200).
 fn creates_measured() -> usize {
