@@ -492,7 +492,8 @@ async fn drivers_built_from_the_wit_alone_in_javascript_and_python_pass_on_the_m
 /// promise) gets and gives back every string as written, multi-byte and astral characters
 /// included (a lone surrogate, which UTF-8 cannot carry, arrives as U+FFFD, as ComponentizeJS's own
 /// bindings send it), in results and in errors, and large ones too (an argument of 600 KB, a
-/// result of 1 MB); an `async` driver function is still awaited.
+/// result of 1 MB); an `async` driver function is still awaited, and what it throws after an
+/// `await` is still its error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_javascript_driver_built_with_berths_componentize_gets_and_gives_every_string_as_written() {
     const DRIVER: &str = r#"
@@ -509,8 +510,11 @@ export const driver = {
     }
   },
   createVolume: unsupported, deleteVolume: unsupported, extendVolume: unsupported,
-  removeExport: unsupported, terminateConnection: unsupported, sharedConnections: unsupported,
-  initializeConnection: unsupported,
+  terminateConnection: unsupported, sharedConnections: unsupported, initializeConnection: unsupported,
+  async removeExport(volume) {
+    await null;
+    throw { tag: 'not-found', val: `${volume.name} gône` };
+  },
   async createExport(volume) {
     await null;
     return update({
@@ -571,6 +575,9 @@ export const driver = {
     assert_eq!(update.set_data.len(), 256);
     assert_eq!(update.set_data[0], (volume.name.clone(), "¿dónde? 🦀".to_string()));
     assert_eq!(update.set_data[255], ("kéy-254".to_string(), format!("254{}", "é".repeat(1997))));
+
+    let gone = calls.remove_export(&volume).await.unwrap_err();
+    assert!(gone.to_string().contains(&format!("{} gône", volume.name)), "{gone}");
 
     let mut connector = berth_tests::drivers::connector("iqn.1993-08.org.debian:01:echo");
     calls.validate_connector(&connector).await.expect_err("bench-host is not host");

@@ -8,7 +8,7 @@
 // results between the engine and the component's memory ("the bindings"), and SpiderMonkey runs it
 // in its interpreter: in a Berth driver most of a call's instructions were the bindings', not the
 // driver's (BENCHMARKS.md, "Drivers by language"). This script runs ComponentizeJS 0.23.0 as its
-// command does and rewrites five things in the bindings before they are compiled into the
+// command does and rewrites six things in the bindings before they are compiled into the
 // component, none of which changes what a driver sees:
 //   1. a string is measured and encoded by the engine's own TextEncoder, not by a JavaScript loop
 //      over its characters (the loop was most of a call: create-export 3.35 M instructions of which
@@ -26,8 +26,14 @@
 //      of a plain value still costs a trip through the job queue);
 //   5. the standard classes the bindings use are resolved when the component is built: they live
 //      in a global of their own, which the driver's own warm-up (top-level code) does not reach,
-//      so every fresh instance resolved them again at its first call.
-// Together: js-iscsi's attach (three calls) 8.04 M instructions -> 2.74 M.
+//      so every fresh instance resolved them again at its first call;
+//   6. an export's bindings run as a generator, not as an `async` function, and return a promise
+//      settled once when the component is built: the engine records where each promise it
+//      settles was settled (a stack trace), and finding the line of a return at the end of
+//      bindings some 500 lines long walked the function's line table from its start, at every
+//      call (13 % of an attach's time in the driver). A driver function that returns a promise is
+//      still awaited, and what it throws after an `await` is still its error.
+// Together: js-iscsi's attach (three calls) 8.04 M instructions -> 2.35 M.
 // Each rewrite must find what it rewrites: with another ComponentizeJS version the build fails,
 // naming the rewrite, instead of shipping bindings half rewritten.
 
@@ -92,6 +98,39 @@ const ENCODE = `function _utf8AllocateAndEncode(s, realloc, memory) {
 }
 `;
 
+// An export as ComponentizeJS calls it: a function that returns a promise of its result. Its
+// bindings run as a generator that yields only what the driver's function returned when that is
+// a promise (or another thenable), so a driver that returns its result runs without any promise
+// but the one settled here, and the promise of a result without a value is made once.
+const RUN_EXPORT = `
+const EXPORT_DONE = Promise.resolve();
+function runExport(steps) {
+  let step = steps.next();
+  while (!step.done) {
+    const value = step.value;
+    if (value !== null && (typeof value === 'object' || typeof value === 'function') && typeof value.then === 'function') {
+      return finishExport(steps, value);
+    }
+    step = steps.next(value);
+  }
+  return step.value === undefined ? EXPORT_DONE : Promise.resolve(step.value);
+}
+async function finishExport(steps, pending) {
+  for (;;) {
+    let value;
+    let failed = false;
+    try {
+      value = await pending;
+    } catch (e) {
+      [value, failed] = [e, true];
+    }
+    const step = failed ? steps.throw(value) : steps.next(value);
+    if (step.done) return step.value;
+    pending = step.value;
+  }
+}
+`;
+
 // Run once when the component is built, in the bindings' own global.
 const WARM_UP = `
 {
@@ -137,7 +176,17 @@ function tighten(bindings) {
   if (awaited !== guarded) {
     throw new Error(`componentize.mjs: ${awaited} driver calls but ${guarded} results (written for ComponentizeJS ${TESTED_WITH})`);
   }
-  return b + WARM_UP;
+  b = rewrite(b, 'exported functions', /\nasync function (export_[\w$]+)\(([^)]*)\) \{\n([\s\S]*?)\n\}\n/g, (_, name, params, body) => {
+    if (/\basync\b/.test(body)) {
+      throw new Error(`componentize.mjs: ${name} holds an async function (written for ComponentizeJS ${TESTED_WITH})`);
+    }
+    const steps = body.replace(/= await /g, '= yield ');
+    if (/\bawait\b/.test(steps)) {
+      throw new Error(`componentize.mjs: ${name} awaits other than a driver's result (written for ComponentizeJS ${TESTED_WITH})`);
+    }
+    return `\nfunction* ${name}$steps(${params}) {\n${steps}\n}\nfunction ${name}(${params}) { return runExport(${name}$steps(${params})); }\n`;
+  });
+  return b + RUN_EXPORT + WARM_UP;
 }
 
 async function main() {
