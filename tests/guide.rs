@@ -337,7 +337,9 @@ fn password_file(dir: &Path) -> PathBuf {
 /// "Talking to your array" in JavaScript: the guide's `array-js/package.json` and
 /// `array-js/src/driver.js`, built with its own command (ComponentizeJS from npm; the
 /// `node_modules` of `drivers/js-iscsi`, which `.ci/setup` installs, stand in for `npm install`),
-/// pass the suite against an HTTPS array with the guide's conformance configuration.
+/// pass the suite against an HTTPS array with the guide's conformance configuration; and so do
+/// they built with `drivers/js-iscsi/componentize.mjs`, which the guide offers in the command's
+/// place (its rewritten bindings, here of a world that imports wasi:http's resources).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guides_javascript_array_driver_passes_the_suite_against_an_array() {
     use berth_tests::https::{ArrayServer, TestCa};
@@ -362,6 +364,24 @@ async fn the_guides_javascript_array_driver_passes_the_suite_against_an_array() 
     let password = password_file(dir.path());
     tokio::task::block_in_place(|| {
         array_conformance(&files, &wasm, dir.path(), &array, &password, "grants = [\"network\"]")
+    });
+
+    let script = package
+        .split('"')
+        .find(|s| s.starts_with("componentize-js "))
+        .expect("the guide's build command")
+        .replace("componentize-js ", "")
+        .replace("acme_array.wasm", "acme_array_rewritten.wasm");
+    let out = Command::new("node")
+        .arg(root().join("drivers/js-iscsi/componentize.mjs"))
+        .args(script.split_whitespace())
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "componentize.mjs: {}", String::from_utf8_lossy(&out.stderr));
+    let rewritten = dir.path().join("acme_array_rewritten.wasm");
+    tokio::task::block_in_place(|| {
+        array_conformance(&files, &rewritten, dir.path(), &array, &password, "grants = [\"network\"]")
     });
 }
 
