@@ -8,7 +8,7 @@
 // results between the engine and the component's memory ("the bindings"), and SpiderMonkey runs it
 // in its interpreter: in a Berth driver most of a call's instructions were the bindings', not the
 // driver's (BENCHMARKS.md, "Drivers by language"). This script runs ComponentizeJS 0.23.0 as its
-// command does and rewrites six things in the bindings before they are compiled into the
+// command does and rewrites seven things in the bindings before they are compiled into the
 // component, none of which changes what a driver sees:
 //   1. a string is measured and encoded by the engine's own TextEncoder, not by a JavaScript loop
 //      over its characters (the loop was most of a call: create-export 3.35 M instructions of which
@@ -203,7 +203,7 @@ function tighten(bindings) {
     throw new Error(`componentize.mjs: ${awaited} driver calls but ${guarded} results (written for ComponentizeJS ${TESTED_WITH})`);
   }
   const exports = [];
-  b = rewrite(b, 'exported functions', /\nasync function (export_[\w$]+)\(([^)]*)\) \{\n([\s\S]*?)\n\}\n/g, (_, name, params, body) => {
+  b = rewrite(b, 'exported async functions', /\nasync function (export_[\w$]+)\(([^)]*)\) \{\n([\s\S]*?)\n\}\n/g, (_, name, params, body) => {
     exports.push(name);
     if (/\basync\b/.test(body)) {
       throw new Error(`componentize.mjs: ${name} holds an async function (written for ComponentizeJS ${TESTED_WITH})`);
@@ -215,7 +215,7 @@ function tighten(bindings) {
     return `\nfunction* ${name}$steps(${params}) {\n${steps}\n}\nfunction ${name}(${params}) { return runExport(${name}$steps(${params})); }\n`;
   });
   // A generator function's `prototype`, which each of its generators inherits from, is made at its
-  // first call unless it exists: made here, once.
+  // first call unless it exists: made here, once (and `runExport` run once, as the warm-up does).
   const prototypes = `\n${exports.map((name) => `${name}$steps.prototype;`).join('\n')}\nrunExport((function* () { yield 1; })());\n`;
   // The bindings in a function of their own; what ComponentizeJS's runtime looks up on the
   // global afterwards is put there.
